@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -52,3 +53,17 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def construct(cls: type, what: str, common: dict, options: dict):
+    """Call `cls` with the common arguments its constructor takes plus every option (which it must take).
+
+    An option the constructor does not accept raises a ConfigError naming the ones it has, so a typo
+    in a config's option table is never silently ignored.
+    """
+    params = inspect.signature(cls.__init__).parameters
+    own = [p for p in params if p != "self" and p not in common]
+    for key in options:
+        if key not in own:
+            raise ConfigError(f"{what} has no option {key!r}; its options: {', '.join(own) or 'none'}")
+    return cls(**{k: v for k, v in common.items() if k in params}, **options)

@@ -1,0 +1,123 @@
+"""Configuration dataclasses: JSON round-trip with validation of keys, types and choices.
+
+Every model family and the trainer keep their settings in a dataclass derived from `Config`.
+Choices such as the attention variant are plain strings checked against a registry in
+`__post_init__`, so configs serialise to JSON and a typo fails at construction with a message
+naming the allowed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, TypeVar
+
+from attnlab.errors import ConfigError
+
+C = TypeVar("C", bound="Config")
+
+
+def _coerce(name: str, value: Any, annotation: Any) -> Any:
+    """Check `value` against a (simple) type annotation, converting ints to floats where fitting."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(name, value, arg)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{name}: bad value {value!r}")
+    if origin is typing.Literal:
+        allowed = typing.get_args(annotation)
+        if value not in allowed:
+            raise ConfigError(f"{name}: {value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name}: expected a list, got {value!r}")
+        (item,) = typing.get_args(annotation)[:1] or (Any,)
+        out = [_coerce(f"{name}[]", v, item) for v in value]
+        return tuple(out) if origin is tuple else out
+    if origin is dict or annotation is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name}: expected a table/dict, got {value!r}")
+        return value
+    if annotation is Any:
+        return value
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}: expected true or false, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name}: expected an integer, got {value!r}")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{name}: expected a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{name}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+@dataclasses.dataclass
+class Config:
+    """Base for every config dataclass: `to_dict`, `from_dict` (validating), `replace`."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls) if f.init]
+
+    @classmethod
+    def from_dict(cls: type[C], data: dict[str, Any], *, where: str = "") -> C:
+        """Build a config from a dict, rejecting unknown keys and values of the wrong type."""
+        prefix = f"{where}." if where else ""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where or cls.__name__}: expected a table of settings, got {data!r}")
+        hints = typing.get_type_hints(cls)
+        names = cls.field_names()
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+                raise ConfigError(
+                    f"unknown setting {prefix}{key}{hint}; known settings: {', '.join(names)}"
+                )
+            kwargs[key] = _coerce(prefix + key, value, hints[key])
+        try:
+            return cls(**kwargs)
+        except ConfigError as e:
+            if prefix and not str(e).startswith(prefix):
+                raise ConfigError(f"{prefix}{e}") from None
+            raise
+
+    def replace(self: C, **changes: Any) -> C:
+        return dataclasses.replace(self, **changes)
+
+
+def check_choice(name: str, value: str, allowed: typing.Iterable[str]) -> None:
+    allowed = list(allowed)
+    if value not in allowed:
+        close = difflib.get_close_matches(str(value), allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{name}: unknown value {value!r}{hint}; choose one of: {', '.join(allowed)}")
+
+
+def check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{name} must be {'non-negative' if allow_zero else 'positive'}, got {value}")

@@ -1,0 +1,700 @@
+"""Tokenizers: characters, words, and subwords (BPE, WordPiece) behind one small interface.
+
+Every tokenizer maps text to integer ids and back, knows its special tokens (pad, unk, mask, cls,
+sep, bos, eos; any of them may be absent) and saves itself as ONE JSON file, so a checkpoint folder
+holds everything needed to read and write text. Nothing is ever pickled.
+
+- `CharTokenizer`: one id per character; built from an explicit character list (the char GPT
+  experiments fix the order, e.g. pad = "□" at id 0) or trained on a text. Encoding a corpus is a
+  numpy table lookup over code points, so megabytes encode in milliseconds.
+- `WordTokenizer`: whitespace (or regex) words, the most frequent ones up to a size.
+- `BPETokenizer`, `WordPieceTokenizer`: trained offline with HF `tokenizers`; BPE works on bytes
+  (GPT-2 style), so decode(encode(text)) gives back the text exactly.
+
+`train_tokenizer(kind, texts, vocab_size)` picks a class by name; `load_tokenizer(path)` reads any
+of them back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import re
+import tempfile
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from attnlab.errors import CheckpointError, ConfigError, DataError
+from attnlab.registry import Registry
+
+FORMAT_VERSION = 1
+TOKENIZER_FILE = "tokenizer.json"
+SPECIAL_NAMES = ("pad", "unk", "mask", "cls", "sep", "bos", "eos")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialTokens:
+    """The strings of the special tokens; None leaves that special out of the vocabulary.
+
+    Specials come first in a trained vocabulary, in this order, so with the defaults pad has id 0.
+    """
+
+    pad: str | None = "<pad>"
+    unk: str | None = "<unk>"
+    mask: str | None = "<mask>"
+    cls: str | None = "<cls>"
+    sep: str | None = "<sep>"
+    bos: str | None = "<bos>"
+    eos: str | None = "<eos>"
+
+    def __post_init__(self) -> None:
+        present = [t for _, t in self.items()]
+        for name, tok in self.items():
+            if not isinstance(tok, str) or not tok:
+                raise ConfigError(f"special token {name} must be a non-empty string or None, got {tok!r}")
+        if len(set(present)) != len(present):
+            raise ConfigError(f"special tokens must be distinct strings, got {self.to_dict()}")
+
+    @classmethod
+    def none(cls) -> SpecialTokens:
+        return cls(**{name: None for name in SPECIAL_NAMES})
+
+    @classmethod
+    def coerce(cls, value: SpecialTokens | Mapping[str, str | None] | None) -> SpecialTokens:
+        """None -> the defaults; a mapping overrides some defaults (a value of None drops that one)."""
+        if value is None:
+            return cls()
+        if isinstance(value, SpecialTokens):
+            return value
+        unknown = sorted(set(value) - set(SPECIAL_NAMES))
+        if unknown:
+            raise ConfigError(
+                f"unknown special token name(s) {', '.join(unknown)}; choose from: {', '.join(SPECIAL_NAMES)}"
+            )
+        return cls(**dict(value))
+
+    def items(self) -> Iterator[tuple[str, str]]:
+        """(name, string) of the specials that are present, in vocabulary order."""
+        for name in SPECIAL_NAMES:
+            tok = getattr(self, name)
+            if tok is not None:
+                yield name, tok
+
+    def tokens(self) -> list[str]:
+        return [tok for _, tok in self.items()]
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {name: getattr(self, name) for name in SPECIAL_NAMES}
+
+
+class Tokenizer(ABC):
+    """The common interface. Subclasses implement the vocabulary lookups, encode/decode and to_dict."""
+
+    kind: ClassVar[str]
+    specials: SpecialTokens
+
+    # -- vocabulary -----------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @abstractmethod
+    def token_to_id(self, token: str) -> int | None:
+        """The id of `token`, or None if it is not in the vocabulary."""
+
+    @abstractmethod
+    def id_to_token(self, token_id: int) -> str:
+        """The token string of `token_id`; DataError when it is out of range."""
+
+    def _special_id(self, name: str) -> int | None:
+        tok = getattr(self.specials, name)
+        return None if tok is None else self.token_to_id(tok)
+
+    @property
+    def pad_id(self) -> int | None:
+        return self._special_id("pad")
+
+    @property
+    def unk_id(self) -> int | None:
+        return self._special_id("unk")
+
+    @property
+    def mask_id(self) -> int | None:
+        return self._special_id("mask")
+
+    @property
+    def cls_id(self) -> int | None:
+        return self._special_id("cls")
+
+    @property
+    def sep_id(self) -> int | None:
+        return self._special_id("sep")
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._special_id("bos")
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._special_id("eos")
+
+    @property
+    def special_ids(self) -> list[int]:
+        """Sorted ids of every special token in the vocabulary."""
+        ids = (self._special_id(name) for name, _ in self.specials.items())
+        return sorted({i for i in ids if i is not None})
+
+    def vocab(self) -> list[str]:
+        """All tokens in id order."""
+        return [self.id_to_token(i) for i in range(self.vocab_size)]
+
+    def _check_id(self, token_id: int) -> None:
+        if not 0 <= token_id < self.vocab_size:
+            raise DataError(
+                f"token id {token_id} is out of range for a vocabulary of {self.vocab_size} tokens; "
+                "use the tokenizer saved with the model"
+            )
+
+    # -- encoding -------------------------------------------------------------------------------
+    @abstractmethod
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def encode_array(self, texts: str | Sequence[str]) -> np.ndarray:
+        """The ids of a text, or of several texts concatenated, as one int64 array (for corpora)."""
+        if isinstance(texts, str):
+            texts = [texts]
+        parts = [np.asarray(ids, dtype=np.int64) for ids in self.encode_batch(list(texts))]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    @abstractmethod
+    def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
+        """Text of `ids`. Padding is always dropped; other specials only if `skip_special_tokens`."""
+
+    def _ids_to_keep(self, ids: Iterable[int], skip_special_tokens: bool) -> list[int]:
+        ids = [int(i) for i in ids]
+        drop = set(self.special_ids) if skip_special_tokens else {self.pad_id}
+        return [i for i in ids if i not in drop]
+
+    # -- persistence ----------------------------------------------------------------------------
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict with a "type" field, read back by `from_dict`."""
+
+    @classmethod
+    @abstractmethod
+    def from_dict(cls, data: dict[str, Any]) -> Tokenizer: ...
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the tokenizer as one JSON file; a directory gets `tokenizer.json` inside it."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / TOKENIZER_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self.to_dict(), ensure_ascii=False, indent=1)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size})"
+
+
+TOKENIZERS: Registry[type[Tokenizer]] = Registry("tokenizer kind")
+
+
+def _base_dict(tok: Tokenizer) -> dict[str, Any]:
+    return {"type": tok.kind, "version": FORMAT_VERSION, "specials": tok.specials.to_dict()}
+
+
+def _as_text_list(texts: str | Iterable[str]) -> Iterable[str]:
+    return [texts] if isinstance(texts, str) else texts
+
+
+# ------------------------------------------------------------------------------------------------
+# Characters
+# ------------------------------------------------------------------------------------------------
+@TOKENIZERS.register("char")
+class CharTokenizer(Tokenizer):
+    """One id per character, in the order of `chars`.
+
+    `chars` lists the vocabulary in id order. Each special given by keyword (pad="□", mask="⁇"...)
+    must be an entry of `chars`; specials may be multi-character strings like "<pad>" (such entries
+    are never produced from text, only decoded), every other entry is exactly one character.
+
+    Example: `CharTokenizer(["□", "⁇", *sorted(set(text))], pad="□", mask="⁇")` has pad id 0 and
+    mask id 1, and no unk: encoding a character outside the list raises DataError.
+    """
+
+    kind = "char"
+
+    def __init__(
+        self,
+        chars: Sequence[str],
+        *,
+        pad: str | None = None,
+        unk: str | None = None,
+        mask: str | None = None,
+        cls: str | None = None,
+        sep: str | None = None,
+        bos: str | None = None,
+        eos: str | None = None,
+    ):
+        self.specials = SpecialTokens(pad=pad, unk=unk, mask=mask, cls=cls, sep=sep, bos=bos, eos=eos)
+        self._tokens = list(chars)
+        self._ids = {tok: i for i, tok in enumerate(self._tokens)}
+        if len(self._ids) != len(self._tokens):
+            dup = next(t for t, n in Counter(self._tokens).items() if n > 1)
+            raise ConfigError(f"character vocabulary lists {dup!r} twice; give each character once")
+        special_strings = set(self.specials.tokens())
+        for name, tok in self.specials.items():
+            if tok not in self._ids:
+                raise ConfigError(f"special token {name}={tok!r} is not in the character list; add it to chars")
+        for tok in self._tokens:
+            if tok not in special_strings and len(tok) != 1:
+                raise ConfigError(
+                    f"character vocabulary entry {tok!r} is not a single character; only specials may be longer"
+                )
+        # Lookup table: code point -> id (-1 for characters outside the vocabulary).
+        singles = [(ord(t), i) for i, t in enumerate(self._tokens) if len(t) == 1]
+        size = max((cp for cp, _ in singles), default=0) + 1
+        self._table = np.full(size, -1, dtype=np.int64)
+        for cp, i in singles:
+            self._table[cp] = i
+        self._token_array = np.array(self._tokens, dtype=object)
+
+    @classmethod
+    def train(
+        cls,
+        texts: str | Iterable[str],
+        vocab_size: int | None = None,
+        *,
+        specials: SpecialTokens | Mapping[str, str | None] | None = None,
+    ) -> CharTokenizer:
+        """Specials first, then the characters of `texts` in sorted order.
+
+        With `vocab_size`, only the most frequent characters that fit are kept (others become unk).
+        """
+        specials = SpecialTokens.coerce(specials)
+        counts: Counter[str] = Counter()
+        for text in _as_text_list(texts):
+            counts.update(text)
+        for tok in specials.tokens():
+            counts.pop(tok, None)
+        chars = sorted(counts)
+        if vocab_size is not None:
+            room = vocab_size - len(specials.tokens())
+            if room < 1:
+                raise ConfigError(
+                    f"char vocab_size {vocab_size} leaves no room beside {len(specials.tokens())} special tokens; "
+                    "raise vocab_size"
+                )
+            if len(chars) > room:
+                chars = sorted(sorted(counts, key=lambda c: (-counts[c], c))[:room])
+        return cls([*specials.tokens(), *chars], **dict(specials.items()))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._ids.get(token)
+
+    def id_to_token(self, token_id: int) -> str:
+        self._check_id(token_id)
+        return self._tokens[token_id]
+
+    def vocab(self) -> list[str]:
+        return list(self._tokens)
+
+    def encode_array(self, texts: str | Sequence[str]) -> np.ndarray:
+        text = texts if isinstance(texts, str) else "".join(texts)
+        # UTF-32 gives one 4-byte code point per character: the whole text becomes an array at once.
+        try:
+            points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        except UnicodeEncodeError as e:
+            raise DataError(
+                f"text has an invalid character {text[e.start]!r} at position {e.start} (a lone surrogate); "
+                "read the file as UTF-8 without errors='surrogateescape'"
+            ) from None
+        inside = points < len(self._table)
+        ids = np.full(len(points), -1, dtype=np.int64)
+        ids[inside] = self._table[points[inside]]
+        unknown = ids < 0
+        if unknown.any():
+            unk = self.unk_id
+            if unk is None:
+                pos = int(np.argmax(unknown))
+                ch = text[pos]
+                raise DataError(
+                    f"character {ch!r} (U+{ord(ch):04X}) at position {pos} is not in the tokenizer's "
+                    "vocabulary and there is no unk token; train the tokenizer on text containing it or add an unk"
+                )
+            ids[unknown] = unk
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_array(text).tolist()
+
+    def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
+        keep = self._ids_to_keep(ids, skip_special_tokens)
+        if not keep:
+            return ""
+        arr = np.asarray(keep, dtype=np.int64)
+        bad = (arr < 0) | (arr >= self.vocab_size)
+        if bad.any():
+            self._check_id(int(arr[bad][0]))
+        return "".join(self._token_array[arr].tolist())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**_base_dict(self), "tokens": list(self._tokens)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CharTokenizer:
+        specials = {k: v for k, v in data["specials"].items() if v is not None}
+        return cls(data["tokens"], **specials)
+
+
+# ------------------------------------------------------------------------------------------------
+# Words
+# ------------------------------------------------------------------------------------------------
+@TOKENIZERS.register("word")
+class WordTokenizer(Tokenizer):
+    """Words split on whitespace, or the matches of a regex `pattern`; decode joins them with spaces.
+
+    `vocab` lists the tokens in id order and must contain every present special.
+    """
+
+    kind = "word"
+
+    def __init__(
+        self,
+        vocab: Sequence[str],
+        *,
+        specials: SpecialTokens | Mapping[str, str | None] | None = None,
+        pattern: str | None = None,
+        lowercase: bool = False,
+    ):
+        self.specials = SpecialTokens.coerce(specials)
+        self._tokens = list(vocab)
+        self._ids = {tok: i for i, tok in enumerate(self._tokens)}
+        if len(self._ids) != len(self._tokens):
+            raise ConfigError("word vocabulary has duplicate entries; give each word once")
+        for name, tok in self.specials.items():
+            if tok not in self._ids:
+                raise ConfigError(f"special token {name}={tok!r} is not in the word vocabulary; add it")
+        self.pattern = pattern
+        self.lowercase = lowercase
+        try:
+            self._regex = re.compile(pattern) if pattern is not None else None
+        except re.error as e:
+            raise ConfigError(f"word tokenizer pattern {pattern!r} is not a valid regex: {e}") from None
+
+    def split(self, text: str) -> list[str]:
+        """The words of `text`, before the vocabulary lookup."""
+        if self.lowercase:
+            text = text.lower()
+        if self._regex is None:
+            return text.split()
+        return [m.group(0) for m in self._regex.finditer(text)]
+
+    @classmethod
+    def train(
+        cls,
+        texts: str | Iterable[str],
+        vocab_size: int | None = None,
+        *,
+        min_frequency: int = 1,
+        pattern: str | None = None,
+        lowercase: bool = False,
+        specials: SpecialTokens | Mapping[str, str | None] | None = None,
+    ) -> WordTokenizer:
+        """Specials, then words by decreasing frequency (ties alphabetical) seen at least `min_frequency`
+        times, up to `vocab_size` tokens in all."""
+        specials = SpecialTokens.coerce(specials)
+        splitter = cls([*specials.tokens()], specials=specials, pattern=pattern, lowercase=lowercase)
+        counts: Counter[str] = Counter()
+        for text in _as_text_list(texts):
+            counts.update(splitter.split(text))
+        for tok in specials.tokens():
+            counts.pop(tok, None)
+        words = sorted((w for w, n in counts.items() if n >= min_frequency), key=lambda w: (-counts[w], w))
+        if vocab_size is not None:
+            room = vocab_size - len(specials.tokens())
+            if room < 1:
+                raise ConfigError(
+                    f"word vocab_size {vocab_size} leaves no room beside {len(specials.tokens())} special tokens; "
+                    "raise vocab_size"
+                )
+            words = words[:room]
+        return cls([*specials.tokens(), *words], specials=specials, pattern=pattern, lowercase=lowercase)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._ids.get(token)
+
+    def id_to_token(self, token_id: int) -> str:
+        self._check_id(token_id)
+        return self._tokens[token_id]
+
+    def vocab(self) -> list[str]:
+        return list(self._tokens)
+
+    def encode(self, text: str) -> list[int]:
+        words = self.split(text)
+        unk = self.unk_id
+        if unk is not None:
+            get = self._ids.get
+            return [get(w, unk) for w in words]
+        try:
+            return [self._ids[w] for w in words]
+        except KeyError as e:
+            raise DataError(
+                f"word {e.args[0]!r} is not in the tokenizer's vocabulary and there is no unk token; "
+                "retrain the tokenizer with an unk token"
+            ) from None
+
+    def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
+        keep = self._ids_to_keep(ids, skip_special_tokens)
+        return " ".join(self.id_to_token(i) for i in keep)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **_base_dict(self),
+            "pattern": self.pattern,
+            "lowercase": self.lowercase,
+            "tokens": list(self._tokens),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WordTokenizer:
+        return cls(
+            data["tokens"],
+            specials=SpecialTokens(**data["specials"]),
+            pattern=data.get("pattern"),
+            lowercase=bool(data.get("lowercase", False)),
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# Subwords, via HF tokenizers
+# ------------------------------------------------------------------------------------------------
+class _HFTokenizer(Tokenizer):
+    """A trained HF `tokenizers.Tokenizer` with our specials; no post-processor, so encode adds nothing."""
+
+    def __init__(self, hf: Any, specials: SpecialTokens | Mapping[str, str | None] | None = None):
+        self._hf = hf
+        self.specials = SpecialTokens.coerce(specials)
+        for name, tok in self.specials.items():
+            if hf.token_to_id(tok) is None:
+                raise ConfigError(f"special token {name}={tok!r} is not in the {self.kind} vocabulary")
+
+    @property
+    def hf(self) -> Any:
+        """The underlying `tokenizers.Tokenizer`."""
+        return self._hf
+
+    @property
+    def vocab_size(self) -> int:
+        return self._hf.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._hf.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str:
+        self._check_id(token_id)
+        return self._hf.id_to_token(token_id)
+
+    def encode(self, text: str) -> list[int]:
+        return self._hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
+        keep = self._ids_to_keep(ids, skip_special_tokens)
+        for i in keep:
+            self._check_id(i)
+        return self._hf.decode(keep, skip_special_tokens=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**_base_dict(self), "hf_tokenizer": self._hf.to_str()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> _HFTokenizer:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            hf = HFTokenizer.from_str(data["hf_tokenizer"])
+        except Exception as e:  # HF raises a bare Exception for malformed JSON
+            raise DataError(f"the embedded {cls.kind} tokenizer is corrupt ({e}); save the tokenizer again") from None
+        return cls(hf, SpecialTokens(**data["specials"]))
+
+    @staticmethod
+    def _train_hf(hf: Any, trainer: Any, texts: str | Iterable[str]) -> None:
+        hf.train_from_iterator(iter(_as_text_list(texts)), trainer=trainer)
+
+
+@TOKENIZERS.register("bpe")
+class BPETokenizer(_HFTokenizer):
+    """Byte-level BPE (GPT-2 style): every text encodes without unk, and decode gives it back exactly."""
+
+    kind = "bpe"
+
+    @classmethod
+    def train(
+        cls,
+        texts: str | Iterable[str],
+        vocab_size: int = 8000,
+        *,
+        min_frequency: int = 2,
+        specials: SpecialTokens | Mapping[str, str | None] | None = None,
+    ) -> BPETokenizer:
+        """Learn merges on `texts` until `vocab_size` tokens (256 byte symbols + specials + merges)."""
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers, trainers
+
+        specials = SpecialTokens.coerce(specials)
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        smallest = len(alphabet) + len(specials.tokens())
+        if vocab_size is None or vocab_size < smallest:
+            raise ConfigError(
+                f"bpe vocab_size must be at least {smallest} (256 byte symbols + {len(specials.tokens())} specials), "
+                f"got {vocab_size}; raise vocab_size or use the char tokenizer"
+            )
+        hf = HFTokenizer(models.BPE(unk_token=specials.unk))
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=specials.tokens(),
+            initial_alphabet=alphabet,
+            show_progress=False,
+        )
+        cls._train_hf(hf, trainer, texts)
+        return cls(hf, specials)
+
+
+@TOKENIZERS.register("wordpiece")
+class WordPieceTokenizer(_HFTokenizer):
+    """BERT's WordPiece: split on whitespace and punctuation, "##" marks a word's continuation pieces.
+
+    Decoding joins words with spaces and re-attaches punctuation, so "Hello, world!" comes back as
+    written (whitespace runs become one space).
+    """
+
+    kind = "wordpiece"
+
+    @classmethod
+    def train(
+        cls,
+        texts: str | Iterable[str],
+        vocab_size: int = 8000,
+        *,
+        min_frequency: int = 2,
+        lowercase: bool = False,
+        specials: SpecialTokens | Mapping[str, str | None] | None = None,
+    ) -> WordPieceTokenizer:
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+        specials = SpecialTokens.coerce(specials)
+        if specials.unk is None:
+            raise ConfigError("wordpiece needs an unk special token for words it cannot split; set specials.unk")
+        if vocab_size is None or vocab_size <= len(specials.tokens()):
+            raise ConfigError(f"wordpiece vocab_size must exceed the number of specials, got {vocab_size}")
+        hf = HFTokenizer(models.WordPiece(unk_token=specials.unk, continuing_subword_prefix="##"))
+        hf.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=lowercase
+        )
+        hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        hf.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=specials.tokens(),
+            continuing_subword_prefix="##",
+            show_progress=False,
+        )
+        cls._train_hf(hf, trainer, texts)
+        return cls(hf, specials)
+
+
+# ------------------------------------------------------------------------------------------------
+# Factory and loading
+# ------------------------------------------------------------------------------------------------
+def train_tokenizer(kind: str, texts: str | Iterable[str], vocab_size: int | None = None, **options: Any) -> Tokenizer:
+    """Train a tokenizer of `kind` ("char", "word", "bpe", "wordpiece") on `texts`.
+
+    Args:
+        kind: tokenizer family; an unknown kind raises ConfigError listing the allowed ones.
+        texts: one string or an iterable of strings (lines, documents), read once.
+        vocab_size: total size including specials; None keeps every char/word (required for bpe/wordpiece).
+        options: passed to the class's `train` (specials, min_frequency, pattern, lowercase...).
+    """
+    cls = TOKENIZERS.get(kind)
+    train = cls.train  # type: ignore[attr-defined]
+    allowed = [p for p in inspect.signature(train).parameters if p not in ("texts", "vocab_size")]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"{kind} tokenizer has no option(s) {', '.join(unknown)}; its options are: {', '.join(allowed)}"
+        )
+    return train(texts, vocab_size, **options)
+
+
+def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
+    """Rebuild a tokenizer from `Tokenizer.to_dict()`."""
+    kind = data.get("type") if isinstance(data, dict) else None
+    if kind not in TOKENIZERS:
+        raise DataError(
+            f"unknown tokenizer type {kind!r}; expected one of: {', '.join(TOKENIZERS.names())}"
+        )
+    version = data.get("version", FORMAT_VERSION)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise DataError(f"tokenizer format version {version!r} is newer than this attnlab reads; upgrade attnlab")
+    try:
+        return TOKENIZERS.get(kind).from_dict(data)
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise DataError(f"tokenizer file is inconsistent: {e}") from None
+        raise DataError(f"tokenizer data is missing or has a bad field ({e!r}); save the tokenizer again") from None
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
+    """Read a tokenizer saved by `Tokenizer.save`: a JSON file, or a checkpoint folder holding tokenizer.json."""
+    path = Path(path)
+    if path.is_dir():
+        folder = path
+        path = path / TOKENIZER_FILE
+        if not path.is_file():
+            raise CheckpointError(f"folder '{folder}' has no {TOKENIZER_FILE}; point to a checkpoint folder or file")
+    if not path.is_file():
+        raise DataError(f"tokenizer file '{path}' does not exist; check the path")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"tokenizer file '{path}' is not valid JSON ({e}); save the tokenizer again") from None
+    try:
+        return tokenizer_from_dict(data)
+    except DataError as e:
+        raise DataError(f"tokenizer file '{path}': {e}") from None

@@ -1,0 +1,79 @@
+"""Pieces every model family shares: token embeddings with a position scheme, the LM loss,
+and the sequence-length check."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.errors import AttnlabError
+from attnlab.modules.positions import PositionScheme
+
+IGNORE_INDEX = -100
+
+
+class SequenceTooLong(AttnlabError):
+    """An input longer than the model's position scheme or block allows."""
+
+
+def check_length(length: int, max_len: int | None, what: str = "sequence") -> None:
+    if max_len is not None and length > max_len:
+        raise SequenceTooLong(
+            f"{what} of {length} tokens is longer than the model allows ({max_len}); "
+            f"truncate the input or use a model with a larger max_len/block_size"
+        )
+
+
+def length_limit(attention: str, position: PositionScheme, block_size: int) -> int | None:
+    """The longest sequence a model can take: bounded by a learned position table or by a variant
+    whose scores are defined over positions (Synthesizer); None when nothing bounds it."""
+    from attnlab.modules.variants import VARIANTS
+
+    if position.max_len is not None or VARIANTS.get(attention).bounded:
+        return block_size
+    return None
+
+
+def token_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Mean cross-entropy over labels != -100, and the number of such labels.
+
+    A batch with no target gives a loss of 0 (not NaN) that still depends on the logits, so every
+    process of a distributed run takes part in the backward pass.
+    """
+    flat_logits = logits.reshape(-1, logits.shape[-1]).float()
+    flat_labels = labels.reshape(-1)
+    n = (flat_labels != IGNORE_INDEX).sum()
+    total = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="sum",
+                            label_smoothing=label_smoothing)
+    return total / n.clamp(min=1), n
+
+
+def default_positions(length: int, offset: int, device: torch.device) -> Tensor:
+    return torch.arange(offset, offset + length, device=device)[None, :]  # (1, T)
+
+
+def positions_from_mask(attention_mask: Tensor) -> Tensor:
+    """(B, T) 1/0 mask of real tokens (left or right padding) -> (B, T) positions counting real tokens only."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class Embedder(nn.Module):
+    """Token embedding (optionally scaled by sqrt(D), as in the paper), plus an additive position
+    scheme, plus dropout."""
+
+    def __init__(self, vocab_size: int, d_model: int, *, scale: bool, dropout: float,
+                 init_std: float | None = None):
+        super().__init__()
+        self.token = nn.Embedding(vocab_size, d_model)
+        nn.init.normal_(self.token.weight, std=init_std if init_std is not None else d_model ** -0.5)
+        self.scale = math.sqrt(d_model) if scale else 1.0
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids: Tensor, positions: Tensor, position: PositionScheme) -> Tensor:
+        x = self.token(ids)
+        if self.scale != 1.0:
+            x = x * self.scale
+        return self.dropout(position.embed(x, positions))

@@ -1,0 +1,346 @@
+"""The attention core: the pure attention function, masks, the KV cache and multi-head attention.
+
+Dimension legend used in shape comments:
+    B batch, H heads, T query length, S key/value length, D model width, Dh head width,
+    Dq query/key width of a variant (Dh for `dot`, D for `bilinear`...).
+
+Mask convention (the same as `torch.nn.functional.scaled_dot_product_attention`): a boolean mask is
+True where a query MAY attend to a key; a float mask is added to the scores. Note that
+`torch.nn.MultiheadAttention` uses the opposite boolean convention (True = blocked).
+"""
+
+from __future__ import annotations
+
+import math
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# --------------------------------------------------------------------------------------------------
+# Masks
+# --------------------------------------------------------------------------------------------------
+
+
+def causal_mask(t_q: int, t_k: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
+    """Square subsequent mask, (T, S) bool, True where query i may see key j.
+
+    When there are more keys than queries (incremental decoding: S - T earlier tokens sit in a cache)
+    the queries are the *last* T positions, so query i sees keys j <= i + (S - T).
+    """
+    t_k = t_q if t_k is None else t_k
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q)
+
+
+def padding_mask_from_lengths(lengths: Tensor, max_len: int | None = None) -> Tensor:
+    """(B,) lengths -> (B, S) bool, True on real tokens (right padding)."""
+    max_len = int(lengths.max()) if max_len is None else max_len
+    return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
+
+
+def padding_mask_from_ids(ids: Tensor, pad_id: int) -> Tensor:
+    """(B, S) token ids -> (B, S) bool, True where the token is not padding."""
+    return ids != pad_id
+
+
+def key_mask(keep: Tensor) -> Tensor:
+    """(B, S) bool keep-mask over keys -> (B, 1, 1, S), broadcastable over heads and queries."""
+    return keep[:, None, None, :]
+
+
+def combine_masks(*masks: Tensor | None) -> Tensor | None:
+    """AND together boolean masks that broadcast to (B, H, T, S); None entries are skipped."""
+    out = None
+    for m in masks:
+        if m is None:
+            continue
+        out = m if out is None else out & m
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The attention function
+# --------------------------------------------------------------------------------------------------
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    causal: bool = False,
+    dropout: float = 0.0,
+    scale: float | None = None,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(q·kᵀ·scale + bias + mask) · v.
+
+    Args:
+        q: (B, H, T, Dq) queries.
+        k: (B, H, S, Dq) keys.
+        v: (B, H, S, Dv) values.
+        mask: boolean, True = may attend (or float, added to the scores), broadcastable to (B, H, T, S).
+        bias: float scores added before the softmax (relative positions, ALiBi...), broadcastable.
+        causal: forbid query i from seeing keys after it (bottom-right aligned when S > T).
+        dropout: dropout probability on the attention weights (pass 0.0 in eval mode).
+        scale: score multiplier; default 1/sqrt(Dq).
+        need_weights: also return the (B, H, T, S) weights. This takes the explicit path; otherwise the
+            fused `scaled_dot_product_attention` kernel runs. Both give the same numbers.
+
+    Returns:
+        (out (B, H, T, Dv), weights or None). A query whose keys are all masked gets a zero output
+        (and zero weights), never NaN.
+    """
+    t, s = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    # Only a user mask (or causal with more queries than keys) can hide every key of a row.
+    may_hide_rows = mask is not None or (causal and t > s)
+
+    # Fold causality, the boolean mask and the additive bias into one attn_mask.
+    attn_mask = mask
+    if causal and (mask is not None or bias is not None or t != s or need_weights):
+        cm = causal_mask(t, s, device=q.device)
+        attn_mask = cm if attn_mask is None else _and_masks(attn_mask, cm)
+        causal = False
+    if bias is not None:
+        bias = bias.to(q.dtype)
+        attn_mask = bias if attn_mask is None else _add_bias(attn_mask, bias)
+
+    if need_weights:
+        scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+                else scores + attn_mask
+        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        if may_hide_rows:
+            weights = weights.nan_to_num(0.0)  # rows with every key masked
+        dropped = F.dropout(weights, p=dropout) if dropout > 0 else weights
+        return torch.matmul(dropped, v), weights
+
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=causal and t == s, scale=scale
+    )
+    if may_hide_rows:
+        # Rows whose keys are all masked: the kernels disagree (NaN or a mean of values); make them 0.
+        visible = _any_visible(attn_mask, s)
+        if visible is not None:
+            out = out.masked_fill(~visible, 0.0)
+    return out, None
+
+
+def _and_masks(a: Tensor, b: Tensor) -> Tensor:
+    if a.dtype == torch.bool:
+        return a & b
+    return a.masked_fill(~b, float("-inf"))  # float mask with a boolean one
+
+
+def _add_bias(mask: Tensor, bias: Tensor) -> Tensor:
+    if mask.dtype == torch.bool:
+        return bias.masked_fill(~mask, float("-inf"))
+    return mask + bias
+
+
+def _any_visible(attn_mask: Tensor, s: int) -> Tensor | None:
+    """(…, T, 1) bool: True where a query row has at least one visible key; None if all rows do."""
+    visible = attn_mask.any(dim=-1, keepdim=True) if attn_mask.dtype == torch.bool \
+        else (attn_mask > float("-inf")).any(dim=-1, keepdim=True)
+    if bool(visible.all()):
+        return None
+    return visible
+
+
+# --------------------------------------------------------------------------------------------------
+# KV cache
+# --------------------------------------------------------------------------------------------------
+
+
+class KVCache:
+    """Keys and values of one attention layer during incremental decoding.
+
+    Self-attention caches grow by the new tokens at each step, into preallocated buffers (doubling
+    when full) so decoding does no per-token concatenation. Cross-attention caches (`static=True`)
+    hold the projected encoder memory, computed once.
+    """
+
+    def __init__(self, *, static: bool = False, capacity: int = 0):
+        self.static = static
+        self.capacity = capacity
+        self._k: Tensor | None = None
+        self._v: Tensor | None = None
+        self.length = 0
+
+    @property
+    def ready(self) -> bool:
+        """True when a static cache has been filled."""
+        return self._k is not None
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append (B, H, T, *) keys/values; return all cached keys/values, (B, H, S, *)."""
+        if self.static:
+            self._k, self._v, self.length = k, v, k.shape[-2]
+            return k, v
+        new = k.shape[-2]
+        need = self.length + new
+        if self._k is None or need > self._k.shape[-2] or self._k.shape[0] != k.shape[0]:
+            cap = max(need, self.capacity, 2 * (self._k.shape[-2] if self._k is not None else 0))
+            bk = k.new_empty(*k.shape[:-2], cap, k.shape[-1])
+            bv = v.new_empty(*v.shape[:-2], cap, v.shape[-1])
+            if self._k is not None and self.length:
+                bk[..., : self.length, :] = self._k[..., : self.length, :]
+                bv[..., : self.length, :] = self._v[..., : self.length, :]
+            self._k, self._v = bk, bv
+        self._k[..., self.length : need, :] = k
+        self._v[..., self.length : need, :] = v
+        self.length = need
+        return self._k[..., :need, :], self._v[..., :need, :]
+
+    def get(self) -> tuple[Tensor, Tensor]:
+        assert self._k is not None and self._v is not None
+        return self._k[..., : self.length, :], self._v[..., : self.length, :]
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search)."""
+        if self._k is not None:
+            self._k = self._k.index_select(0, index)
+            self._v = self._v.index_select(0, index)
+
+
+# --------------------------------------------------------------------------------------------------
+# Multi-head attention
+# --------------------------------------------------------------------------------------------------
+
+
+def split_heads(x: Tensor, n_heads: int) -> Tensor:
+    b, t, _ = x.shape
+    return x.view(b, t, n_heads, -1).transpose(1, 2)  # (B, H, T, Dh)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    b, h, t, dh = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * dh)  # (B, T, D)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention: self-attention, or cross-attention when `memory` is given.
+
+    The variant (how scores are formed: `dot`, `bilinear`, `synthesizer-dense`...) owns the
+    query/key side; this module owns the value and output projections, the cache and the call to
+    `attention`. A position scheme (rotary, relative bias...) is passed to `forward` by the model,
+    which owns it, so one scheme can serve every layer.
+
+    Args:
+        d_model: model width D.
+        n_heads: number of heads H (D must be divisible by H).
+        variant: name of an attention variant registered in `attnlab.modules.variants`.
+        dropout: dropout on attention weights.
+        bias: whether projections carry biases.
+        kv_dim: width of the memory for cross-attention (default D).
+        block_size: longest sequence (needed by variants whose scores are defined over positions).
+        variant_options: extra keyword arguments for the variant (e.g. `freeze=True`).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        variant: str = "dot",
+        dropout: float = 0.0,
+        bias: bool = True,
+        kv_dim: int | None = None,
+        block_size: int | None = None,
+        variant_options: dict | None = None,
+    ):
+        super().__init__()
+        from attnlab.modules.variants import build_variant
+
+        if d_model % n_heads:
+            from attnlab.errors import ConfigError
+
+            raise ConfigError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        kv_dim = d_model if kv_dim is None else kv_dim
+        self.scores = build_variant(
+            variant, d_model=d_model, n_heads=n_heads, kv_dim=kv_dim, bias=bias,
+            block_size=block_size, **(variant_options or {}),
+        )
+        self.v_proj = nn.Linear(kv_dim, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.dropout = dropout
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        positions: Tensor | None = None,
+        key_positions: Tensor | None = None,
+        position: PositionHook | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from `x` (B, T, D) to itself, or to `memory` (B, S, Dkv).
+
+        Args:
+            mask: boolean (True = may attend) broadcastable to (B, H, T, S) over ALL keys seen,
+                including cached ones.
+            causal: add the square subsequent mask (offset-aware with a cache).
+            positions: (B|1, T) absolute positions of the queries (default 0..T-1, after the cache).
+            key_positions: (B|1, S) absolute positions of all keys (default: the same as positions
+                for self-attention, continued from the cache).
+            position: the model's position scheme, to rotate q/k or add a score bias.
+            cache: a KVCache to read and extend (incremental decoding).
+            need_weights: return (B, H, T, S) attention weights (explicit path).
+
+        Returns:
+            (output (B, T, D), weights or None)
+        """
+        cross = memory is not None
+        b, t, _ = x.shape
+        past = cache.length if (cache is not None and not cache.static) else 0
+        if positions is None:
+            positions = torch.arange(past, past + t, device=x.device)[None, :]  # (1, T)
+
+        q = self.scores.queries(x, positions)  # (B, H, T, Dq)
+        if cross and cache is not None and cache.ready:
+            k, v = cache.get()
+        else:
+            src = memory if cross else x
+            src_pos = positions if not cross else torch.arange(src.shape[1], device=x.device)[None, :]
+            k = self.scores.keys(src, src_pos)  # (B, H, T_new, Dq)
+            v = split_heads(self.v_proj(src), self.n_heads)  # (B, H, T_new, Dh)
+            if position is not None and not cross:
+                k = position.rotate_k(k, src_pos)
+            if cache is not None:
+                k, v = cache.update(k, v)
+        if position is not None and not cross:
+            q = position.rotate_q(q, positions)
+            if key_positions is None:
+                s = k.shape[-2]
+                key_positions = torch.arange(s, device=x.device)[None, :]
+            bias = position.score_bias(q, positions, key_positions, self.n_heads)
+        else:
+            bias = None
+        out, weights = attention(
+            q, k, v, mask=mask, bias=bias, causal=causal and not cross,
+            dropout=self.dropout if self.training else 0.0, scale=self.scores.scale,
+            need_weights=need_weights,
+        )
+        return self.out_proj(merge_heads(out)), weights
+
+
+class PositionHook:
+    """What attention asks of a position scheme (implemented by `attnlab.modules.positions`)."""
+
+    def rotate_q(self, q: Tensor, positions: Tensor) -> Tensor:  # pragma: no cover - interface
+        return q
+
+    def rotate_k(self, k: Tensor, positions: Tensor) -> Tensor:  # pragma: no cover - interface
+        return k
+
+    def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, n_heads: int) -> Tensor | None:
+        return None  # pragma: no cover - interface
+

@@ -1,0 +1,287 @@
+"""Position schemes, selected by name.
+
+One interface, three ways of injecting order (a scheme may use any of them):
+- `embed(x, positions)`: add a vector to the token embeddings (sinusoidal, learned);
+- `rotate_q` / `rotate_k`: transform queries and keys (rotary);
+- `score_bias(q, q_pos, k_pos, n_heads)`: add to the attention scores (Shaw relative keys, T5
+  buckets, ALiBi).
+
+Positions are absolute token indices, (B|1, T) long tensors, so left-padded batches and cached
+decoding use the same code. A model owns one scheme and passes it to every attention layer: the
+relative tables (Shaw, T5) are therefore shared by all layers, as T5 does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.errors import ConfigError
+from attnlab.modules.attention import PositionHook
+from attnlab.registry import Registry, construct
+
+
+class PositionScheme(nn.Module, PositionHook):
+    """Base: every method is a no-op, so a scheme overrides only what it uses."""
+
+    adds_to_embeddings = False
+    rotates_qk = False  # needs a variant with per-head q/k (`supports_rotary`)
+    query_bias = False  # its bias reads the queries (`supports_query_bias`)
+    max_len: int | None = None  # longest position it can represent (None: unbounded)
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        return x
+
+    def rotate_q(self, q: Tensor, positions: Tensor) -> Tensor:
+        return q
+
+    def rotate_k(self, k: Tensor, positions: Tensor) -> Tensor:
+        return k
+
+    def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, n_heads: int) -> Tensor | None:
+        return None
+
+
+POSITIONS: Registry[type[PositionScheme]] = Registry("position scheme")
+
+
+def build_position(name: str, *, d_model: int, n_heads: int, max_len: int, causal: bool,
+                   **options) -> PositionScheme:
+    """Build a registered scheme. `causal` tells bias schemes whether keys after the query exist.
+
+    `options` are the scheme's own settings (e.g. `base` for sinusoidal, `max_distance` for
+    relative); an option the scheme does not have raises a ConfigError naming the ones it has.
+    """
+    cls = POSITIONS.get(name)
+    return construct(cls, f"position {name!r}", dict(d_model=d_model, n_heads=n_heads,
+                                 max_len=max_len, causal=causal), options)
+
+
+@POSITIONS.register("none")
+class NoPosition(PositionScheme):
+    def __init__(self):
+        super().__init__()
+
+
+# ------------------------------------------------------------------------------------------------
+# Sinusoidal
+# ------------------------------------------------------------------------------------------------
+
+
+def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> Tensor:
+    """ω_m = base^(-2m/d) for m = 0 .. d/2-1."""
+    if d_model % 2:
+        raise ConfigError(f"sinusoidal positions need an even width, got {d_model}")
+    return base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+
+
+def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
+    """PE[p, 2m] = sin(p·ω_m), PE[p, 2m+1] = cos(p·ω_m); shape positions.shape + (d_model,)."""
+    angles = positions.to(torch.float64)[..., None] * sinusoidal_frequencies(d_model, base)
+    pe = torch.stack([angles.sin(), angles.cos()], dim=-1)  # (..., d/2, 2)
+    return pe.flatten(-2).float()
+
+
+def sinusoidal_rotation(k: int, d_model: int, base: float = 10000.0) -> Tensor:
+    """A(k): the (d, d) block-diagonal matrix with PE[i + k] = A(k)·PE[i] for every i.
+
+    Each pair (sin pω, cos pω) is rotated by the angle kω:
+        sin((p+k)ω) =  cos(kω)·sin(pω) + sin(kω)·cos(pω)
+        cos((p+k)ω) = -sin(kω)·sin(pω) + cos(kω)·cos(pω)
+    so A(k) depends on k only, never on i: a fixed linear map takes any position to the one k later.
+    """
+    angles = k * sinusoidal_frequencies(d_model, base)
+    c, s = angles.cos(), angles.sin()
+    blocks = torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2)  # (d/2, 2, 2)
+    return torch.block_diag(*blocks).float()
+
+
+@POSITIONS.register("sinusoidal")
+class SinusoidalPosition(PositionScheme):
+    """Fixed sinusoids added to the embeddings (Vaswani et al. 2017); `base` is 10000 in the paper."""
+
+    adds_to_embeddings = True
+
+    def __init__(self, *, d_model: int, max_len: int = 1024, base: float = 10000.0):
+        super().__init__()
+        self.d_model, self.base = d_model, base
+        self.register_buffer("table", sinusoidal_table(torch.arange(max_len), d_model, base), persistent=False)
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        if positions.numel() and int(positions.max()) >= self.table.shape[0]:
+            pe = sinusoidal_table(positions, self.d_model, self.base).to(x.device)  # beyond the table
+        else:
+            pe = self.table[positions]
+        return x + pe.to(x.dtype)
+
+
+@POSITIONS.register("learned")
+class LearnedPosition(PositionScheme):
+    """A learned vector per absolute position (GPT, BERT); cannot go beyond `max_len`."""
+
+    adds_to_embeddings = True
+
+    def __init__(self, *, d_model: int, max_len: int):
+        super().__init__()
+        self.max_len = max_len
+        self.embedding = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.embedding.weight, std=0.02)
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        return x + self.embedding(positions)
+
+
+# ------------------------------------------------------------------------------------------------
+# Rotary
+# ------------------------------------------------------------------------------------------------
+
+
+@POSITIONS.register("rotary")
+class RotaryPosition(PositionScheme):
+    """Rotary embeddings (Su et al. 2021): rotate each (q, k) channel pair by position·ω.
+
+    The score q_i·k_j then depends on i - j only. Channel m is paired with channel m + Dh/2.
+    """
+
+    rotates_qk = True
+
+    def __init__(self, *, d_model: int, n_heads: int, max_len: int = 1024, base: float = 10000.0):
+        super().__init__()
+        self.head_dim = d_model // n_heads
+        if self.head_dim % 2:
+            raise ConfigError(f"rotary positions need an even head width, got {self.head_dim}")
+        inv_freq = base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        cos, sin = self._angles(torch.arange(max_len))
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        ang = positions.to(torch.float64)[..., None] * self.inv_freq.to(positions.device)
+        ang = torch.cat([ang, ang], dim=-1)  # (..., Dh)
+        return ang.cos().float(), ang.sin().float()
+
+    def _rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
+            cos, sin = self._angles(positions)
+        else:
+            cos, sin = self.cos[positions], self.sin[positions]  # (B|1, T, Dh)
+        cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)  # (B|1, 1, T, Dh)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def rotate_q(self, q: Tensor, positions: Tensor) -> Tensor:
+        return self._rotate(q, positions)
+
+    def rotate_k(self, k: Tensor, positions: Tensor) -> Tensor:
+        return self._rotate(k, positions)
+
+
+# ------------------------------------------------------------------------------------------------
+# Score biases
+# ------------------------------------------------------------------------------------------------
+
+
+def _relative(q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    return k_pos[:, None, :] - q_pos[:, :, None]  # (B|1, T, S): j - i
+
+
+@POSITIONS.register("relative")
+class ShawRelativePosition(PositionScheme):
+    """Shaw et al. 2018 relative key embeddings: e_ij = q_i·(k_j + a_{clip(j-i)}) / sqrt(Dh).
+
+    a has one learned vector per clipped distance in [-max_distance, max_distance], shared by heads.
+    Computed as q·Aᵀ (B, H, T, 2K+1) then gathered by distance: no (T, S, Dh) tensor is built.
+    """
+
+    query_bias = True
+
+    def __init__(self, *, d_model: int, n_heads: int, max_distance: int = 16):
+        super().__init__()
+        self.max_distance = max_distance
+        self.embedding = nn.Embedding(2 * max_distance + 1, d_model // n_heads)
+        nn.init.normal_(self.embedding.weight, std=0.02)
+
+    def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, n_heads: int) -> Tensor:
+        idx = _relative(q_pos, k_pos).clamp(-self.max_distance, self.max_distance) + self.max_distance
+        qa = torch.matmul(q, self.embedding.weight.t().to(q.dtype))  # (B, H, T, 2K+1)
+        b, h, t, _ = qa.shape
+        idx = idx[:, None].expand(b, h, t, idx.shape[-1])  # (B, H, T, S)
+        return torch.gather(qa, -1, idx) / math.sqrt(q.shape[-1])
+
+
+def t5_bucket(relative: Tensor, *, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
+    """Map distances j - i to buckets: exact for small distances, log-spaced up to max_distance."""
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative > 0).long() * num_buckets
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp(min=0)  # only the past counts
+    exact = num_buckets // 2
+    is_small = distance < exact
+    log_ratio = torch.log(distance.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+    large = exact + (log_ratio * (num_buckets - exact)).long()
+    large = large.clamp(max=num_buckets - 1)
+    return buckets + torch.where(is_small, distance, large)
+
+
+@POSITIONS.register("t5-bias")
+class T5RelativeBias(PositionScheme):
+    """T5's bucketed relative bias (Raffel et al. 2020): one learned scalar per (bucket, head)."""
+
+    def __init__(self, *, n_heads: int, causal: bool, num_buckets: int = 32,
+                 max_distance: int = 128):
+        super().__init__()
+        self.bidirectional = not causal
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.embedding = nn.Embedding(num_buckets, n_heads)
+        nn.init.normal_(self.embedding.weight, std=0.02)
+
+    def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, n_heads: int) -> Tensor:
+        buckets = t5_bucket(_relative(q_pos, k_pos), bidirectional=self.bidirectional,
+                            num_buckets=self.num_buckets, max_distance=self.max_distance)
+        return self.embedding(buckets).permute(0, 3, 1, 2)  # (B|1, H, T, S)
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """Press et al. 2022: geometric slopes 2^(-8/n), 2^(-16/n)...; for a non-power-of-two head count,
+    the slopes of the next lower power of two followed by every other slope of the next higher one."""
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return torch.tensor(power_of_two(n_heads))
+    low = 2 ** math.floor(math.log2(n_heads))
+    return torch.tensor(power_of_two(low) + power_of_two(2 * low)[0::2][: n_heads - low])
+
+
+@POSITIONS.register("alibi")
+class ALiBiPosition(PositionScheme):
+    """ALiBi: a fixed, head-specific linear penalty -m_h·|i - j| on the scores; no parameters."""
+
+    def __init__(self, *, n_heads: int):
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, n_heads: int) -> Tensor:
+        distance = _relative(q_pos, k_pos).abs().to(torch.float32)  # (B|1, T, S)
+        return -self.slopes[None, :, None, None] * distance[:, None]  # (B|1, H, T, S)
+
+
+def check_compatible(variant: str, position: str) -> None:
+    """Raise a ConfigError when an attention variant cannot work with a position scheme."""
+    from attnlab.modules.variants import VARIANTS
+
+    v, p = VARIANTS.get(variant), POSITIONS.get(position)
+    if p.rotates_qk and not v.supports_rotary:
+        raise ConfigError(f"position {position!r} rotates per-head queries and keys, which attention "
+                          f"variant {variant!r} does not have; use it with attention 'dot'")
+    if p.query_bias and not v.supports_query_bias:
+        raise ConfigError(f"position {position!r} needs per-head queries of the head width, which "
+                          f"attention variant {variant!r} does not have; use it with attention 'dot'")
