@@ -94,6 +94,8 @@ def attention(
     """
     t, s = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if causal and t == 1:
+        causal = False  # one query, the newest: it may see every key
     # Only a user mask (or causal with more queries than keys) can hide every key of a row.
     may_hide_rows = mask is not None or (causal and t > s)
 
