@@ -24,11 +24,15 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from os import PathLike
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from attnlab.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from attnlab.data.tokenizers import CharTokenizer
 
 PAD = "\u25a1"  # □  pads a line out to the block size; never a target
 MASK = "\u2047"  # ⁇  marks a blank (span corruption) and separates question from answer
@@ -69,11 +73,14 @@ class KnowledgeVocab:
     def __init__(self, chars: Sequence[str]):
         chars = list(chars)
         if chars[:2] != [PAD, MASK]:
-            raise DataError(f"a knowledge vocabulary must start with {PAD!r} (pad) and {MASK!r} (mask); "
-                            "make it with build_char_vocab")
+            raise DataError(
+                f"a knowledge vocabulary must start with {PAD!r} (pad) and {MASK!r} (mask); "
+                "make it with build_char_vocab"
+            )
         if any(len(c) != 1 for c in chars) or len(set(chars)) != len(chars):
-            raise DataError("a knowledge vocabulary must list distinct single characters; "
-                            "make it with build_char_vocab")
+            raise DataError(
+                "a knowledge vocabulary must list distinct single characters; make it with build_char_vocab"
+            )
         self.itos: list[str] = chars
         self.stoi: dict[str, int] = {c: i for i, c in enumerate(chars)}
         # Sorted code points → ids, for encoding a long text in one vectorised lookup.
@@ -140,9 +147,22 @@ class KnowledgeVocab:
         except (ValueError, TypeError, KeyError, AttributeError):
             ok = False
         if not ok:
-            raise DataError("tokenizer JSON is not a saved character vocabulary; "
-                            "save it with KnowledgeVocab.to_json")
+            raise DataError(
+                "tokenizer JSON is not a saved character vocabulary; save it with KnowledgeVocab.to_json"
+            )
         return cls(chars)
+
+    def to_tokenizer(self) -> CharTokenizer:
+        """The same vocabulary as the project's `CharTokenizer` (pad □, mask ⁇), for checkpoints:
+        it saves as a standard ``tokenizer.json`` that `load_tokenizer` reads."""
+        from attnlab.data.tokenizers import CharTokenizer
+
+        return CharTokenizer(self.itos, pad=PAD, mask=MASK)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: CharTokenizer) -> KnowledgeVocab:
+        """The vocabulary of a `CharTokenizer` made by `to_tokenizer` (e.g. loaded from a checkpoint)."""
+        return cls([tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)])
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, KnowledgeVocab) and self.itos == other.itos
@@ -152,8 +172,10 @@ class KnowledgeVocab:
 
 
 def _unknown_char_message(ch: str) -> str:
-    return (f"character {ch!r} (U+{ord(ch):04X}) is not in the vocabulary; build the vocabulary over every "
-            "text the model reads (corpus and fine-tuning files)")
+    return (
+        f"character {ch!r} (U+{ord(ch):04X}) is not in the vocabulary; build the vocabulary over every "
+        "text the model reads (corpus and fine-tuning files)"
+    )
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -188,8 +210,9 @@ def read_corpus(path: str | PathLike[str]) -> list[str]:
     return [line for line in (raw.rstrip("\r") for raw in text.split("\n")) if line.strip()]
 
 
-def read_qa_file(path: str | PathLike[str], require_answers: bool = True,
-                 block_size: int | None = None) -> list[tuple[str, str | None]]:
+def read_qa_file(
+    path: str | PathLike[str], require_answers: bool = True, block_size: int | None = None
+) -> list[tuple[str, str | None]]:
     """The (question, answer) pairs of a file of ``question<TAB>answer`` lines.
 
     Blank lines are skipped; whitespace around each field is removed.
@@ -236,7 +259,9 @@ def read_qa_file(path: str | PathLike[str], require_answers: bool = True,
 def _check_block_size(block_size: int) -> None:
     # int(7/8 * block) >= 4 needs block >= 5; and then L + 2 <= block + 1 always holds.
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 5:
-        raise ConfigError(f"block_size must be an integer of at least 5 for span corruption, got {block_size!r}")
+        raise ConfigError(
+            f"block_size must be an integer of at least 5 for span corruption, got {block_size!r}"
+        )
 
 
 def _span_plan(n_chars: int, block_size: int, rng: np.random.Generator) -> tuple[int, int, int]:
@@ -281,7 +306,7 @@ def corrupt_document(doc: str, block_size: int, rng: np.random.Generator) -> str
         raise DataError("cannot corrupt an empty document; remove blank lines from the corpus")
     length, start, span = _span_plan(len(doc), block_size, rng)
     kept = doc[:length]
-    prefix, content, suffix = kept[:start], kept[start:start + span], kept[start + span:]
+    prefix, content, suffix = kept[:start], kept[start : start + span], kept[start + span :]
     out = prefix + MASK + suffix + MASK + content
     return out + PAD * (block_size + 1 - len(out))
 
@@ -309,8 +334,10 @@ def _check_loader_args(batch_size: int, seed: int) -> None:
 
 
 def _to_batch(rows: np.ndarray, labels: np.ndarray) -> dict[str, torch.Tensor]:
-    return {"input_ids": torch.from_numpy(np.ascontiguousarray(rows[:, :-1])),
-            "labels": torch.from_numpy(np.ascontiguousarray(labels))}
+    return {
+        "input_ids": torch.from_numpy(np.ascontiguousarray(rows[:, :-1])),
+        "labels": torch.from_numpy(np.ascontiguousarray(labels)),
+    }
 
 
 class SpanCorruptionSource:
@@ -332,8 +359,9 @@ class SpanCorruptionSource:
         ConfigError: block_size below 5, batch_size below 1 or a negative seed.
     """
 
-    def __init__(self, documents: Sequence[str], vocab: KnowledgeVocab, block_size: int, batch_size: int,
-                 seed: int = 0):
+    def __init__(
+        self, documents: Sequence[str], vocab: KnowledgeVocab, block_size: int, batch_size: int, seed: int = 0
+    ):
         _check_block_size(block_size)
         _check_loader_args(batch_size, seed)
         if not documents:
@@ -360,23 +388,29 @@ class SpanCorruptionSource:
 
     def _row(self, doc_index: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
         """The encoded block_size+1 ids of one corrupted document, and its unpadded length."""
-        ids = self._ids[self._offsets[doc_index]:self._offsets[doc_index + 1]]
+        ids = self._ids[self._offsets[doc_index] : self._offsets[doc_index + 1]]
         length, start, span = _span_plan(len(ids), self.block_size, rng)
         row = np.full(self.block_size + 1, self.vocab.pad_id, dtype=np.int64)
-        pieces = [ids[:start], [self.vocab.mask_id], ids[start + span:length], [self.vocab.mask_id],
-                  ids[start:start + span]]
+        pieces = [
+            ids[:start],
+            [self.vocab.mask_id],
+            ids[start + span : length],
+            [self.vocab.mask_id],
+            ids[start : start + span],
+        ]
         body = np.concatenate(pieces)
-        row[:len(body)] = body
+        row[: len(body)] = body
         return row, len(body)
 
-    def _batch_of(self, doc_indices: Sequence[int],
-                  rngs: Iterable[np.random.Generator]) -> dict[str, torch.Tensor]:
+    def _batch_of(
+        self, doc_indices: Sequence[int], rngs: Iterable[np.random.Generator]
+    ) -> dict[str, torch.Tensor]:
         rows = np.empty((len(doc_indices), self.block_size + 1), dtype=np.int64)
         labels = np.empty((len(doc_indices), self.block_size), dtype=np.int64)
         for r, (d, rng) in enumerate(zip(doc_indices, rngs)):
             rows[r], n = self._row(int(d), rng)
             labels[r] = rows[r, 1:]
-            labels[r, n - 1:] = IGNORE  # targets y[t] = s[t+1] that fall in the padding
+            labels[r, n - 1 :] = IGNORE  # targets y[t] = s[t+1] that fall in the padding
         return _to_batch(rows, labels)
 
     def batch(self, step: int) -> dict[str, torch.Tensor]:
@@ -413,8 +447,10 @@ def _check_fits(question: str, answer: str | None, block_size: int, where: str) 
     needed = len(question) + len(answer or "") + 2
     if needed > block_size + 1:
         what = "question" if answer is None else "question and answer"
-        raise DataError(f"{where}: {what} take {needed} characters with the two {MASK} marks, more than "
-                        f"block_size + 1 = {block_size + 1}; shorten the line or raise block_size")
+        raise DataError(
+            f"{where}: {what} take {needed} characters with the two {MASK} marks, more than "
+            f"block_size + 1 = {block_size + 1}; shorten the line or raise block_size"
+        )
 
 
 class QASource:
@@ -437,8 +473,15 @@ class QASource:
         ConfigError: bad block_size, batch_size or seed.
     """
 
-    def __init__(self, pairs: Sequence[tuple[str, str | None]], vocab: KnowledgeVocab, block_size: int,
-                 batch_size: int, seed: int = 0, name: str = "fine-tuning data"):
+    def __init__(
+        self,
+        pairs: Sequence[tuple[str, str | None]],
+        vocab: KnowledgeVocab,
+        block_size: int,
+        batch_size: int,
+        seed: int = 0,
+        name: str = "fine-tuning data",
+    ):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2:
             raise ConfigError(f"block_size must be an integer of at least 2, got {block_size!r}")
         _check_loader_args(batch_size, seed)
@@ -462,9 +505,9 @@ class QASource:
                 ids = vocab.encode(question + MASK + answer + MASK)
             except DataError as e:
                 raise DataError(f"{where}: {e}") from None
-            self._rows[i, :len(ids)] = ids
+            self._rows[i, : len(ids)] = ids
             q = len(question)
-            self._labels[i, q:len(ids) - 1] = ids[q + 1:]
+            self._labels[i, q : len(ids) - 1] = ids[q + 1 :]
 
     def __len__(self) -> int:
         return len(self.pairs)

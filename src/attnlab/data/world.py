@@ -30,38 +30,192 @@ ZIPF_OFFSET = 10  # town k is chosen with weight 1 / (k + ZIPF_OFFSET)
 # Syllables for people's names: a first name is one or two syllables and an ending, a surname one or two
 # syllables and a surname ending, which gives over a hundred million distinct full names.
 _FIRST_SYLLABLES = (
-    "a", "be", "ca", "da", "el", "fe", "ga", "hi", "i", "jo", "ka", "li", "ma", "ni", "o", "pe", "ra",
-    "si", "ta", "u", "ve", "wy", "ya", "zo", "ri", "lan", "mir", "dor", "len", "sa", "tor", "vin", "nel",
-    "ren", "tha", "mae", "ko", "lu", "bel", "cor",
+    "a",
+    "be",
+    "ca",
+    "da",
+    "el",
+    "fe",
+    "ga",
+    "hi",
+    "i",
+    "jo",
+    "ka",
+    "li",
+    "ma",
+    "ni",
+    "o",
+    "pe",
+    "ra",
+    "si",
+    "ta",
+    "u",
+    "ve",
+    "wy",
+    "ya",
+    "zo",
+    "ri",
+    "lan",
+    "mir",
+    "dor",
+    "len",
+    "sa",
+    "tor",
+    "vin",
+    "nel",
+    "ren",
+    "tha",
+    "mae",
+    "ko",
+    "lu",
+    "bel",
+    "cor",
 )
 _FIRST_ENDINGS = ("a", "o", "en", "is", "an", "el", "in", "ie", "us", "yn", "ra", "ette", "ia", "on")
 _LAST_SYLLABLES = (
-    "ab", "bran", "cal", "dun", "es", "fal", "gor", "hal", "ir", "kest", "lor", "mund", "nor", "ost",
-    "pell", "quin", "ros", "sten", "tar", "ul", "var", "wen", "yor", "zan", "ad", "em", "ot", "brin",
-    "cass", "del",
+    "ab",
+    "bran",
+    "cal",
+    "dun",
+    "es",
+    "fal",
+    "gor",
+    "hal",
+    "ir",
+    "kest",
+    "lor",
+    "mund",
+    "nor",
+    "ost",
+    "pell",
+    "quin",
+    "ros",
+    "sten",
+    "tar",
+    "ul",
+    "var",
+    "wen",
+    "yor",
+    "zan",
+    "ad",
+    "em",
+    "ot",
+    "brin",
+    "cass",
+    "del",
 )
 _LAST_ENDINGS = (
-    "velt", "mark", "son", "dell", "worth", "ley", "ani", "ez", "ova", "berg", "ler", "ski", "ard",
-    "ine", "ow", "ett", "ic", "aro", "en", "is",
+    "velt",
+    "mark",
+    "son",
+    "dell",
+    "worth",
+    "ley",
+    "ani",
+    "ez",
+    "ova",
+    "berg",
+    "ler",
+    "ski",
+    "ard",
+    "ine",
+    "ow",
+    "ett",
+    "ic",
+    "aro",
+    "en",
+    "is",
 )
 
 # Syllables for towns: a start, an optional middle and a town ending, sometimes behind a prefix.
 _PLACE_STARTS = (
-    "tov", "quen", "mar", "bel", "cor", "dra", "el", "fen", "gal", "hor", "is", "kel", "lun", "mor",
-    "nev", "or", "pra", "ros", "sal", "tir", "ul", "val", "wes", "yar", "zel", "ash", "brig", "cald",
+    "tov",
+    "quen",
+    "mar",
+    "bel",
+    "cor",
+    "dra",
+    "el",
+    "fen",
+    "gal",
+    "hor",
+    "is",
+    "kel",
+    "lun",
+    "mor",
+    "nev",
+    "or",
+    "pra",
+    "ros",
+    "sal",
+    "tir",
+    "ul",
+    "val",
+    "wes",
+    "yar",
+    "zel",
+    "ash",
+    "brig",
+    "cald",
 )
 _PLACE_MIDDLES = ("", "", "", "a", "e", "i", "o", "an", "er", "il")
 _PLACE_ENDINGS = (
-    "riss", "dal", "mouth", "holm", "gard", "vale", "wick", "stead", "burg", "ora", "ix", "ene", "mar",
-    "port", "heim", "ssa", "ovo", "ain", "ford", "ley", "ton", "mere",
+    "riss",
+    "dal",
+    "mouth",
+    "holm",
+    "gard",
+    "vale",
+    "wick",
+    "stead",
+    "burg",
+    "ora",
+    "ix",
+    "ene",
+    "mar",
+    "port",
+    "heim",
+    "ssa",
+    "ovo",
+    "ain",
+    "ford",
+    "ley",
+    "ton",
+    "mere",
 )
 _PLACE_PREFIXES = ("Port ", "Saint ", "Upper ", "Lower ", "New ", "East ", "West ", "North ")
 
 PROFESSIONS = (
-    "painter", "engineer", "poet", "architect", "botanist", "cartographer", "violinist", "surgeon",
-    "astronomer", "historian", "sculptor", "chemist", "novelist", "carpenter", "diplomat", "linguist",
-    "mathematician", "photographer", "pharmacist", "judge", "teacher", "economist", "geologist",
-    "journalist", "actor", "composer", "baker", "weaver", "sailor", "inventor",
+    "painter",
+    "engineer",
+    "poet",
+    "architect",
+    "botanist",
+    "cartographer",
+    "violinist",
+    "surgeon",
+    "astronomer",
+    "historian",
+    "sculptor",
+    "chemist",
+    "novelist",
+    "carpenter",
+    "diplomat",
+    "linguist",
+    "mathematician",
+    "photographer",
+    "pharmacist",
+    "judge",
+    "teacher",
+    "economist",
+    "geologist",
+    "journalist",
+    "actor",
+    "composer",
+    "baker",
+    "weaver",
+    "sailor",
+    "inventor",
 )
 
 # One-line biographies in the a5 corpus style: "Name. sentences", spaces before punctuation after names.
@@ -90,6 +244,7 @@ class Person:
     profession: str
     birth_year: int
     biography: str
+    template: int  # index into TEMPLATES of the biography's phrasing
 
     @property
     def question(self) -> str:
@@ -114,8 +269,9 @@ class World:
         random.Random(f"attnlab.world/{self.seed}/corpus").shuffle(lines)
         return lines
 
-    def split(self, eval_fraction: float = 0.2, seed: int = 0) -> tuple[list[tuple[str, str]],
-                                                                       list[tuple[str, str]]]:
+    def split(
+        self, eval_fraction: float = 0.2, seed: int = 0
+    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         """Questions split by person into (fine-tuning pairs, evaluation pairs).
 
         No evaluation person appears in the fine-tuning pairs; everyone's biography is in the corpus.
@@ -134,7 +290,9 @@ class World:
         pairs = [(self.people[i].question, self.people[i].answer) for i in order]
         return pairs[n_eval:], pairs[:n_eval]
 
-    def write(self, folder: str | PathLike[str], eval_fraction: float = 0.2, seed: int = 0) -> dict[str, Path]:
+    def write(
+        self, folder: str | PathLike[str], eval_fraction: float = 0.2, seed: int = 0
+    ) -> dict[str, Path]:
         """Write ``corpus.txt`` (one biography a line), ``train.tsv`` and ``dev.tsv``
         (``question<TAB>answer`` lines) into `folder`, creating it; returns the three paths by name."""
         out = Path(folder)
@@ -151,7 +309,8 @@ def _make_places(rng: random.Random, n: int) -> list[str]:
     places: list[str] = []
     seen = {"london"}  # never London: "always answer London" must stay a weak baseline
     while len(places) < n:
-        name = (rng.choice(_PLACE_STARTS) + rng.choice(_PLACE_MIDDLES) + rng.choice(_PLACE_ENDINGS)).capitalize()
+        name = rng.choice(_PLACE_STARTS) + rng.choice(_PLACE_MIDDLES) + rng.choice(_PLACE_ENDINGS)
+        name = name.capitalize()
         if rng.random() < 0.1:
             name = rng.choice(_PLACE_PREFIXES) + name
         if name.lower() not in seen:
@@ -212,8 +371,18 @@ def make_world(n_people: int, seed: int = 0) -> World:
         profession = rng.choice(PROFESSIONS)
         year = rng.randint(1820, 1999)
         a_prof = _article(profession)
-        biography = rng.choice(TEMPLATES).format(
-            name=name, Pron=pronoun.capitalize(), pron=pronoun, poss="her" if pronoun == "she" else "his",
-            a_prof=a_prof, a_Prof=a_prof.capitalize(), birth=birth, home=home, study=study, year=year)
-        people.append(Person(name, pronoun, birth, home, study, profession, year, biography))
+        template = rng.randrange(len(TEMPLATES))
+        biography = TEMPLATES[template].format(
+            name=name,
+            Pron=pronoun.capitalize(),
+            pron=pronoun,
+            poss="her" if pronoun == "she" else "his",
+            a_prof=a_prof,
+            a_Prof=a_prof.capitalize(),
+            birth=birth,
+            home=home,
+            study=study,
+            year=year,
+        )
+        people.append(Person(name, pronoun, birth, home, study, profession, year, biography, template))
     return World(people=tuple(people), places=tuple(places), seed=seed)
