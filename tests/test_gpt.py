@@ -1,0 +1,133 @@
+"""GPT invariants: causality, cache == no cache, batched == one at a time, gradients, errors."""
+
+import itertools
+
+import pytest
+import torch
+
+from attnlab.errors import ConfigError
+from attnlab.inference.generate import generate
+from attnlab.models.common import SequenceTooLong
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.modules.positions import POSITIONS, check_compatible
+from attnlab.modules.variants import VARIANTS
+
+
+def tiny(**kw) -> GPTConfig:
+    base = dict(vocab_size=31, block_size=24, d_model=16, n_heads=2, n_layers=2, dropout=0.0)
+    return GPTConfig(**{**base, **kw})
+
+
+def compatible_pairs():
+    for variant, position in itertools.product(VARIANTS.names(), POSITIONS.names()):
+        try:
+            check_compatible(variant, position)
+        except ConfigError:
+            continue
+        yield variant, position
+
+
+PAIRS = list(compatible_pairs())
+
+
+@pytest.mark.parametrize("variant,position", PAIRS)
+def test_causality(variant, position):
+    torch.manual_seed(0)
+    model = GPT(tiny(attention=variant, position=position)).eval()
+    ids = torch.randint(0, 31, (1, 12))
+    base = model(ids).logits
+    for t in range(11):
+        changed = ids.clone()
+        changed[0, t + 1 :] = torch.randint(0, 31, (11 - t,))
+        out = model(changed).logits
+        torch.testing.assert_close(out[0, : t + 1], base[0, : t + 1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant,position", PAIRS)
+def test_cache_equals_full_pass(variant, position):
+    torch.manual_seed(1)
+    model = GPT(tiny(attention=variant, position=position)).eval()
+    ids = torch.randint(0, 31, (2, 10))
+    full = model(ids).logits
+    cache = model.new_cache()
+    pieces = [model(ids[:, a:b], cache=cache).logits for a, b in [(0, 4), (4, 5), (5, 8), (8, 10)]]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant,position", PAIRS)
+def test_every_parameter_gets_a_gradient(variant, position):
+    model = GPT(tiny(attention=variant, position=position))
+    ids = torch.randint(0, 31, (2, 24))
+    model(ids, labels=ids).loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not missing
+
+
+@pytest.mark.parametrize("position", ["learned", "rotary", "alibi"])
+def test_batched_prompts_equal_one_at_a_time(position):
+    torch.manual_seed(2)
+    model = GPT(tiny(position=position)).eval()
+    prompts = [[3, 4, 5, 6, 7], [8, 9], [10, 11, 12]]
+    batched = generate(model, prompts, 8, greedy=True)
+    alone = [generate(model, [p], 8, greedy=True)[0] for p in prompts]
+    assert batched == alone
+    assert generate(model, prompts, 8, greedy=True, use_cache=False) == batched
+
+
+def test_right_padded_batch_matches_unpadded_rows():
+    torch.manual_seed(3)
+    model = GPT(tiny()).eval()
+    a, b = torch.randint(0, 31, (1, 9)), torch.randint(0, 31, (1, 5))
+    ids = torch.zeros(2, 9, dtype=torch.long)
+    ids[0], ids[1, :5] = a[0], b[0]
+    mask = torch.tensor([[1] * 9, [1] * 5 + [0] * 4])
+    out = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(out[0], model(a).logits[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[1, :5], model(b).logits[0], atol=1e-5, rtol=1e-5)
+
+
+def test_sampling_is_deterministic_with_a_seed_and_respects_top_k():
+    model = GPT(tiny()).eval()
+    a = generate(model, [[1, 2]], 12, temperature=1.0, top_k=3, seed=7)
+    assert a == generate(model, [[1, 2]], 12, temperature=1.0, top_k=3, seed=7)
+    b = generate(model, [[1, 2]], 12, top_p=0.5, seed=7)
+    assert len(b[0]) == 12
+
+
+def test_eos_stops_generation():
+    model = GPT(tiny()).eval()
+    first = generate(model, [[1, 2]], 1, greedy=True)[0][0]
+    assert generate(model, [[1, 2]], 10, greedy=True, eos_id=first) == [[first]]
+
+
+def test_too_long_input_is_a_clear_error():
+    model = GPT(tiny())
+    with pytest.raises(SequenceTooLong, match="longer than the model allows"):
+        model(torch.zeros(1, 25, dtype=torch.long))
+
+
+def test_generation_past_the_block_slides_the_window():
+    model = GPT(tiny()).eval()
+    out = generate(model, [[1] * 20], 10, greedy=True)
+    assert len(out[0]) == 10
+
+
+def test_attention_weights_and_hidden_states():
+    model = GPT(tiny()).eval()
+    out = model(torch.randint(0, 31, (2, 7)), need_weights=True, output_hidden_states=True)
+    assert len(out.attentions) == 2 and out.attentions[0].shape == (2, 2, 7, 7)
+    assert torch.allclose(out.attentions[0].sum(-1), torch.ones(2, 2, 7))
+    assert len(out.hidden_states) == 3
+    fused = model(torch.randint(0, 31, (2, 7)))
+    assert fused.attentions is None
+
+
+def test_config_errors_name_the_allowed_values():
+    with pytest.raises(ConfigError, match="choose one of"):
+        tiny(position="rotory")
+    with pytest.raises(ConfigError, match="divisible"):
+        tiny(n_heads=3)
+    with pytest.raises(ConfigError, match="rotates"):
+        tiny(attention="bilinear", position="rotary")
+    with pytest.raises(ConfigError, match="unknown setting model.n_layer"):
+        GPTConfig.from_dict({"n_layer": 2}, where="model")
