@@ -1,0 +1,209 @@
+"""Training and decoding speed of attnlab's GPT against HF transformers' GPT2LMHeadModel, in one run.
+
+Same shapes, same data, same process; prints medians over repeated timings and same-run ratios.
+
+    python benchmarks/bench_gpt.py                # both shapes, training + decoding (+ bf16 accuracy)
+    python benchmarks/bench_gpt.py --shapes A --repeats 3 --json out.json
+
+Shapes (vocabulary 65):
+    A: 4 layers, 4 heads, 128 wide, block 64, batch 12
+    B: 6 layers, 6 heads, 384 wide, block 256, batch 8
+Rows:
+    train  ours default : attnlab's default settings (bf16 autocast where the hardware has bf16)
+    train  ours fp32    : attnlab forced to fp32
+    train  HF fp32      : GPT2LMHeadModel, eager fp32, as users run it (the reference, ratio 1.00)
+    train  HF bf16      : GPT2LMHeadModel under bf16 autocast
+    decode ours / HF    : batch-1 generation of 200 tokens with KV cache (greedy), fp32
+    accuracy            : validation loss after the same steps, default (bf16) vs fp32 run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import tracemalloc  # noqa: F401  (peak memory is read from the allocator below)
+from dataclasses import dataclass
+
+import torch
+
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.training.device import cpu_has_bf16
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    n_layers: int
+    n_heads: int
+    d_model: int
+    block: int
+    batch: int
+
+
+SHAPES = {
+    "A": Shape("A", 4, 4, 128, 64, 12),
+    "B": Shape("B", 6, 6, 384, 256, 8),
+}
+VOCAB = 65
+
+
+def make_data(shape: Shape, steps: int, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    # A learnable stream: a noisy repeating pattern, so loss curves mean something.
+    base = torch.randint(0, VOCAB, (4096,), generator=g)
+    out = []
+    for _ in range(steps):
+        starts = torch.randint(0, 4096 - shape.block - 1, (shape.batch,), generator=g)
+        out.append(torch.stack([base[s : s + shape.block + 1] for s in starts]))
+    return out
+
+
+def ours(shape: Shape) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=VOCAB, block_size=shape.block, d_model=shape.d_model,
+                         n_heads=shape.n_heads, n_layers=shape.n_layers, dropout=0.0))
+
+
+def hf(shape: Shape):
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=shape.block, n_embd=shape.d_model,
+                                  n_layer=shape.n_layers, n_head=shape.n_heads, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(cfg)
+    try:
+        model.set_attn_implementation("eager")
+    except Exception:  # older transformers
+        pass
+    return model
+
+
+def train_step_fn(model, kind: str, dtype: torch.dtype | None):
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+
+    def step(batch: torch.Tensor) -> float:
+        x, y = batch[:, :-1], batch[:, 1:]
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+            loss = model(x, labels=y).loss if kind == "ours" else model(x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss)
+
+    return step
+
+
+def time_training(make_model, kind, dtype, shape, data, warmup, repeats) -> dict:
+    model = make_model(shape)
+    model.train()
+    step = train_step_fn(model, kind, dtype)
+    for b in data[:warmup]:
+        step(b)
+    times = []
+    i = warmup
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step(data[i % len(data)])
+        times.append(time.perf_counter() - t0)
+        i += 1
+    med = statistics.median(times)
+    return {"tokens_per_s": shape.batch * shape.block / med, "step_s": med}
+
+
+@torch.no_grad()
+def time_decoding(kind: str, shape: Shape, n_new: int, repeats: int) -> dict:
+    prompt = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(1))
+    block = max(shape.block, 8 + n_new)
+    s = Shape(shape.name, shape.n_layers, shape.n_heads, shape.d_model, block, 1)
+    if kind == "ours":
+        from attnlab.inference.generate import generate
+
+        model = ours(s).eval()
+
+        def run():
+            return generate(model, prompt, n_new, greedy=True)
+    else:
+        model = hf(s).eval()
+
+        def run():
+            return model.generate(prompt, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
+                                  pad_token_id=0)
+    run()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return {"tokens_per_s": n_new / statistics.median(times)}
+
+
+def accuracy(shape: Shape, steps: int) -> dict:
+    """Validation loss after `steps` identical steps, default (bf16 autocast) vs fp32."""
+    data = make_data(shape, steps + 4, seed=3)
+    val = data[-4:]
+    out = {}
+    for label, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+        model = ours(shape)
+        step = train_step_fn(model, "ours", dtype)
+        for b in data[:steps]:
+            step(b)
+        model.eval()
+        with torch.no_grad():
+            out[label] = statistics.mean(float(model(b[:, :-1], labels=b[:, 1:]).loss) for b in val)
+    out["relative_gap"] = abs(out["bf16"] - out["fp32"]) / out["fp32"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="A,B")
+    p.add_argument("--repeats", type=int, default=5, help="timed steps per row (median reported)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--decode-tokens", type=int, default=200)
+    p.add_argument("--accuracy-steps", type=int, default=60, help="0 skips the bf16-vs-fp32 accuracy row")
+    p.add_argument("--json", help="also write the results to this JSON file")
+    args = p.parse_args(argv)
+
+    default_dtype = torch.bfloat16 if cpu_has_bf16() else None
+    results: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+                     "cpu_bf16": cpu_has_bf16(), "shapes": {}}
+    for name in args.shapes.split(","):
+        shape = SHAPES[name]
+        data = make_data(shape, args.warmup + args.repeats)
+        rows = {
+            "ours default": time_training(ours, "ours", default_dtype, shape, data, args.warmup, args.repeats),
+            "ours fp32": time_training(ours, "ours", None, shape, data, args.warmup, args.repeats),
+            "HF fp32": time_training(hf, "hf", None, shape, data, args.warmup, args.repeats),
+            "HF bf16": time_training(hf, "hf", torch.bfloat16, shape, data, args.warmup, args.repeats),
+        }
+        ref = rows["HF fp32"]["tokens_per_s"]
+        for r in rows.values():
+            r["vs_HF_fp32"] = r["tokens_per_s"] / ref
+        dec = {"ours": time_decoding("ours", shape, args.decode_tokens, max(1, args.repeats // 2)),
+               "HF": time_decoding("hf", shape, args.decode_tokens, max(1, args.repeats // 2))}
+        dec["ours"]["vs_HF"] = dec["ours"]["tokens_per_s"] / dec["HF"]["tokens_per_s"]
+        results["shapes"][name] = {"shape": shape.__dict__, "train": rows, "decode": dec}
+        print(f"\nshape {name}: {shape.n_layers} layers, {shape.n_heads} heads, {shape.d_model} wide, "
+              f"block {shape.block}, batch {shape.batch}")
+        print(f"  {'row':<22}{'tokens/s':>12}{'vs HF fp32':>12}")
+        for label, r in rows.items():
+            print(f"  train {label:<16}{r['tokens_per_s']:>12,.0f}{r['vs_HF_fp32']:>11.2f}x")
+        print(f"  decode ours (b=1)     {dec['ours']['tokens_per_s']:>12,.0f}{dec['ours']['vs_HF']:>11.2f}x "
+              f"(vs HF generate {dec['HF']['tokens_per_s']:,.0f})")
+    if args.accuracy_steps:
+        acc = accuracy(SHAPES["A"], args.accuracy_steps)
+        results["accuracy_shape_A"] = acc
+        print(f"\nvalidation loss after {args.accuracy_steps} steps (shape A): fp32 {acc['fp32']:.4f}, "
+              f"default {acc['bf16']:.4f}, relative gap {100 * acc['relative_gap']:.2f}%")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main() and 0)
