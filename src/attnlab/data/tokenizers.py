@@ -264,16 +264,19 @@ class CharTokenizer(Tokenizer):
         special_strings = set(self.specials.tokens())
         for name, tok in self.specials.items():
             if tok not in self._ids:
-                raise ConfigError(f"special token {name}={tok!r} is not in the character list; add it to chars")
+                raise ConfigError(
+                    f"special token {name}={tok!r} is not in the character list; add it to chars"
+                )
         for tok in self._tokens:
             if tok not in special_strings and len(tok) != 1:
                 raise ConfigError(
-                    f"character vocabulary entry {tok!r} is not a single character; only specials may be longer"
+                    f"character vocabulary entry {tok!r} is not a single character; "
+                    "only specials may be longer"
                 )
         # Lookup table: code point -> id (-1 for characters outside the vocabulary).
         singles = [(ord(t), i) for i, t in enumerate(self._tokens) if len(t) == 1]
         size = max((cp for cp, _ in singles), default=0) + 1
-        self._table = np.full(size, -1, dtype=np.int64)
+        self._table = np.full(size, -1, dtype=np.int32)
         for cp, i in singles:
             self._table[cp] = i
         self._token_array = np.array(self._tokens, dtype=object)
@@ -301,7 +304,8 @@ class CharTokenizer(Tokenizer):
             room = vocab_size - len(specials.tokens())
             if room < 1:
                 raise ConfigError(
-                    f"char vocab_size {vocab_size} leaves no room beside {len(specials.tokens())} special tokens; "
+                    f"char vocab_size {vocab_size} leaves no room beside "
+                    f"{len(specials.tokens())} special tokens; "
                     "raise vocab_size"
                 )
             if len(chars) > room:
@@ -332,9 +336,12 @@ class CharTokenizer(Tokenizer):
                 f"text has an invalid character {text[e.start]!r} at position {e.start} (a lone surrogate); "
                 "read the file as UTF-8 without errors='surrogateescape'"
             ) from None
-        inside = points < len(self._table)
-        ids = np.full(len(points), -1, dtype=np.int64)
-        ids[inside] = self._table[points[inside]]
+        if len(points) and int(points.max()) >= len(self._table):  # characters beyond the table
+            inside = points < len(self._table)
+            ids = np.full(len(points), -1, dtype=np.int32)
+            ids[inside] = self._table[points[inside]]
+        else:
+            ids = self._table[points]
         unknown = ids < 0
         if unknown.any():
             unk = self.unk_id
@@ -343,13 +350,26 @@ class CharTokenizer(Tokenizer):
                 ch = text[pos]
                 raise DataError(
                     f"character {ch!r} (U+{ord(ch):04X}) at position {pos} is not in the tokenizer's "
-                    "vocabulary and there is no unk token; train the tokenizer on text containing it or add an unk"
+                    "vocabulary and there is no unk token; "
+                    "train the tokenizer on text containing it or add an unk"
                 )
             ids[unknown] = unk
-        return ids
+        return ids.astype(np.int64)
 
     def encode(self, text: str) -> list[int]:
         return self.encode_array(text).tolist()
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        # One lookup over all texts joined, then split: fast for many short texts.
+        texts = list(texts)
+        if not texts:
+            return []
+        try:
+            ids = self.encode_array(texts)
+        except DataError:
+            return [self.encode(t) for t in texts]  # re-raises with the position inside the text
+        ends = np.cumsum([len(t) for t in texts])[:-1]
+        return [part.tolist() for part in np.split(ids, ends)]
 
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
         keep = self._ids_to_keep(ids, skip_special_tokens)
@@ -438,7 +458,8 @@ class WordTokenizer(Tokenizer):
             room = vocab_size - len(specials.tokens())
             if room < 1:
                 raise ConfigError(
-                    f"word vocab_size {vocab_size} leaves no room beside {len(specials.tokens())} special tokens; "
+                    f"word vocab_size {vocab_size} leaves no room beside "
+                    f"{len(specials.tokens())} special tokens; "
                     "raise vocab_size"
                 )
             words = words[:room]
@@ -529,6 +550,13 @@ class _HFTokenizer(Tokenizer):
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [e.ids for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
 
+    def encode_array(self, texts: str | Sequence[str]) -> np.ndarray:
+        if isinstance(texts, str):
+            # Lines encode in parallel; both pre-tokenizers split at line ends, so the ids are the same.
+            lines = texts.split("\n")
+            texts = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+        return super().encode_array(texts)
+
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
         keep = self._ids_to_keep(ids, skip_special_tokens)
         for i in keep:
@@ -545,7 +573,9 @@ class _HFTokenizer(Tokenizer):
         try:
             hf = HFTokenizer.from_str(data["hf_tokenizer"])
         except Exception as e:  # HF raises a bare Exception for malformed JSON
-            raise DataError(f"the embedded {cls.kind} tokenizer is corrupt ({e}); save the tokenizer again") from None
+            raise DataError(
+                f"the embedded {cls.kind} tokenizer is corrupt ({e}); save the tokenizer again"
+            ) from None
         return cls(hf, SpecialTokens(**data["specials"]))
 
     @staticmethod
@@ -577,7 +607,8 @@ class BPETokenizer(_HFTokenizer):
         smallest = len(alphabet) + len(specials.tokens())
         if vocab_size is None or vocab_size < smallest:
             raise ConfigError(
-                f"bpe vocab_size must be at least {smallest} (256 byte symbols + {len(specials.tokens())} specials), "
+                f"bpe vocab_size must be at least {smallest} "
+                f"(256 byte symbols + {len(specials.tokens())} specials), "
                 f"got {vocab_size}; raise vocab_size or use the char tokenizer"
             )
         hf = HFTokenizer(models.BPE(unk_token=specials.unk))
@@ -619,7 +650,9 @@ class WordPieceTokenizer(_HFTokenizer):
 
         specials = SpecialTokens.coerce(specials)
         if specials.unk is None:
-            raise ConfigError("wordpiece needs an unk special token for words it cannot split; set specials.unk")
+            raise ConfigError(
+                "wordpiece needs an unk special token for words it cannot split; set specials.unk"
+            )
         if vocab_size is None or vocab_size <= len(specials.tokens()):
             raise ConfigError(f"wordpiece vocab_size must exceed the number of specials, got {vocab_size}")
         hf = HFTokenizer(models.WordPiece(unk_token=specials.unk, continuing_subword_prefix="##"))
@@ -642,7 +675,9 @@ class WordPieceTokenizer(_HFTokenizer):
 # ------------------------------------------------------------------------------------------------
 # Factory and loading
 # ------------------------------------------------------------------------------------------------
-def train_tokenizer(kind: str, texts: str | Iterable[str], vocab_size: int | None = None, **options: Any) -> Tokenizer:
+def train_tokenizer(
+    kind: str, texts: str | Iterable[str], vocab_size: int | None = None, **options: Any
+) -> Tokenizer:
     """Train a tokenizer of `kind` ("char", "word", "bpe", "wordpiece") on `texts`.
 
     Args:
@@ -666,34 +701,40 @@ def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
     """Rebuild a tokenizer from `Tokenizer.to_dict()`."""
     kind = data.get("type") if isinstance(data, dict) else None
     if kind not in TOKENIZERS:
-        raise DataError(
-            f"unknown tokenizer type {kind!r}; expected one of: {', '.join(TOKENIZERS.names())}"
-        )
+        raise DataError(f"unknown tokenizer type {kind!r}; expected one of: {', '.join(TOKENIZERS.names())}")
     version = data.get("version", FORMAT_VERSION)
     if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise DataError(f"tokenizer format version {version!r} is newer than this attnlab reads; upgrade attnlab")
+        raise DataError(
+            f"tokenizer format version {version!r} is newer than this attnlab reads; upgrade attnlab"
+        )
     try:
         return TOKENIZERS.get(kind).from_dict(data)
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         if isinstance(e, ConfigError):
             raise DataError(f"tokenizer file is inconsistent: {e}") from None
-        raise DataError(f"tokenizer data is missing or has a bad field ({e!r}); save the tokenizer again") from None
+        raise DataError(
+            f"tokenizer data is missing or has a bad field ({e!r}); save the tokenizer again"
+        ) from None
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
-    """Read a tokenizer saved by `Tokenizer.save`: a JSON file, or a checkpoint folder holding tokenizer.json."""
+    """Read a tokenizer saved by `Tokenizer.save`: a JSON file, or a folder holding tokenizer.json."""
     path = Path(path)
     if path.is_dir():
         folder = path
         path = path / TOKENIZER_FILE
         if not path.is_file():
-            raise CheckpointError(f"folder '{folder}' has no {TOKENIZER_FILE}; point to a checkpoint folder or file")
+            raise CheckpointError(
+                f"folder '{folder}' has no {TOKENIZER_FILE}; point to a checkpoint folder or file"
+            )
     if not path.is_file():
         raise DataError(f"tokenizer file '{path}' does not exist; check the path")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"tokenizer file '{path}' is not valid JSON ({e}); save the tokenizer again") from None
+        raise DataError(
+            f"tokenizer file '{path}' is not valid JSON ({e}); save the tokenizer again"
+        ) from None
     try:
         return tokenizer_from_dict(data)
     except DataError as e:

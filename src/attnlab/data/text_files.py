@@ -1,0 +1,380 @@
+"""Reading text data files with errors a user can act on.
+
+Every problem with a file (missing, a directory, empty, not UTF-8, a malformed line) raises
+`DataError` with one line naming the file, the place (line number or byte offset) and the fix.
+
+- `read_text(path)`, `read_lines(path)`: whole files (one sentence per line for parallel text).
+- `iter_text_blocks(path)`: a big file in ~1 MB blocks cut at line ends, for streaming.
+- `read_classification_file(path, ...)`: (text, label) examples from TSV, CSV or JSONL.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import dataclasses
+import io
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from attnlab.errors import ConfigError, DataError
+
+BLOCK_BYTES = 1 << 20
+
+# Header names recognised without being told (GLUE and common data sets), most specific first.
+TEXT_COLUMN_NAMES = ("sentence", "text", "review", "content", "document", "sentence1")
+LABEL_COLUMN_NAMES = ("label", "labels", "class", "category", "target", "sentiment")
+FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
+
+
+def check_file(path: str | os.PathLike[str], what: str = "data file") -> Path:
+    """The path as a Path, or DataError if it is missing, a directory, or empty."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{what} '{path}' does not exist; check the path")
+    if path.is_dir():
+        raise DataError(f"{what} '{path}' is a directory; pass a file inside it")
+    if path.stat().st_size == 0:
+        raise DataError(f"{what} '{path}' is empty; give a file with data in it")
+    return path
+
+
+def _decode_error(path: Path, err: UnicodeDecodeError, base_offset: int = 0, base_line: int = 0) -> DataError:
+    data = err.object
+    offset = base_offset + err.start
+    line = base_line + data[: err.start].count(b"\n") + 1
+    bad = data[err.start : err.start + 1].hex()
+    return DataError(
+        f"data file '{path}' is not UTF-8: byte 0x{bad} at line {line} (byte offset {offset}) "
+        "cannot be decoded; "
+        "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+    )
+
+
+def read_text(path: str | os.PathLike[str]) -> str:
+    """The whole file as a string (UTF-8, a leading byte-order mark dropped)."""
+    path = check_file(path)
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _decode_error(path, e) from None
+    text = text.removeprefix("\ufeff")
+    if not text.strip():
+        raise DataError(f"data file '{path}' has only whitespace; give a file with data in it")
+    return text
+
+
+def split_lines(text: str) -> list[str]:
+    r"""Lines split on "\n" only (not on the other characters `str.splitlines` treats as breaks, which
+    would misalign parallel files), without a final empty line and without "\r"."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def read_lines(path: str | os.PathLike[str]) -> list[str]:
+    """The lines of a file (see `split_lines`)."""
+    return split_lines(read_text(path))
+
+
+def iter_text_blocks(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTES) -> Iterator[str]:
+    """The file's text in blocks of about `block_bytes`, each ending at a line end (except the last).
+
+    Concatenating the blocks gives `read_text(path)`; memory stays at one block.
+    """
+    path = check_file(path)
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0  # bytes read before the current block
+    newlines = 0  # line ends decoded before the current block
+    carry = ""
+    first = True
+    with open(path, "rb") as f:
+        while True:
+            data = f.read(block_bytes)
+            final = not data
+            pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous block
+            try:
+                text = decoder.decode(data, final=final)
+            except UnicodeDecodeError as e:
+                raise _decode_error(path, e, base_offset=offset - pending, base_line=newlines) from None
+            offset += len(data)
+            newlines += text.count("\n")
+            if first and text:
+                text = text.removeprefix("\ufeff")
+                first = False
+            text = carry + text
+            if final:
+                if text:
+                    yield text
+                return
+            cut = text.rfind("\n") + 1
+            if cut == 0:
+                carry = text
+                continue
+            carry = text[cut:]
+            yield text[:cut]
+
+
+# ------------------------------------------------------------------------------------------------
+# Classification files
+# ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class ClassificationData:
+    """Examples from one file: `texts[i]` has label string `labels[i]` (None when the file has no labels),
+    read from line `line_numbers[i]`."""
+
+    texts: list[str]
+    labels: list[str] | None
+    line_numbers: list[int]
+    path: str = ""
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @property
+    def label_names(self) -> list[str]:
+        """The distinct labels sorted (numerically when they are all integers)."""
+        return sort_labels(set(self.labels or ()))
+
+    def label_ids(self, label_names: Sequence[str] | None = None) -> list[int]:
+        """Each example's index in `label_names` (default: this file's own sorted labels)."""
+        if self.labels is None:
+            raise DataError(f"data file '{self.path}' has no label column; pass label_column")
+        names = list(label_names) if label_names is not None else self.label_names
+        index = {name: i for i, name in enumerate(names)}
+        out = []
+        for label, line in zip(self.labels, self.line_numbers):
+            if label not in index:
+                raise DataError(
+                    f"data file '{self.path}' line {line}: label {label!r} is not one of the known labels "
+                    f"{names}; fix the label or train with this label included"
+                )
+            out.append(index[label])
+        return out
+
+
+def sort_labels(labels: set[str] | Sequence[str]) -> list[str]:
+    labels = set(labels)
+    if all(_is_int(x) for x in labels):
+        return sorted(labels, key=int)
+    return sorted(labels)
+
+
+def _is_int(s: str) -> bool:
+    try:
+        int(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _label_string(value: object, path: Path, line: int) -> str:
+    if isinstance(value, bool) or value is None or isinstance(value, (dict, list)):
+        raise DataError(
+            f"data file '{path}' line {line}: label {value!r} is not a string or integer; fix the line"
+        )
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise DataError(
+                f"data file '{path}' line {line}: label {value!r} is not an integer; fix the line"
+            )
+        value = int(value)
+    text = str(value).strip()
+    if not text:
+        raise DataError(f"data file '{path}' line {line}: the label is empty; fix the line or drop it")
+    return text
+
+
+def detect_format(path: Path, format: str | None) -> str:
+    if format is not None:
+        if format not in ("tsv", "csv", "jsonl"):
+            raise ConfigError(f"unknown data format {format!r}; choose one of: tsv, csv, jsonl")
+        return format
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        raise DataError(
+            f"cannot tell the format of '{path}' from its extension; "
+            "name it .tsv, .csv or .jsonl or pass format="
+        )
+    return FORMATS[suffix]
+
+
+def read_classification_file(
+    path: str | os.PathLike[str],
+    text_column: str | int | None = None,
+    label_column: str | int | None = None,
+    *,
+    format: str | None = None,
+    header: bool | None = None,
+    require_labels: bool = True,
+) -> ClassificationData:
+    """Read (text, label) examples from a TSV, CSV or JSONL file.
+
+    Args:
+        path: the file; its extension (.tsv/.csv/.jsonl) gives the format unless `format` is set.
+        text_column, label_column: column names (files with a header row, JSONL keys) or 0-based
+            indices (headerless files). None picks a known name ("sentence", "text"... / "label"...)
+            from the header, or columns 0 and 1 when there is no header.
+        header: whether the first TSV/CSV row names the columns; None detects it (a column name was
+            given, or the first row holds known names such as SST-2's `sentence<TAB>label`).
+        require_labels: when False a file without a label column (e.g. GLUE test sets) is accepted.
+
+    Raises:
+        DataError: missing, empty or non-UTF-8 file, a malformed line (with its line number), a
+            missing column or an empty label.
+    """
+    path = Path(path)
+    fmt = detect_format(path, format)
+    text = read_text(path)
+    if fmt == "jsonl":
+        return _read_jsonl(path, text, text_column, label_column, require_labels)
+    return _read_table(path, text, fmt, text_column, label_column, header, require_labels)
+
+
+def _read_jsonl(path, text, text_column, label_column, require_labels) -> ClassificationData:
+    texts: list[str] = []
+    labels: list[str] = []
+    lines: list[int] = []
+    text_key, label_key = text_column, label_column
+    for number, line in enumerate(split_lines(text), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(
+                f"data file '{path}' line {number}: not valid JSON ({e.msg}); fix the line"
+            ) from None
+        if not isinstance(obj, dict):
+            raise DataError(
+                f"data file '{path}' line {number}: expected a JSON object, got {type(obj).__name__}"
+            )
+        if text_key is None:
+            text_key = next((k for k in TEXT_COLUMN_NAMES if k in obj), None)
+            if text_key is None:
+                raise DataError(
+                    f"data file '{path}' line {number}: no text field among {sorted(obj)}; pass text_column"
+                )
+        if label_key is None and (require_labels or any(k in obj for k in LABEL_COLUMN_NAMES)):
+            label_key = next((k for k in LABEL_COLUMN_NAMES if k in obj), None)
+            if label_key is None:
+                raise DataError(
+                    f"data file '{path}' line {number}: no label field among {sorted(obj)}; pass label_column"
+                )
+        if text_key not in obj or not isinstance(obj[text_key], str):
+            raise DataError(f"data file '{path}' line {number}: no string field {text_key!r}; fix the line")
+        texts.append(obj[text_key])
+        lines.append(number)
+        if label_key is not None:
+            if label_key not in obj:
+                raise DataError(f"data file '{path}' line {number}: no field {label_key!r}; fix the line")
+            labels.append(_label_string(obj[label_key], path, number))
+    if not texts:
+        raise DataError(f"data file '{path}' has no examples; give a file with data in it")
+    return ClassificationData(texts, labels if label_key is not None else None, lines, str(path))
+
+
+def _table_rows(path: Path, text: str, fmt: str) -> Iterator[tuple[int, list[str]]]:
+    """(line number, cells) of each non-blank row."""
+    if fmt == "tsv":
+        # GLUE TSVs hold unbalanced quotes, so no quoting: split on tabs.
+        for number, line in enumerate(split_lines(text), start=1):
+            if line.strip():
+                yield number, line.split("\t")
+        return
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    start = 1
+    try:
+        for row in reader:
+            if any(cell.strip() for cell in row):
+                yield start, row
+            start = reader.line_num + 1
+    except csv.Error as e:
+        raise DataError(
+            f"data file '{path}' line {reader.line_num}: malformed CSV ({e}); fix the line"
+        ) from None
+
+
+def _is_header(cells: list[str]) -> bool:
+    names = {c.strip().lower() for c in cells}
+    return bool(names & set(TEXT_COLUMN_NAMES)) or bool(names & set(LABEL_COLUMN_NAMES))
+
+
+def _column_index(path: Path, column: str | int, names: list[str] | None, what: str) -> int:
+    if isinstance(column, int):
+        return column
+    if names is None:
+        raise DataError(
+            f"data file '{path}' has no header row, so {what} column {column!r} cannot be found; "
+            f"pass a column number instead"
+        )
+    if column not in names:
+        raise DataError(
+            f"data file '{path}': no {what} column {column!r} in the header {names}; pass one of them"
+        )
+    return names.index(column)
+
+
+def _read_table(path, text, fmt, text_column, label_column, header, require_labels) -> ClassificationData:
+    sep = "tab-separated" if fmt == "tsv" else "comma-separated"
+    flag = {"text": "--text-column", "label": "--label-column"}
+    rows = _table_rows(path, text, fmt)
+    first = next(rows, None)
+    if first is None:
+        raise DataError(f"data file '{path}' has no rows; give a file with data in it")
+    _, first_cells = first
+    if header is None:
+        header = isinstance(text_column, str) or isinstance(label_column, str) or _is_header(first_cells)
+    names = [c.strip() for c in first_cells] if header else None
+    lowered = [n.lower() for n in names] if names else None
+
+    def pick(column, known, what, default):
+        if column is not None:
+            return _column_index(path, column, names, what)
+        if lowered is None:
+            return default
+        found = next((lowered.index(k) for k in known if k in lowered), None)
+        if found is None and (what == "text" or require_labels):
+            raise DataError(
+                f"data file '{path}': cannot find the {what} column in the header {names}; pass {flag[what]}"
+            )
+        return found
+
+    text_idx = pick(text_column, TEXT_COLUMN_NAMES, "text", 0)
+    label_default = 1 if require_labels or len(first_cells) > 1 else None
+    label_idx = pick(label_column, LABEL_COLUMN_NAMES, "label", label_default)
+    width = len(first_cells)
+    for idx, what in ((text_idx, "text"), (label_idx, "label")):
+        if idx is not None and not 0 <= idx < width:
+            raise DataError(
+                f"data file '{path}' line {first[0]}: {what} column {idx} does not exist, "
+                f"the row has {width} "
+                f"{sep} columns; pass {flag[what]}"
+            )
+
+    texts: list[str] = []
+    labels: list[str] = []
+    lines: list[int] = []
+    body = rows if header else _chain_first(first, rows)
+    for number, cells in body:
+        if len(cells) != width:
+            raise DataError(
+                f"data file '{path}' line {number}: expected {width} {sep} columns, found {len(cells)}; "
+                f"fix the line or pass {flag['text']}"
+            )
+        texts.append(cells[text_idx].strip())
+        lines.append(number)
+        if label_idx is not None:
+            labels.append(_label_string(cells[label_idx], path, number))
+    if not texts:
+        raise DataError(f"data file '{path}' has a header but no examples; give a file with data in it")
+    return ClassificationData(texts, labels if label_idx is not None else None, lines, str(path))
+
+
+def _chain_first(first, rest):
+    yield first
+    yield from rest
