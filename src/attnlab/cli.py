@@ -18,32 +18,47 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _root() -> None:
+    """Attention and Transformer models: build, train, compare and look inside them."""
+
+
 @app.command()
 def params(
-    name: str = typer.Argument(..., help="A preset name (see `attnlab params --list`) or a run folder."),
+    name: str | None = typer.Argument(None, help="A preset name (see `--list`) or a run folder."),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON instead of a table."),
+    list_all: bool = typer.Option(False, "--list", help="List every preset with its parameter count."),
 ) -> None:
     """Exact parameter accounting of a model, per component, with the closed-form formula of each row."""
     from attnlab.analysis.params import params_command
 
-    params_command(name, as_json=as_json)
+    params_command(name, as_json=as_json, list_all=list_all)
+
+
+def _click_exceptions():
+    """typer >= 0.24 bundles its own copy of click; older versions use click itself."""
+    try:
+        from typer._click import exceptions
+    except ImportError:  # pragma: no cover - older typer
+        from click import exceptions
+    return exceptions
 
 
 def main(argv: list[str] | None = None) -> None:
-    import click
-
+    """Entry point: run the app; known errors become one line on stderr and exit code 2."""
+    exceptions = _click_exceptions()
     try:
-        app(args=argv, standalone_mode=False)
-    except click.exceptions.Abort:
+        result = app(args=argv, standalone_mode=False)
+    except (typer.Abort, KeyboardInterrupt):
         print("attnlab: interrupted", file=sys.stderr)
         sys.exit(130)
-    except click.exceptions.ClickException as e:
+    except typer.Exit as e:
+        sys.exit(getattr(e, "exit_code", 0))
+    except exceptions.ClickException as e:
         e.show()
         sys.exit(2)
     except AttnlabError as e:
-        code = getattr(e, "exit_code", 2)
         print(f"attnlab: error: {e}", file=sys.stderr)
-        sys.exit(code)
-    except KeyboardInterrupt:
-        print("attnlab: interrupted", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(getattr(e, "exit_code", 2))
+    if isinstance(result, int) and result:
+        sys.exit(result)

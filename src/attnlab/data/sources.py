@@ -493,7 +493,7 @@ class BertSource:
     """BERT pre-training batches: sentence pairs (`NSPPairs`) with 80/10/10 masking.
 
     Each batch has `input_ids`, `attention_mask`, `token_type_ids`, `labels` (masked LM, -100 where
-    nothing was masked) and `next_sentence_label` (1 = B follows A).
+    nothing was masked) and `next_sentence_label` (0 = B follows A, 1 = B is random, as in BERT and HF).
     """
 
     steps_per_epoch: int | None = None
@@ -511,7 +511,7 @@ class BertSource:
         out["input_ids"], out["labels"] = mask_tokens(
             out["input_ids"], self.masking, torch_generator(rng), attention_mask=out["attention_mask"]
         )
-        out["next_sentence_label"] = _long(is_next)
+        out["next_sentence_label"] = _long(1 - is_next)  # BERT's convention: 0 = B follows A
         return out
 
     def batch(self, step: int) -> Batch:

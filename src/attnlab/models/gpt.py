@@ -62,17 +62,19 @@ class GPTConfig(Config):
             check_positive(name, getattr(self, name))
         if self.d_model % self.n_heads:
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
         check_choice("norm", self.norm, NORM_PLACEMENTS)
         check_choice("activation", self.activation, ACTIVATIONS.names())
         check_choice("attention", self.attention, VARIANTS.names())
         check_choice("position", self.position, POSITIONS.names())
         check_compatible(self.attention, self.position)
 
+    @property
+    def ff_width(self) -> int:
+        return 4 * self.d_model if self.d_ff is None else self.d_ff
+
     def layer_spec(self) -> LayerSpec:
         return LayerSpec(
-            d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout,
+            d_model=self.d_model, n_heads=self.n_heads, d_ff=self.ff_width, dropout=self.dropout,
             attention_dropout=self.attention_dropout, activation=self.activation, norm=self.norm,
             attention=self.attention, attention_options=dict(self.attention_options), bias=self.bias,
             layer_norm_eps=self.layer_norm_eps, block_size=self.block_size,

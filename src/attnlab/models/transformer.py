@@ -75,8 +75,10 @@ class TransformerConfig(Config):
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError("share_embeddings needs src_vocab_size == tgt_vocab_size; "
                               "set share_embeddings = false for separate vocabularies")
-        if self.final_norm is None:
-            self.final_norm = self.norm == "pre"
+
+    @property
+    def has_final_norm(self) -> bool:
+        return self.norm == "pre" if self.final_norm is None else self.final_norm
 
     def layer_spec(self) -> LayerSpec:
         return LayerSpec(
@@ -107,8 +109,8 @@ class Seq2SeqTransformer(nn.Module):
                                            max_len=c.max_len, causal=False, **c.position_options)
         self.tgt_position = build_position(c.position, d_model=c.d_model, n_heads=c.n_heads,
                                            max_len=c.max_len, causal=True, **c.position_options)
-        self.encoder = Encoder(spec, c.n_encoder_layers, final_norm=c.final_norm)
-        self.decoder = Decoder(spec, c.n_decoder_layers, final_norm=c.final_norm)
+        self.encoder = Encoder(spec, c.n_encoder_layers, final_norm=c.has_final_norm)
+        self.decoder = Decoder(spec, c.n_decoder_layers, final_norm=c.has_final_norm)
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=c.output_bias)
         if c.tie_output:
             self.lm_head.weight = self.tgt_embed.token.weight

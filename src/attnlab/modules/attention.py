@@ -12,6 +12,7 @@ True where a query MAY attend to a key; a float mask is added to the scores. Not
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -114,9 +115,15 @@ def attention(
         if attn_mask is not None:
             scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
                 else scores + attn_mask
+        visible = _any_visible(attn_mask, s) if may_hide_rows else None
+        if visible is not None:
+            # Rows with every key masked: a softmax over all -inf is NaN, which would reach the
+            # gradients of q, k and the bias through the addition even if zeroed afterwards. Give
+            # those rows finite scores (cutting their gradient), then zero their weights.
+            scores = scores.masked_fill(~visible, 0.0)
         weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        if may_hide_rows:
-            weights = weights.nan_to_num(0.0)  # rows with every key masked
+        if visible is not None:
+            weights = weights.masked_fill(~visible, 0.0)
         dropped = F.dropout(weights, p=dropout) if dropout > 0 else weights
         return torch.matmul(dropped, v), weights
 

@@ -25,8 +25,9 @@ class LayerSpec:
     d_model: int
     n_heads: int
     d_ff: int
-    dropout: float = 0.1
+    dropout: float = 0.1  # on each sublayer's output, before the residual addition
     attention_dropout: float = 0.0
+    ff_dropout: float | None = None  # inside the feed-forward, after the activation (None: = dropout)
     activation: str = "relu"
     norm: str = "post"
     attention: str = "dot"
@@ -38,6 +39,10 @@ class LayerSpec:
     def __post_init__(self):
         if self.norm not in NORM_PLACEMENTS:
             raise ConfigError(f"norm: unknown placement {self.norm!r}; choose one of: post, pre")
+
+    def feedforward(self) -> FeedForward:
+        inner = self.dropout if self.ff_dropout is None else self.ff_dropout
+        return FeedForward(self.d_model, self.d_ff, activation=self.activation, dropout=inner, bias=self.bias)
 
     def attention_module(self, *, kv_dim: int | None = None, variant: str | None = None) -> MultiHeadAttention:
         return MultiHeadAttention(
@@ -69,8 +74,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, spec: LayerSpec):
         super().__init__()
         self.self_attn = spec.attention_module()
-        self.ff = FeedForward(spec.d_model, spec.d_ff, activation=spec.activation, dropout=spec.dropout,
-                              bias=spec.bias)
+        self.ff = spec.feedforward()
         self.attn_block = _Residual(spec)
         self.ff_block = _Residual(spec)
 
@@ -105,8 +109,7 @@ class DecoderLayer(nn.Module):
 
         cross_variant = spec.attention if VARIANTS.get(spec.attention).supports_cross else "dot"
         self.cross_attn = spec.attention_module(kv_dim=memory_dim, variant=cross_variant)
-        self.ff = FeedForward(spec.d_model, spec.d_ff, activation=spec.activation, dropout=spec.dropout,
-                              bias=spec.bias)
+        self.ff = spec.feedforward()
         self.self_block = _Residual(spec)
         self.cross_block = _Residual(spec)
         self.ff_block = _Residual(spec)

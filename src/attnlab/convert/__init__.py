@@ -1,0 +1,23 @@
+"""Converters from other libraries' checkpoints to attnlab models.
+
+Imported lazily: `from attnlab.convert import load_hf_bert` loads only the BERT converter.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# Public name → the module that defines it.
+_EXPORTS = {
+    "bert_from_hf": "attnlab.convert.bert",
+    "bert_config_from_hf": "attnlab.convert.bert",
+    "load_hf_bert": "attnlab.convert.bert",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'attnlab.convert' has no attribute {name!r}")

@@ -1,0 +1,311 @@
+"""BERT (Devlin et al. 2019): a bidirectional post-norm Transformer encoder pretrained with a masked
+language model and next-sentence prediction, then fine-tuned with a classifier on [CLS].
+
+Read top to bottom: config, embeddings (token + position + segment, then LayerNorm and dropout), the
+pooler and the heads, then the model. Legend: B batch, T length, D d_model (HF `hidden_size`),
+V vocabulary, C classes.
+
+The layers are the core `EncoderLayer`s (post-norm, GELU, LayerNorm eps 1e-12); with the converter in
+`attnlab.convert.bert` a Hugging Face BERT checkpoint loads into this model and gives the same outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.config import Config, check_choice, check_positive
+from attnlab.errors import ConfigError
+from attnlab.models.common import (
+    check_length,
+    default_positions,
+    length_limit,
+    positions_from_mask,
+    token_loss,
+)
+from attnlab.models.output import ModelOutput
+from attnlab.models.registry import register_family, register_preset
+from attnlab.modules.attention import key_mask
+from attnlab.modules.blocks import Encoder, LayerSpec
+from attnlab.modules.feedforward import ACTIVATIONS
+from attnlab.modules.positions import POSITIONS, PositionScheme, build_position, check_compatible
+from attnlab.modules.variants import VARIANTS
+
+HEADS = ("pretraining", "classification", "none")
+
+
+# --------------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BertConfig(Config):
+    """Settings of BERT (defaults: bert-base-uncased). HF `BertConfig` names are in the comments.
+
+    `heads` picks the outputs:
+    - "pretraining": masked-LM logits (B, T, V) and, with `nsp`, next-sentence logits (B, 2) in
+      `extra["nsp_logits"]` (`nsp = false` is the "no NSP" ablation, and the layout of HF
+      `BertForMaskedLM` checkpoints);
+    - "classification": (B, C) logits from the pooled [CLS] state;
+    - "none": the encoder's last hidden state (B, T, D) as logits (HF `BertModel`).
+    `pooler` (Linear + tanh on [CLS]) defaults to present when a head reads it and for "none".
+    `causal = true` makes the left-to-right ablation (where [CLS] sees only itself, so pair it with
+    `nsp = false`). Positions count real tokens; the converter in `attnlab.convert.bert` maps HF names.
+    """
+
+    vocab_size: int = 30522
+    d_model: int = 768  # hidden_size
+    n_layers: int = 12  # num_hidden_layers
+    n_heads: int = 12  # num_attention_heads
+    d_ff: int = 3072  # intermediate_size
+    max_len: int = 512  # max_position_embeddings
+    type_vocab_size: int = 2  # 0: no segment embeddings
+    activation: str = "gelu"  # hidden_act ("gelu" is the exact erf form)
+    layer_norm_eps: float = 1e-12
+    dropout: float = 0.1  # hidden_dropout_prob
+    attention_dropout: float = 0.1  # attention_probs_dropout_prob
+    classifier_dropout: float | None = None  # None: dropout
+    initializer_range: float = 0.02
+    pad_id: int | None = 0  # pad_token_id (its embedding row gets no gradient from the lookup)
+    tie_output: bool = True  # tie_word_embeddings: the MLM decoder is the token embedding matrix
+    heads: str = "pretraining"
+    nsp: bool = True
+    n_classes: int = 2
+    pooler: bool | None = None
+    causal: bool = False
+    attention: str = "dot"
+    attention_options: dict = field(default_factory=dict)
+    position: str = "learned"
+    position_options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
+            check_positive(name, getattr(self, name))
+        check_positive("n_layers", self.n_layers, allow_zero=True)
+        check_positive("type_vocab_size", self.type_vocab_size, allow_zero=True)
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.pad_id is not None and not 0 <= self.pad_id < self.vocab_size:
+            raise ConfigError(f"pad_id ({self.pad_id}) must be a token id below vocab_size "
+                              f"({self.vocab_size})")
+        check_choice("heads", self.heads, HEADS)
+        check_choice("activation", self.activation, ACTIVATIONS.names())
+        check_choice("attention", self.attention, VARIANTS.names())
+        check_choice("position", self.position, POSITIONS.names())
+        check_compatible(self.attention, self.position)
+        if self.heads == "classification" and self.n_classes < 2:
+            raise ConfigError(f"n_classes must be at least 2 for a classification head, got {self.n_classes}")
+        if self.pooler is False and self._head_reads_pooler:
+            raise ConfigError(f"heads = {self.heads!r}" + (" with nsp" if self.heads == "pretraining" else "")
+                              + " reads the pooled [CLS] state; set pooler = true (or leave it unset)")
+
+    @property
+    def _head_reads_pooler(self) -> bool:
+        return self.heads == "classification" or (self.heads == "pretraining" and self.nsp)
+
+    @property
+    def has_pooler(self) -> bool:
+        """`pooler` resolved: None (the default, kept as None so `replace(heads=...)` re-decides) means
+        present when a head reads it and for "none" (as HF BertModel)."""
+        if self.pooler is None:
+            return self._head_reads_pooler or self.heads == "none"
+        return self.pooler
+
+    def layer_spec(self) -> LayerSpec:
+        return LayerSpec(
+            d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout,
+            attention_dropout=self.attention_dropout, ff_dropout=0.0, activation=self.activation, norm="post",
+            attention=self.attention, attention_options=dict(self.attention_options),
+            layer_norm_eps=self.layer_norm_eps, block_size=self.max_len,
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Embeddings, pooler, heads
+# --------------------------------------------------------------------------------------------------
+
+
+class BertEmbeddings(nn.Module):
+    """token(ids) + position + segment(token_type_ids), then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig, position: PositionScheme):
+        super().__init__()
+        c = config
+        self.token = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+        self.position = position
+        self.segment = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
+        self.norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, ids: Tensor, positions: Tensor, token_type_ids: Tensor | None) -> Tensor:
+        x = self.token(ids)  # (B, T, D)
+        if self.segment is not None:
+            x = x + (self.segment(token_type_ids) if token_type_ids is not None else self.segment.weight[0])
+        x = self.position.embed(x, positions)
+        return self.dropout(self.norm(x))
+
+
+class Pooler(nn.Module):
+    """tanh(W·h_[CLS] + b): the sentence summary the NSP and classification heads read."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return torch.tanh(self.dense(h[:, 0]))  # (B, D)
+
+
+class MaskedLMHead(nn.Module):
+    """transform = LayerNorm(act(Linear(h))); logits = transform·Eᵀ + b, E the token embeddings."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        c = config
+        self.dense = nn.Linear(c.d_model, c.d_model)
+        self.act = ACTIVATIONS.get(c.activation)
+        self.norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.decoder = nn.Linear(c.d_model, c.vocab_size)  # weight tied by the model when tie_output
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.decoder(self.norm(self.act(self.dense(h))))  # (B, T, V)
+
+
+# --------------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------------
+
+
+class BertModel(nn.Module):
+    """BERT with the heads chosen by `config.heads`.
+
+    forward(input_ids (B, T), attention_mask (B, T) 1 = token, token_type_ids (B, T) segments,
+    labels, next_sentence_label (B,)) -> ModelOutput.
+
+    Loss for "pretraining" (as HF `BertForPreTraining`): loss = mean MLM loss over labels != -100
+    + mean NSP loss over the batch's next_sentence_label (either term only when its labels are given),
+    both also in `extra` (`mlm_loss`, `nsp_loss`). `n_targets` is the number of MLM targets (the
+    number of NSP labels when only those are given). A trainer that weights micro-batches by
+    `n_targets` therefore accumulates the exact large-batch MLM mean, while the NSP term becomes
+    the average of the micro-batches' NSP means weighted by their MLM target counts: the large-batch
+    NSP mean when micro-batches hold equally many MLM targets per sentence pair, close to it otherwise.
+    For "classification", labels are (B,) class ids and n_targets counts them.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = c = config
+        position = build_position(c.position, d_model=c.d_model, n_heads=c.n_heads, max_len=c.max_len,
+                                  causal=c.causal, **c.position_options)
+        self.embeddings = BertEmbeddings(c, position)
+        # BERT has no dropout inside the feed-forward (layer_spec sets ff_dropout = 0).
+        self.encoder = Encoder(c.layer_spec(), c.n_layers, final_norm=False)
+        self.pooler = Pooler(c.d_model) if c.has_pooler else None
+        self.mlm = MaskedLMHead(c) if c.heads == "pretraining" else None
+        self.nsp = nn.Linear(c.d_model, 2) if c.heads == "pretraining" and c.nsp else None
+        if c.heads == "classification":
+            self.classifier_dropout = nn.Dropout(c.dropout if c.classifier_dropout is None
+                                                 else c.classifier_dropout)
+            self.classifier = nn.Linear(c.d_model, c.n_classes)
+        self.apply(self._init_weights)
+        if self.mlm is not None and c.tie_output:
+            self.mlm.decoder.weight = self.embeddings.token.weight
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """BERT's init: N(0, initializer_range) weights, zero biases (and pad row), unit LayerNorms."""
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def _max_len(self) -> int | None:
+        return length_limit(self.config.attention, self.embeddings.position, self.config.max_len)
+
+    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+               token_type_ids: Tensor | None = None, position_ids: Tensor | None = None, *,
+               need_weights: bool = False,
+               output_hidden_states: bool = False) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """(B, T) ids -> (last hidden state (B, T, D), per-layer attention weights, hidden states).
+
+        Positions count real tokens (right padding gives HF's 0..T-1 on every real token); pass
+        `position_ids` (B|1, T) to override.
+        """
+        b, t = input_ids.shape
+        check_length(t, self._max_len())
+        if position_ids is None:
+            position_ids = positions_from_mask(attention_mask) if attention_mask is not None \
+                else default_positions(t, 0, input_ids.device)
+        x = self.embeddings(input_ids, position_ids, token_type_ids)
+        mask = key_mask(attention_mask.bool()) if attention_mask is not None else None
+        return self.encoder(x, mask=mask, causal=self.config.causal, positions=position_ids,
+                            position=self.embeddings.position, need_weights=need_weights,
+                            output_hidden_states=output_hidden_states)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None, labels: Tensor | None = None,
+                next_sentence_label: Tensor | None = None, position_ids: Tensor | None = None, *,
+                need_weights: bool = False, output_hidden_states: bool = False,
+                **_unused: Tensor) -> ModelOutput:
+        h, weights, hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids,
+                                         need_weights=need_weights, output_hidden_states=output_hidden_states)
+        pooled = self.pooler(h) if self.pooler is not None else None
+        heads = self.config.heads
+        if heads == "pretraining":
+            out = self._pretraining(h, pooled, labels, next_sentence_label)
+        elif heads == "classification":
+            out = ModelOutput(logits=self.classifier(self.classifier_dropout(pooled)))  # (B, C)
+            if labels is not None:
+                out.loss, out.n_targets = token_loss(out.logits, labels)
+        else:
+            out = ModelOutput(logits=h)
+            if pooled is not None:
+                out.extra["pooled_output"] = pooled
+        if need_weights:
+            out.attentions = weights
+        if output_hidden_states:
+            out.hidden_states = hidden
+        return out
+
+    def _pretraining(self, h: Tensor, pooled: Tensor | None, labels: Tensor | None,
+                     next_sentence_label: Tensor | None) -> ModelOutput:
+        out = ModelOutput(logits=self.mlm(h))  # (B, T, V)
+        losses = []
+        if labels is not None:
+            mlm_loss, out.n_targets = token_loss(out.logits, labels)
+            out.extra["mlm_loss"] = mlm_loss.detach()
+            losses.append(mlm_loss)
+        if self.nsp is not None:
+            out.extra["nsp_logits"] = nsp_logits = self.nsp(pooled)  # (B, 2)
+            if next_sentence_label is not None:
+                nsp_loss, n_nsp = token_loss(nsp_logits, next_sentence_label)
+                out.extra["nsp_loss"] = nsp_loss.detach()
+                losses.append(nsp_loss)
+                if out.n_targets is None:
+                    out.n_targets = n_nsp
+        if losses:
+            out.loss = sum(losses[1:], losses[0])
+        return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Family and presets
+# --------------------------------------------------------------------------------------------------
+
+register_family("bert", BertConfig, BertModel)
+# bert-base-uncased: 110,106,428 parameters with the pretraining heads, 109,482,240 as HF BertModel.
+register_preset("bert-base", "bert", BertConfig)
+register_preset("bert-tiny", "bert", lambda: BertConfig(
+    vocab_size=99, d_model=32, n_layers=2, n_heads=4, d_ff=37, max_len=64, dropout=0.0,
+    attention_dropout=0.0))

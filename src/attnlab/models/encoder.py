@@ -1,0 +1,297 @@
+"""An encoder-only Transformer with a swappable head: the model of PyTorch's `nn.Transformer` word
+language-model tutorial (`TransformerModel`), and the same body under a classification head.
+
+Read top to bottom: config, heads (LM, pooling + classifier), then the model (embeddings × sqrt(D)
+→ position scheme → stack of encoder layers → head). Legend: B batch, T length, D d_model,
+V vocabulary, C classes.
+
+The tutorial's choices are the defaults: embeddings scaled by sqrt(D), sinusoidal positions, post-norm
+layers with ReLU and no final norm, attention dropout equal to the residual dropout, and an LM head
+`Linear(D, V)` with a bias under a causal mask.
+
+Pretrain-then-finetune: `model.with_head("classification", n_classes=2)` returns a new model holding a
+copy of this encoder's weights and a freshly initialised head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.config import Config, check_choice, check_positive
+from attnlab.errors import ConfigError
+from attnlab.models.common import (
+    Embedder,
+    check_length,
+    default_positions,
+    length_limit,
+    positions_from_mask,
+    token_loss,
+)
+from attnlab.models.output import ModelOutput
+from attnlab.models.registry import register_family, register_preset
+from attnlab.modules.attention import key_mask
+from attnlab.modules.blocks import NORM_PLACEMENTS, Encoder, LayerSpec
+from attnlab.modules.feedforward import ACTIVATIONS
+from attnlab.modules.positions import POSITIONS, build_position, check_compatible
+from attnlab.modules.variants import VARIANTS
+from attnlab.registry import Registry
+
+HEADS = ("lm", "classification")
+
+
+# --------------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EncoderConfig(Config):
+    """Settings of the encoder model (defaults: the tutorial's model with a 100-word vocabulary).
+
+    `head` picks the output: "lm" gives per-token logits (B, T, V) and "classification" gives
+    (B, C) logits over a pooled representation (`pooling`: "mean" over real tokens, "first" or "last"
+    real token). `causal` defaults to the head's natural choice: True for "lm" (the tutorial's
+    square subsequent mask), False for "classification"; an "lm" head with `causal = false` is a
+    masked (bidirectional) LM, whose labels must then mark the masked positions.
+    """
+
+    vocab_size: int = 100
+    d_model: int = 200
+    n_heads: int = 2
+    d_ff: int = 200
+    n_layers: int = 4
+    dropout: float = 0.2
+    attention_dropout: float | None = None  # None: the same as dropout (as nn.TransformerEncoderLayer)
+    activation: str = "relu"
+    norm: str = "post"
+    final_norm: bool | None = None  # None: only for pre-norm (a post-norm stack already ends in a norm)
+    attention: str = "dot"
+    attention_options: dict = field(default_factory=dict)
+    position: str = "sinusoidal"
+    position_options: dict = field(default_factory=dict)
+    max_len: int = 512
+    head: str = "lm"
+    n_classes: int = 2
+    pooling: str = "mean"
+    causal: bool | None = None  # None: True for the "lm" head, False for "classification"
+    scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model)
+    bias: bool = True
+    layer_norm_eps: float = 1e-5
+    label_smoothing: float = 0.0
+    pad_id: int | None = None  # when set, a batch without attention_mask treats this id as padding
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
+            check_positive(name, getattr(self, name))
+        check_positive("n_layers", self.n_layers, allow_zero=True)
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        check_choice("head", self.head, HEADS)
+        check_choice("pooling", self.pooling, POOLINGS.names())
+        check_choice("norm", self.norm, NORM_PLACEMENTS)
+        check_choice("activation", self.activation, ACTIVATIONS.names())
+        check_choice("attention", self.attention, VARIANTS.names())
+        check_choice("position", self.position, POSITIONS.names())
+        check_compatible(self.attention, self.position)
+        if self.head == "classification" and self.n_classes < 2:
+            raise ConfigError(f"n_classes must be at least 2 for a classification head, got {self.n_classes}")
+
+    # The "None: automatic" settings stay None in the config (so `replace(head=...)` and the JSON keep
+    # meaning "automatic") and are resolved here.
+    @property
+    def is_causal(self) -> bool:
+        return self.head == "lm" if self.causal is None else self.causal
+
+    @property
+    def has_final_norm(self) -> bool:
+        return self.norm == "pre" if self.final_norm is None else self.final_norm
+
+    def layer_spec(self) -> LayerSpec:
+        attention_dropout = self.dropout if self.attention_dropout is None else self.attention_dropout
+        return LayerSpec(
+            d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout,
+            attention_dropout=attention_dropout, activation=self.activation, norm=self.norm,
+            attention=self.attention, attention_options=dict(self.attention_options), bias=self.bias,
+            layer_norm_eps=self.layer_norm_eps, block_size=self.max_len,
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Heads
+# --------------------------------------------------------------------------------------------------
+# Pooling functions: (B, T, D) states and the (B, T) keep-mask of real tokens (None: all real) -> (B, D).
+
+POOLINGS: Registry = Registry("pooling")
+
+
+@POOLINGS.register("mean")
+def mean_pool(h: Tensor, keep: Tensor | None) -> Tensor:
+    """Average over the real tokens."""
+    if keep is None:
+        return h.mean(dim=1)
+    w = keep.to(h.dtype)[..., None]  # (B, T, 1)
+    return (h * w).sum(dim=1) / w.sum(dim=1).clamp(min=1.0)
+
+
+@POOLINGS.register("first")
+def first_pool(h: Tensor, keep: Tensor | None) -> Tensor:
+    """The first real token (position 0 under right padding; a [CLS]-style summary)."""
+    if keep is None:
+        return h[:, 0]
+    idx = keep.long().argmax(dim=1)  # first True
+    return h[torch.arange(h.shape[0], device=h.device), idx]
+
+
+@POOLINGS.register("last")
+def last_pool(h: Tensor, keep: Tensor | None) -> Tensor:
+    """The last real token: under a causal mask the only one that has seen the whole sequence."""
+    if keep is None:
+        return h[:, -1]
+    idx = h.shape[1] - 1 - keep.flip(1).long().argmax(dim=1)  # last True
+    return h[torch.arange(h.shape[0], device=h.device), idx]
+
+
+class LMHead(nn.Module):
+    """Per-token vocabulary scores: Linear(D, V) with a bias (the tutorial's `self.linear`)."""
+
+    def __init__(self, config: EncoderConfig):
+        super().__init__()
+        self.proj = nn.Linear(config.d_model, config.vocab_size)
+
+    def forward(self, h: Tensor, keep: Tensor | None) -> Tensor:
+        return self.proj(h)  # (B, T, V)
+
+
+class ClassificationHead(nn.Module):
+    """Pool the sequence to one vector, then dropout and Linear(D, C)."""
+
+    def __init__(self, config: EncoderConfig):
+        super().__init__()
+        self.pool = POOLINGS.get(config.pooling)
+        self.dropout = nn.Dropout(config.dropout)
+        self.proj = nn.Linear(config.d_model, config.n_classes)
+
+    def forward(self, h: Tensor, keep: Tensor | None) -> Tensor:
+        return self.proj(self.dropout(self.pool(h, keep)))  # (B, C)
+
+
+HEAD_MODULES: dict[str, type[nn.Module]] = {"lm": LMHead, "classification": ClassificationHead}
+
+
+# --------------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------------
+
+
+class EncoderModel(nn.Module):
+    """Embeddings → encoder stack → head.
+
+    forward(input_ids (B, T), attention_mask (B, T) 1 = token, labels) -> ModelOutput with logits
+    (B, T, V) for the "lm" head (labels (B, T), already shifted by the data) or (B, C) for the
+    "classification" head (labels (B,)). Padding is masked out of attention (as keys) and of pooling;
+    positions count real tokens only, so left and right padding give the same outputs on real tokens.
+    """
+
+    def __init__(self, config: EncoderConfig):
+        super().__init__()
+        self.config = c = config
+        self.embed = Embedder(c.vocab_size, c.d_model, scale=c.scale_embeddings, dropout=c.dropout)
+        self.position = build_position(c.position, d_model=c.d_model, n_heads=c.n_heads, max_len=c.max_len,
+                                       causal=c.is_causal, **c.position_options)
+        self.encoder = Encoder(c.layer_spec(), c.n_layers, final_norm=c.has_final_norm)
+        self.head = HEAD_MODULES[c.head](c)
+        # The tutorial's init_weights: uniform(-0.1, 0.1) embedding and output weights, zero output bias.
+        nn.init.uniform_(self.embed.token.weight, -0.1, 0.1)
+        self._init_head()
+
+    def _init_head(self) -> None:
+        nn.init.uniform_(self.head.proj.weight, -0.1, 0.1)
+        nn.init.zeros_(self.head.proj.bias)
+
+    def _max_len(self) -> int | None:
+        return length_limit(self.config.attention, self.position, self.config.max_len)
+
+    def _keep(self, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor | None:
+        """(B, T) bool, True on real tokens; None when every token is real."""
+        if attention_mask is not None:
+            return attention_mask.bool()
+        if self.config.pad_id is not None:
+            return input_ids != self.config.pad_id
+        return None
+
+    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, need_weights: bool = False,
+               output_hidden_states: bool = False) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """(B, T) ids -> (final states (B, T, D), per-layer attention weights, hidden states)."""
+        b, t = input_ids.shape
+        check_length(t, self._max_len())
+        keep = self._keep(input_ids, attention_mask)
+        if keep is None:
+            positions, mask = default_positions(t, 0, input_ids.device), None
+        else:
+            positions, mask = positions_from_mask(keep), key_mask(keep)  # (B, T), (B, 1, 1, T)
+        x = self.embed(input_ids, positions, self.position)  # (B, T, D)
+        return self.encoder(x, mask=mask, causal=self.config.is_causal, positions=positions,
+                            position=self.position, need_weights=need_weights,
+                            output_hidden_states=output_hidden_states)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None,
+                *, need_weights: bool = False, output_hidden_states: bool = False,
+                **_unused: Tensor) -> ModelOutput:
+        h, weights, hidden = self.encode(input_ids, attention_mask, need_weights=need_weights,
+                                         output_hidden_states=output_hidden_states)
+        out = ModelOutput(logits=self.head(h, self._keep(input_ids, attention_mask)))
+        if labels is not None:
+            out.loss, out.n_targets = token_loss(out.logits, labels,
+                                                 label_smoothing=self.config.label_smoothing)
+        if need_weights:
+            out.attentions = weights
+        if output_hidden_states:
+            out.hidden_states = hidden
+        return out
+
+    def with_head(self, head: str, *, n_classes: int | None = None, pooling: str | None = None,
+                  causal: bool | None = None) -> EncoderModel:
+        """A new model with a copy of this one's embeddings, positions and encoder, and a fresh `head`.
+
+        Args:
+            head: "lm" or "classification".
+            n_classes: classes of a classification head (default: the config's).
+            pooling: pooling of a classification head (default: the config's).
+            causal: the attention mask of the new model. Default: keep this model's, since the encoder
+                was trained with it (a causally pretrained encoder gives different features without it).
+
+        Returns:
+            An EncoderModel on this model's device and dtype, in this model's train/eval mode.
+        """
+        changes: dict = {"head": head, "causal": self.config.is_causal if causal is None else causal}
+        for name, value in (("n_classes", n_classes), ("pooling", pooling)):
+            if value is not None:
+                changes[name] = value
+        new = EncoderModel(self.config.replace(**changes))
+        body = {k: v for k, v in self.state_dict().items() if not k.startswith("head.")}
+        missing, unexpected = new.load_state_dict(body, strict=False)
+        if unexpected or any(not k.startswith("head.") for k in missing):  # pragma: no cover - invariant
+            raise RuntimeError(f"with_head: body mismatch (missing {missing}, unexpected {unexpected})")
+        p = next(self.parameters())
+        return new.to(device=p.device, dtype=p.dtype).train(self.training)
+
+
+# --------------------------------------------------------------------------------------------------
+# Family and presets
+# --------------------------------------------------------------------------------------------------
+
+
+def _tutorial(**changes) -> EncoderConfig:
+    """The tutorial's model: d_model 200, d_ff 200, 2 heads, dropout 0.2; 4 layers, 100 words."""
+    return EncoderConfig(vocab_size=100, d_model=200, n_heads=2, d_ff=200, n_layers=4, dropout=0.2,
+                         **changes)
+
+
+register_family("encoder", EncoderConfig, EncoderModel)
+register_preset("tutorial-lm", "encoder", lambda: _tutorial(head="lm"))  # 1,008,100 parameters
+register_preset("tutorial-cls", "encoder", lambda: _tutorial(head="classification", n_classes=2))  # 988,402
+register_preset("encoder-tiny", "encoder", lambda: EncoderConfig(
+    vocab_size=64, d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0, max_len=64))
