@@ -1,0 +1,463 @@
+"""Checkpoints: one folder of safetensors and JSON files, written atomically, never pickled.
+
+A checkpoint folder holds
+
+- ``model.safetensors``: the model's state dict. A tensor shared by several names (tied embedding and
+  output weights) is stored once; the header's metadata maps the other names to it ("aliases").
+- ``config.json``: the model config, ``{"family": ..., **fields}``, enough to rebuild the model.
+- ``tokenizer.json``: the tokenizer, when the run has one.
+- ``optimizer.safetensors``: every optimizer state tensor, named ``<param index>.<name>``, with the
+  parameter groups (hyperparameters) and any non-tensor state as JSON in the header's metadata.
+- ``trainer_state.json``: step, best eval metric, RNG states, data position, trainer config, world
+  size and the caller's extra state.
+
+Atomic writes: everything goes into a hidden sibling folder ``.NAME.tmp`` whose files are fsynced;
+then the current folder is renamed to ``.NAME.old``, the new one renamed into place, and the old one
+removed. A crash at any point leaves a complete checkpoint: either ``NAME`` itself, or (when the crash
+fell between the two renames) ``.NAME.old``, which the loaders fall back to.
+
+Loading reads only JSON and safetensors: nothing is unpickled, so a checkpoint from anywhere is safe
+to open.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import shutil
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from attnlab.errors import CheckpointError, ConfigError
+from attnlab.training.device import _mps_available
+from attnlab.training.distributed import unwrap
+
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+STATE_FILE = "trainer_state.json"
+FORMAT_VERSION = 1
+# Keys of an optimizer's param groups that describe the implementation on this machine (fused kernel,
+# foreach...) rather than the training state; loading keeps the current optimizer's values.
+_IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Small file helpers
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _fsync_file(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some platforms cannot fsync a read-only descriptor or a folder
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete, "
+                              "use another one")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is corrupt ({_one_line(e)}); use another checkpoint") from None
+
+
+def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete, "
+                              "use another one")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            metadata = dict(f.metadata() or {})
+            tensors = {key: f.get_tensor(key) for key in f.keys()}
+    except Exception as e:  # safetensors raises its own SafetensorError (and OSError for I/O)
+        raise CheckpointError(f"{path} is corrupt or not a safetensors file ({_one_line(e)}); "
+                              "use another checkpoint") from None
+    return tensors, metadata
+
+
+def _metadata_json(metadata: dict[str, str], key: str, path: Path, default: Any) -> Any:
+    if key not in metadata:
+        return default
+    try:
+        return json.loads(metadata[key])
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: header entry {key!r} is corrupt ({_one_line(e)}); "
+                              "use another checkpoint") from None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+# ----------------------------------------------------------------------------------------------------
+# Folder layout and atomic replacement
+
+
+def _sibling(folder: Path, suffix: str) -> Path:
+    return folder.with_name(f".{folder.name}.{suffix}")
+
+
+def _complete(folder: Path) -> bool:
+    return (folder / MODEL_FILE).is_file()
+
+
+def _resolve(folder: Path) -> Path | None:
+    """`folder` if it holds a checkpoint, else its `.old` sibling left by a crash between two renames."""
+    if _complete(folder):
+        return folder
+    old = _sibling(folder, "old")
+    if not folder.exists() and _complete(old):
+        return old
+    return None
+
+
+def find_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """The checkpoint folder for `path`: `path` itself, else `path/checkpoint`, else `path/best`.
+
+    Raises:
+        CheckpointError: the path does not exist or holds no checkpoint.
+    """
+    path = Path(path)
+    for candidate in (path, path / "checkpoint", path / "best"):
+        found = _resolve(candidate)
+        if found is not None:
+            return found
+    if not path.exists():
+        raise CheckpointError(f"checkpoint folder {path} does not exist; "
+                              "give a run folder or a checkpoint folder")
+    raise CheckpointError(f"no {MODEL_FILE} in {path} (nor in its checkpoint/ or best/ folder); "
+                          "give a checkpoint folder written by attnlab")
+
+
+def _swap_into_place(new: Path, folder: Path) -> None:
+    old = _sibling(folder, "old")
+    if folder.exists():
+        if old.exists():  # left by an earlier crash after the swap; `folder` is the good copy
+            shutil.rmtree(old)
+        os.rename(folder, old)
+    os.rename(new, folder)
+    _fsync_file(folder.parent)
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Model weights
+
+
+def _unique_tensors(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Each distinct tensor once (on the CPU, contiguous, owning its storage), and alias -> stored name."""
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
+    storages: set[int] = set()
+    for name, t in state.items():
+        storage = t.untyped_storage().data_ptr()
+        key = (t.device, storage, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        out = t.detach().to("cpu").contiguous()
+        if out.untyped_storage().data_ptr() in storages or out.untyped_storage().nbytes() != out.nbytes:
+            out = out.clone()  # a view into a bigger or already-stored buffer: safetensors wants its own copy
+        storages.add(out.untyped_storage().data_ptr())
+        tensors[name] = out
+    return tensors, aliases
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "(" + ", ".join(map(str, t.shape)) + ")"
+
+
+def _load_model_state(folder: Path, model: nn.Module) -> None:
+    path = folder / MODEL_FILE
+    tensors, metadata = _read_safetensors(path)
+    for alias, target in _metadata_json(metadata, "aliases", path, {}).items():
+        if target not in tensors:
+            raise CheckpointError(f"{path}: alias {alias!r} points to missing tensor {target!r}; "
+                                  "use another checkpoint")
+        tensors[alias] = tensors[target]
+    expected = model.state_dict()
+    for key, t in expected.items():
+        if key not in tensors:
+            raise CheckpointError(f"{path} has no weight {key!r}, which the model needs; "
+                                  "the checkpoint belongs to another model")
+        if tensors[key].shape != t.shape:
+            raise CheckpointError(f"{path}: weight {key!r} has shape {_shape(tensors[key])} in the "
+                                  f"checkpoint but {_shape(t)} in the model; the checkpoint belongs to "
+                                  "another model config")
+    for key in tensors:
+        if key not in expected:
+            raise CheckpointError(f"{path} has weight {key!r}, which the model does not have; "
+                                  "the checkpoint belongs to another model")
+    model.load_state_dict(tensors, strict=True)
+
+
+def _model_config(model: nn.Module) -> dict[str, Any]:
+    from attnlab.models.registry import config_to_dict
+
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ConfigError(f"{type(model).__name__} has no .config; attnlab models keep their config "
+                          "dataclass in .config so checkpoints can rebuild them")
+    return config_to_dict(config)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Optimizer state
+
+
+def _optimizer_payload(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    state = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, Any] = {}
+    for index, values in state["state"].items():
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{index}.{name}"] = value.detach().to("cpu").contiguous().clone()
+            else:
+                scalars[f"{index}.{name}"] = _jsonable(value)
+    metadata = {
+        "format_version": str(FORMAT_VERSION),
+        "optimizer": type(optimizer).__name__,
+        "param_groups": json.dumps(_jsonable(state["param_groups"])),
+        "scalars": json.dumps(scalars),
+    }
+    return tensors, metadata
+
+
+def _load_optimizer_state(folder: Path, optimizer: torch.optim.Optimizer) -> None:
+    path = folder / OPTIMIZER_FILE
+    tensors, metadata = _read_safetensors(path)
+    groups = _metadata_json(metadata, "param_groups", path, None)
+    scalars = _metadata_json(metadata, "scalars", path, {})
+    if not isinstance(groups, list):
+        raise CheckpointError(f"{path} has no parameter groups in its header; use another checkpoint")
+    current = optimizer.param_groups
+    saved_sizes = [len(g.get("params", [])) for g in groups]
+    sizes = [len(g["params"]) for g in current]
+    if saved_sizes != sizes:
+        raise CheckpointError(f"{path} holds optimizer state for parameter groups of sizes {saved_sizes} "
+                              f"but the optimizer has {sizes}; the checkpoint belongs to another model")
+    params = [p for g in current for p in g["params"]]
+    state: dict[int, dict[str, Any]] = defaultdict(dict)
+    try:
+        for key, value in [*tensors.items(), *scalars.items()]:
+            index, name = key.split(".", 1)
+            state[int(index)][name] = value
+    except ValueError:
+        raise CheckpointError(f"{path}: unexpected entry {key!r}; use another checkpoint") from None
+    for index, values in state.items():
+        if not 0 <= index < len(params):
+            raise CheckpointError(f"{path}: state for parameter {index} but the optimizer has {len(params)}; "
+                                  "the checkpoint belongs to another model")
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor) and value.ndim > 0 and value.shape != params[index].shape:
+                raise CheckpointError(f"{path}: optimizer state {index}.{name} has shape {_shape(value)} "
+                                      f"but its parameter has {_shape(params[index])}; the checkpoint "
+                                      "belongs to another model")
+    for saved, group in zip(groups, current):
+        for key in _IMPLEMENTATION_KEYS:
+            if key in group:
+                saved[key] = group[key]
+        if "betas" in saved:
+            saved["betas"] = tuple(saved["betas"])
+    optimizer.load_state_dict({"state": dict(state), "param_groups": groups})
+
+
+# ----------------------------------------------------------------------------------------------------
+# RNG states, encoded as JSON
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _unb64(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+def capture_rng() -> dict[str, Any]:
+    """The RNG states of Python's `random`, numpy's global generator and torch (CPU, CUDA, MPS), as JSON."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": _b64(torch.get_rng_state()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    if _mps_available():
+        state["mps"] = _b64(torch.mps.get_rng_state())
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Set the RNG states captured by `capture_rng`.
+
+    Raises:
+        CheckpointError: a malformed state.
+    """
+    try:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+        torch.set_rng_state(_unb64(state["torch"]))
+        if "cuda" in state and torch.cuda.is_available():
+            saved = [_unb64(s) for s in state["cuda"]]
+            if len(saved) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(saved)
+        if "mps" in state and _mps_available():
+            torch.mps.set_rng_state(_unb64(state["mps"]))
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"the RNG states in the checkpoint are malformed ({_one_line(e)}); "
+                              "use another checkpoint") from None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Public API
+
+
+def save_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
+                    optimizer: torch.optim.Optimizer | None = None,
+                    trainer_state: dict[str, Any] | None = None, tokenizer: Any = None) -> Path:
+    """Write a checkpoint folder atomically (see the module docstring) and return its path.
+
+    Args:
+        folder: the checkpoint folder, e.g. ``runs/x/checkpoint``; replaced if it exists.
+        model: the model (DDP and torch.compile wrappers are looked through); it must have a `.config`.
+        optimizer: also saved when given, for resuming.
+        trainer_state: a JSON-serialisable dict written to ``trainer_state.json``.
+        tokenizer: an object with ``save(path)``, written to ``tokenizer.json``.
+    """
+    folder = Path(folder)
+    model = unwrap(model)
+    config = _model_config(model)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _sibling(folder, "tmp")
+    if tmp.exists():  # left by a crash during an earlier save
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        tensors, aliases = _unique_tensors(model.state_dict())
+        save_file(tensors, str(tmp / MODEL_FILE),
+                  metadata={"format_version": str(FORMAT_VERSION), "aliases": json.dumps(aliases)})
+        _fsync_file(tmp / MODEL_FILE)
+        _write_json(tmp / CONFIG_FILE, config)
+        if tokenizer is not None:
+            tokenizer.save(tmp / TOKENIZER_FILE)
+            _fsync_file(tmp / TOKENIZER_FILE)
+        if optimizer is not None:
+            opt_tensors, opt_metadata = _optimizer_payload(optimizer)
+            save_file(opt_tensors, str(tmp / OPTIMIZER_FILE), metadata=opt_metadata)
+            _fsync_file(tmp / OPTIMIZER_FILE)
+        if trainer_state is not None:
+            _write_json(tmp / STATE_FILE, {"format_version": FORMAT_VERSION, **trainer_state})
+        _fsync_file(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _swap_into_place(tmp, folder)
+    return folder
+
+
+def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The model config dict (``{"family": ...}``) of the checkpoint at `path` (run or checkpoint folder)."""
+    folder = find_checkpoint(path)
+    config = _read_json(folder / CONFIG_FILE)
+    if not isinstance(config, dict) or "family" not in config:
+        raise CheckpointError(f"{folder / CONFIG_FILE} has no model family; use another checkpoint")
+    return config
+
+
+def read_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The contents of the checkpoint's ``trainer_state.json``."""
+    folder = find_checkpoint(path)
+    state = _read_json(folder / STATE_FILE)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{folder / STATE_FILE} is not a JSON object; use another checkpoint")
+    return state
+
+
+def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> nn.Module:
+    """Rebuild the model saved at `path` and load its weights; returned in eval mode on `device`.
+
+    Args:
+        path: a checkpoint folder, or a run folder (its ``checkpoint/``, else its ``best/``).
+
+    Raises:
+        CheckpointError: missing folder or file, corrupt file, or an unknown model family.
+    """
+    from attnlab.models.registry import build_model
+
+    folder = find_checkpoint(path)
+    config = read_config(folder)
+    try:
+        model = build_model(config)
+    except ConfigError as e:
+        raise CheckpointError(f"{folder / CONFIG_FILE}: {e}") from None
+    _load_model_state(folder, model)
+    return model.to(device).eval()
+
+
+def load_checkpoint_into(path: str | os.PathLike[str], model: nn.Module,
+                         optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
+    """Load the checkpoint at `path` into an existing model (and optimizer); return its trainer state
+    (an empty dict when the checkpoint has none).
+
+    Raises:
+        CheckpointError: missing/corrupt files, or a checkpoint of another model family or shape (the
+            message names the first mismatching weight and both shapes).
+    """
+    folder = find_checkpoint(path)
+    model = unwrap(model)
+    saved_family = read_config(folder)["family"]
+    family = _model_config(model)["family"]
+    if saved_family != family:
+        raise CheckpointError(f"{folder} holds a {saved_family!r} model but the model is {family!r}; "
+                              "give a checkpoint of the same model family")
+    _load_model_state(folder, model)
+    if optimizer is not None:
+        _load_optimizer_state(folder, optimizer)
+    return read_trainer_state(folder) if (folder / STATE_FILE).exists() else {}

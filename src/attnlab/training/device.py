@@ -1,0 +1,118 @@
+"""Where training runs and in which precision.
+
+`select_device` picks CUDA, then Apple's MPS, then the CPU. `resolve_precision` turns the config's
+"auto" | "bf16" | "fp32" into an autocast dtype (or None for plain fp32). Master weights and the
+optimizer state always stay fp32: bf16 is only used inside `autocast`, for the forward pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from collections.abc import Iterator
+
+import torch
+
+from attnlab.errors import ConfigError
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def select_device(name: str = "auto") -> torch.device:
+    """The device called `name` ("auto", "cpu", "cuda", "cuda:N" or "mps").
+
+    "auto" prefers CUDA, then MPS, then the CPU.
+
+    Raises:
+        ConfigError: an unknown name, or a device this machine does not have.
+    """
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if _mps_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    kind = name.split(":", 1)[0]
+    if kind not in DEVICES[1:]:
+        raise ConfigError(f"device: unknown device {name!r}; choose one of: {', '.join(DEVICES)}")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {name!r} is not available (torch sees no CUDA GPU); "
+                              "use device = \"cpu\" or \"auto\"")
+        if ":" in name:
+            index = int(name.split(":", 1)[1]) if name.split(":", 1)[1].isdigit() else -1
+            if not 0 <= index < torch.cuda.device_count():
+                raise ConfigError(f"device {name!r} does not exist; this machine has "
+                                  f"{torch.cuda.device_count()} CUDA device(s)")
+    if kind == "mps" and not _mps_available():
+        raise ConfigError(f"device {name!r} is not available (no Apple GPU); "
+                          "use device = \"cpu\" or \"auto\"")
+    return torch.device(name)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has native bf16 instructions (AVX512-BF16 or AMX-BF16; read on Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return "avx512_bf16" in flags or "amx_bf16" in flags
+    except OSError:
+        return False
+    return False
+
+
+def _cuda_bf16(device: torch.device) -> bool:
+    try:
+        return torch.cuda.is_bf16_supported()
+    except Exception:  # old drivers can raise here; then we simply stay in fp32
+        return False
+
+
+def resolve_precision(precision: str, device: torch.device | str) -> torch.dtype | None:
+    """The autocast dtype for `precision` on `device`; None means plain fp32 (no autocast).
+
+    "auto" gives bf16 on CUDA GPUs that support it and on CPUs with bf16 instructions, fp32 otherwise
+    (including MPS). "bf16" is honoured wherever torch can run it (on a CPU without bf16 instructions
+    it is emulated, correct but slow).
+
+    Raises:
+        ConfigError: an unknown precision, or "bf16" on a CUDA GPU without bf16 support.
+    """
+    device = torch.device(device)
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision: unknown value {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    if precision == "fp32":
+        return None
+    if device.type == "cuda":
+        supported = _cuda_bf16(device)
+    elif device.type == "cpu":
+        supported = cpu_has_bf16()
+    else:
+        supported = False
+    if precision == "auto":
+        return torch.bfloat16 if supported else None
+    if device.type == "cuda" and not supported:
+        raise ConfigError("precision = \"bf16\" but this GPU does not support bf16; use precision = \"fp32\"")
+    return torch.bfloat16
+
+
+@contextlib.contextmanager
+def autocast(device: torch.device | str, dtype: torch.dtype | None) -> Iterator[None]:
+    """Mixed-precision autocast on `device` for `dtype`; does nothing when `dtype` is None (fp32)."""
+    if dtype is None:
+        yield
+        return
+    with torch.autocast(device_type=torch.device(device).type, dtype=dtype):
+        yield

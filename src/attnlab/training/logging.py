@@ -1,0 +1,123 @@
+"""What a run reports: a metrics log (JSON lines), a progress bar, and the loss-curve plot.
+
+``metrics.jsonl`` holds one JSON object per line: training records (``step``, ``loss``, ``lr``,
+``tokens_per_s``, ``elapsed``, ``grad_norm``) and evaluation records (``step``, ``eval_loss``,
+``eval_perplexity`` for language models, ``eval_<name>`` for each extra metric, ``elapsed``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "loss.png"
+
+
+class MetricsLog:
+    """Appends records to a JSON-lines file, flushed after each line so a crash loses nothing written."""
+
+    def __init__(self, path: str | os.PathLike[str], *, enabled: bool = True):
+        self.path = Path(path)
+        self.enabled = enabled
+
+    def start(self, keep_until_step: int | None = None) -> None:
+        """Begin a run: empty the file, or (when resuming) keep only the records up to a step."""
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if keep_until_step is not None:
+            kept = [r for r in self.read() if r.get("step", 0) <= keep_until_step]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(tmp, self.path)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def read(self) -> list[dict[str, Any]]:
+        """The records written so far (a torn last line from a crash is skipped)."""
+        if not self.path.is_file():
+            return []
+        records = []
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        return records
+
+
+class Progress:
+    """A tqdm bar over optimizer steps showing loss, lr and tokens/s (tqdm adds the ETA); silent when
+    disabled (progress = false, or a process other than rank 0)."""
+
+    def __init__(self, total: int, initial: int, *, enabled: bool):
+        self._bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, desc="train")
+
+    def update(self, n: int = 1) -> None:
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def show(self, **values: float) -> None:
+        if self._bar is not None:
+            formats = {"lr": "{:.3g}", "loss": "{:.4g}"}
+            shown = {key: formats.get(key, "{:.0f}").format(value) for key, value in values.items()}
+            self._bar.set_postfix(shown, refresh=False)
+
+    def write(self, message: str) -> None:
+        if self._bar is not None:
+            self._bar.write(message)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def plot_losses(records: list[dict[str, Any]], path: str | os.PathLike[str]) -> Path | None:
+    """Draw the training (and evaluation) loss against the step into a PNG; None when nothing to draw.
+
+    Uses matplotlib's Agg canvas directly (no pyplot), so no global backend state is touched.
+    """
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r and _finite(r["loss"])]
+    evals = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r and _finite(r["eval_loss"])]
+    if not train and not evals:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.0), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    if train:
+        ax.plot(*zip(*train), label="train", linewidth=1.2)
+    if evals:
+        ax.plot(*zip(*evals), label="eval", marker="o", markersize=3, linewidth=1.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)

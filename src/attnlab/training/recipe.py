@@ -1,0 +1,357 @@
+"""A training run described by one config file: `[model]`, `[data]` and `[train]` tables.
+
+    [model]
+    family = "gpt"             # or start from a preset: preset = "gpt-char-small"
+    d_model = 128
+    position = "rotary"
+
+    [data]
+    task = "lm"                # lm | classification | translation
+    path = "my_text.txt"       # omitted: the embedded corpus (Python's own pydoc help texts)
+    tokenizer = "char"
+
+    [train]
+    steps = 2000
+    out_dir = "runs/gpt-char"
+
+`attnlab train CONFIG --set model.position=alibi --set train.lr=1e-3` loads, overrides, validates
+(unknown keys and bad values fail with one line naming the allowed ones), prepares the data, builds
+the model sized to the tokenizer, and hands everything to the one `Trainer`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnlab.config import Config, check_choice, check_positive
+from attnlab.errors import ConfigError, DataError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+TASKS = ("lm", "classification", "translation")
+TASK_FAMILIES = {"lm": ("gpt", "encoder"), "classification": ("encoder", "bert"), "translation": ("seq2seq",)}
+TOKENIZER_KINDS = ("char", "word", "bpe", "wordpiece")
+
+
+@dataclass
+class DataConfig(Config):
+    """Where the data comes from and how it becomes batches.
+
+    Attributes:
+        task: lm (next-token prediction), classification, or translation.
+        path: lm: a UTF-8 text file (default: the embedded pydoc corpus); classification: the training
+            TSV/CSV/JSONL file.
+        eval_path: held-out file (lm: default the last `val_fraction` of the text; classification:
+            required for evaluation).
+        src_path, tgt_path, eval_src_path, eval_tgt_path: translation: one sentence per line.
+        text_column, label_column: classification columns (names, or 0-based indices as strings).
+        tokenizer: char | word | bpe | wordpiece, trained on the training text.
+        vocab_size: tokenizer vocabulary (needed for bpe/wordpiece; default: every char/word).
+        block_size: lm window length (default: the model's block_size).
+        max_length: longest classification/translation sequence.
+        val_fraction: lm: share of the text kept for validation when no eval_path is given.
+    """
+
+    task: str = "lm"
+    path: str | None = None
+    eval_path: str | None = None
+    src_path: str | None = None
+    tgt_path: str | None = None
+    eval_src_path: str | None = None
+    eval_tgt_path: str | None = None
+    text_column: str | None = None
+    label_column: str | None = None
+    tokenizer: str = "char"
+    vocab_size: int | None = None
+    block_size: int | None = None
+    max_length: int = 128
+    val_fraction: float = 0.1
+
+    def __post_init__(self):
+        check_choice("data.task", self.task, TASKS)
+        check_choice("data.tokenizer", self.tokenizer, TOKENIZER_KINDS)
+        check_positive("data.max_length", self.max_length)
+        if not 0 <= self.val_fraction < 1:
+            raise ConfigError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.task == "translation" and not (self.src_path and self.tgt_path):
+            raise ConfigError("data.task = 'translation' needs data.src_path and data.tgt_path")
+        if self.task == "classification" and not self.path:
+            raise ConfigError("data.task = 'classification' needs data.path (a TSV, CSV or JSONL file)")
+
+
+@dataclass
+class RunConfig:
+    model: dict[str, Any]
+    data: DataConfig
+    train: Any  # TrainerConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": dict(self.model), "data": self.data.to_dict(), "train": self.train.to_dict()}
+
+
+SECTIONS = ("model", "data", "train")
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`section.key=value` -> (["section", "key"], value); the value is read as TOML, else a string."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set model.position=rotary")
+    key, raw = item.split("=", 1)
+    path = key.strip().split(".")
+    if len(path) != 2 or not all(path):
+        raise ConfigError(f"--set {item!r}: the key must be section.name with section one of "
+                          f"{', '.join(SECTIONS)}, e.g. train.lr=3e-4")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return path, value
+
+
+def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a TOML config (None: the built-in default run), apply `--set` overrides, validate."""
+    from attnlab.training.trainer import TrainerConfig
+
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} not found; give the path of a .toml file "
+                              "(see configs/ for examples)")
+        try:
+            raw = tomllib.loads(p.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: invalid TOML: {e}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{p}: not UTF-8 text; save the config as UTF-8") from None
+    else:
+        raw = default_run()
+    for item in overrides or []:
+        (section, key), value = parse_override(item)
+        raw.setdefault(section, {})[key] = value
+    for section in raw:
+        if section not in SECTIONS:
+            close = difflib.get_close_matches(section, SECTIONS, n=1)
+            hint = f" (did you mean [{close[0]}]?)" if close else ""
+            raise ConfigError(f"unknown config section [{section}]{hint}; sections: {', '.join(SECTIONS)}")
+    model = dict(raw.get("model", {}))
+    if "family" not in model and "preset" not in model:
+        model["family"] = "gpt"
+    data = DataConfig.from_dict(raw.get("data", {}), where="data")
+    train = TrainerConfig.from_dict(raw.get("train", {}), where="train")
+    family = _validate_model_keys(model)
+    if family not in TASK_FAMILIES[data.task]:
+        raise ConfigError(f"data.task {data.task!r} needs a model of family "
+                          f"{' or '.join(TASK_FAMILIES[data.task])}, not {family!r}; change model.family "
+                          "or model.preset")
+    return RunConfig(model=model, data=data, train=train)
+
+
+def default_run() -> dict[str, Any]:
+    """`attnlab train` with no config: a small char GPT on the embedded pydoc corpus, minutes on a CPU."""
+    return {
+        "model": {"preset": "gpt-char-small"},
+        "data": {"task": "lm", "tokenizer": "char"},
+        "train": {"steps": 1000, "batch_size": 32, "lr": 1e-3, "warmup_steps": 50, "eval_every": 200,
+                  "out_dir": "runs/gpt-pydoc"},
+    }
+
+
+def _validate_model_keys(model: dict[str, Any]) -> str:
+    """Check the [model] table's keys against the family's config fields (values are checked when built)."""
+    from attnlab.models.registry import FAMILIES, _load_families, get_preset
+
+    _load_families()
+    family = model.get("family")
+    if "preset" in model:
+        preset_family, _ = get_preset(model["preset"])
+        if family is not None and family != preset_family:
+            raise ConfigError(f"model.preset {model['preset']!r} is a {preset_family!r} model, "
+                              f"not {family!r}; drop model.family or pick another preset")
+        family = preset_family
+    cls = FAMILIES.get(family).config_cls
+    names = cls.field_names()
+    for key in model:
+        if key in ("family", "preset"):
+            continue
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f" (did you mean model.{close[0]}?)" if close else ""
+            raise ConfigError(f"unknown setting model.{key}{hint}; known settings: {', '.join(names)}")
+    return family
+
+
+def model_config(model: dict[str, Any], **derived: Any) -> Config:
+    """Build the model config: the preset (if any), then the table's values, then `derived` values
+    the data imposes (vocabulary size...) unless the table set them explicitly."""
+    from attnlab.models.registry import FAMILIES, get_preset
+
+    table = dict(model)
+    preset = table.pop("preset", None)
+    if preset is not None:
+        family, base = get_preset(preset)
+        table.pop("family", None)
+        values = {**base.to_dict(), **table}
+    else:
+        family = table.pop("family")
+        values = dict(table)
+    cls = FAMILIES.get(family).config_cls
+    names = set(cls.field_names())
+    for key, value in derived.items():
+        if key in names and key not in model:
+            values[key] = value
+    return cls.from_dict(values, where="model")
+
+
+# ------------------------------------------------------------------------------------------------
+# Preparing a run
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    model: Any
+    tokenizer: Any
+    train_source: Any
+    eval_source: Any
+    metrics_fn: Any = None
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def prepare(run: RunConfig) -> Prepared:
+    """Tokenize the data, build the sources and the model (sized to the tokenizer)."""
+    return {"lm": _prepare_lm, "classification": _prepare_classification,
+            "translation": _prepare_translation}[run.data.task](run)
+
+
+def _prepare_lm(run: RunConfig) -> Prepared:
+    from attnlab.data.corpus import TokenFile, build_token_file, pydoc_corpus
+    from attnlab.data.sources import CausalLMSource
+    from attnlab.data.text_files import read_text
+    from attnlab.data.tokenizers import train_tokenizer
+    from attnlab.models.registry import build_model
+
+    d, t = run.data, run.train
+    text = read_text(d.path) if d.path else pydoc_corpus()
+    eval_text = read_text(d.eval_path) if d.eval_path else None
+    if eval_text is None:
+        cut = int(len(text) * (1 - d.val_fraction))
+        text, eval_text = text[:cut], (text[cut:] if d.val_fraction > 0 else None)
+    specials = {"pad": None, "unk": None, "mask": None, "cls": None, "sep": None, "bos": None, "eos": None} \
+        if d.tokenizer == "char" else None
+    options = {"specials": specials} if specials is not None else {}
+    tokenizer = train_tokenizer(d.tokenizer, [text] + ([eval_text] if eval_text and d.tokenizer == "char"
+                                                       else []), d.vocab_size, **options)
+    data_dir = Path(t.out_dir) / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    train_tokens = build_token_file(text, tokenizer, data_dir / "train.bin")
+    config = model_config(run.model, vocab_size=tokenizer.vocab_size)
+    block = d.block_size or getattr(config, "block_size", None) or getattr(config, "max_len", 128)
+    if len(train_tokens) <= block + 1:
+        raise DataError(f"the training text has {len(train_tokens)} tokens, fewer than one window of "
+                        f"{block + 1}; give a longer text or a smaller data.block_size")
+    train_source = CausalLMSource(TokenFile(data_dir / "train.bin"), block, t.batch_size, seed=t.seed)
+    eval_source = None
+    if eval_text:
+        val_tokens = build_token_file(eval_text, tokenizer, data_dir / "val.bin")
+        if len(val_tokens) > block + 1:
+            eval_source = CausalLMSource(TokenFile(data_dir / "val.bin"), block, t.batch_size, seed=t.seed)
+    model = build_model(config)
+    return Prepared(model, tokenizer, train_source, eval_source,
+                    info={"train_tokens": len(train_tokens), "block_size": block})
+
+
+def _prepare_classification(run: RunConfig) -> Prepared:
+    from attnlab.data.sources import ClassificationSource
+    from attnlab.data.text_files import read_classification_file
+    from attnlab.data.tokenizers import train_tokenizer
+    from attnlab.models.registry import build_model
+
+    d, t = run.data, run.train
+
+    def column(c: str | None) -> str | int | None:
+        return int(c) if c is not None and c.isdigit() else c
+
+    train_data = read_classification_file(d.path, column(d.text_column), column(d.label_column))
+    tokenizer = train_tokenizer(d.tokenizer, train_data.texts, d.vocab_size)
+    prefix = [tokenizer.cls_id] if tokenizer.cls_id is not None else []
+    train_source = ClassificationSource(train_data, tokenizer, t.batch_size, max_length=d.max_length,
+                                        seed=t.seed, prefix_ids=prefix)
+    eval_source = None
+    if d.eval_path:
+        eval_data = read_classification_file(d.eval_path, column(d.text_column), column(d.label_column))
+        eval_source = ClassificationSource(eval_data, tokenizer, t.batch_size, max_length=d.max_length,
+                                           seed=t.seed, label_names=train_source.label_names,
+                                           prefix_ids=prefix)
+    config = model_config(run.model, vocab_size=tokenizer.vocab_size, n_classes=train_source.num_labels,
+                          max_len=max(d.max_length, 8), head="classification", heads="classification",
+                          pad_id=tokenizer.pad_id or 0)
+    model = build_model(config)
+    metrics_fn = (lambda m: {"accuracy": classification_accuracy(m, eval_source)}) if eval_source else None
+    return Prepared(model, tokenizer, train_source, eval_source, metrics_fn,
+                    info={"labels": train_source.label_names})
+
+
+def _prepare_translation(run: RunConfig) -> Prepared:
+    from attnlab.data.sources import ParallelTextSource
+    from attnlab.data.text_files import read_lines
+    from attnlab.data.tokenizers import train_tokenizer
+    from attnlab.models.registry import build_model
+
+    d, t = run.data, run.train
+    src_lines, tgt_lines = read_lines(d.src_path), read_lines(d.tgt_path)
+    # One tokenizer for both sides, so the paper's shared embeddings apply.
+    tokenizer = train_tokenizer(d.tokenizer, src_lines + tgt_lines, d.vocab_size)
+    train_source = ParallelTextSource(src_lines, tgt_lines, tokenizer, tokenizer, t.batch_size,
+                                      max_src_length=d.max_length, max_tgt_length=d.max_length, seed=t.seed)
+    eval_source = None
+    if d.eval_src_path and d.eval_tgt_path:
+        eval_source = ParallelTextSource(d.eval_src_path, d.eval_tgt_path, tokenizer, tokenizer, t.batch_size,
+                                         max_src_length=d.max_length, max_tgt_length=d.max_length,
+                                         seed=t.seed)
+    config = model_config(run.model, src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size,
+                          pad_id=tokenizer.pad_id or 0, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+                          max_len=max(d.max_length + 2, 16))
+    return Prepared(build_model(config), tokenizer, train_source, eval_source)
+
+
+def classification_accuracy(model, source) -> float:
+    """Accuracy (%) of a classifier over a source's evaluation batches."""
+    import torch
+
+    model_was_training = model.training
+    model.eval()
+    correct = total = 0
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for batch in source.iter_batches():
+            batch = {k: v.to(device) for k, v in batch.items()}
+            logits = model(**batch).logits
+            correct += int((logits.argmax(-1) == batch["labels"]).sum())
+            total += int(batch["labels"].numel())
+    model.train(model_was_training)
+    return 100.0 * correct / max(total, 1)
+
+
+def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
+    """Prepare and train; writes the run folder (checkpoints, metrics.jsonl, loss.png, run.json)."""
+    from attnlab.training.trainer import Trainer
+
+    prep = prepare(run)
+    out = Path(run.train.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_text(json.dumps(run.to_dict(), indent=2))
+    trainer = Trainer(prep.model, run.train, prep.train_source, eval_source=prep.eval_source,
+                      tokenizer=prep.tokenizer, out_dir=out, metrics_fn=prep.metrics_fn,
+                      extra_state={"data": run.data.to_dict()})
+    summary = trainer.fit(resume=resume)
+    return {**summary, **prep.info}

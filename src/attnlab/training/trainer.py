@@ -1,0 +1,648 @@
+"""The one training loop every objective uses.
+
+An experiment supplies a model (``model(**batch) -> ModelOutput`` with a mean ``loss`` over targets
+whose label is not -100), a batch source (``source.batch(step)`` is the global batch of optimizer
+step ``step``, a pure function of the seed and the step) and, optionally, an evaluation source and a
+metric function. The trainer does the rest, the same way for every objective:
+
+- each process takes its slice of the global batch and splits it into micro-batches;
+- gradients are accumulated so they equal the gradient of the whole global batch: micro-batch i
+  contributes ``loss_i * n_i / N`` where ``n_i`` counts its targets and ``N`` those of the global batch
+  (micro-batches with more padding weigh less, exactly as in one large batch);
+- gradient clipping, AdamW, the learning-rate schedule;
+- periodic evaluation, best checkpoint, early stopping, metrics log, progress bar, loss plot;
+- atomic checkpoints and exact resume: a resumed run ends with bit-identical weights, because the
+  data position is the step, the learning rate a function of the step, and the RNG states are saved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from attnlab.config import Config, check_choice, check_positive
+from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError
+from attnlab.training import checkpoint as ckpt
+from attnlab.training.device import DEVICES, PRECISIONS, autocast, resolve_precision
+from attnlab.training.distributed import all_gather_bytes, all_reduce_sum, init_distributed, wrap_ddp
+from attnlab.training.logging import METRICS_FILE, PLOT_FILE, MetricsLog, Progress, plot_losses
+from attnlab.training.optim import SCHEDULES, build_optimizer, lr_at, set_lr
+
+IGNORE_INDEX = -100
+CHECKPOINT_DIR = "checkpoint"
+BEST_DIR = "best"
+# Settings whose change between a run and its resumption changes the numbers (worth a warning).
+_RESUME_SENSITIVE = ("batch_size", "lr", "min_lr_ratio", "weight_decay", "betas", "eps", "schedule",
+                     "warmup_steps", "grad_clip", "seed", "precision")
+
+
+@dataclass
+class TrainerConfig(Config):
+    """Settings of a training run.
+
+    Attributes:
+        steps: optimizer steps in the whole run.
+        batch_size: global batch size (examples per optimizer step, over all processes).
+        micro_batch_size: examples per forward/backward pass; None = the whole per-process batch.
+            batch_size must be divisible by micro_batch_size × the number of processes.
+        lr: peak learning rate.
+        min_lr_ratio: the cosine and linear schedules end at min_lr_ratio × lr.
+        weight_decay: AdamW decoupled weight decay, applied to weight matrices only (see `optim`).
+        betas, eps: AdamW's moment decay rates and denominator epsilon.
+        schedule: "cosine", "noam", "linear" or "constant", each after a linear warmup (see `lr_at`).
+        warmup_steps: steps of linear warmup (required by "noam").
+        grad_clip: clip the global gradient norm to this value; 0 turns clipping off.
+        eval_every: evaluate every this many steps (and always at the end); 0 = only at the end.
+        eval_batches: evaluate on at most this many batches; 0 = the whole evaluation split.
+        save_every: write ``checkpoint/`` every this many steps (and always at the end); 0 = only at the end.
+        early_stopping_patience: stop after this many evaluations without improvement; 0 = never.
+        best_metric: the evaluation metric that picks ``best/``: "loss", "perplexity", or a name
+            returned by the metrics function.
+        best_mode: "min" if lower `best_metric` is better, "max" if higher is.
+        seed: seed of Python's, numpy's and torch's RNGs (process r uses seed + r).
+        precision: "auto" (bf16 where the hardware supports it), "bf16" or "fp32"; weights stay fp32.
+        compile: run the model through torch.compile (falls back to eager with a warning).
+        device: "auto", "cpu", "cuda" or "mps".
+        log_every: write a training record to metrics.jsonl every this many steps.
+        progress: show a progress bar.
+        out_dir: the run folder, used when `Trainer` is not given one (config-file runs).
+    """
+
+    steps: int = 1000
+    batch_size: int = 32
+    micro_batch_size: int | None = None
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    schedule: str = "cosine"
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    eval_every: int = 0
+    eval_batches: int = 0
+    save_every: int = 0
+    early_stopping_patience: int = 0
+    best_metric: str = "loss"
+    best_mode: str = "min"
+    seed: int = 0
+    precision: str = "auto"
+    compile: bool = False
+    device: str = "auto"
+    log_every: int = 10
+    progress: bool = True
+    out_dir: str | None = None
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "lr", "eps", "log_every"):
+            check_positive(name, getattr(self, name))
+        for name in ("weight_decay", "warmup_steps", "grad_clip", "eval_every", "eval_batches", "save_every",
+                     "early_stopping_patience", "seed"):
+            check_positive(name, getattr(self, name), allow_zero=True)
+        if self.micro_batch_size is not None:
+            check_positive("micro_batch_size", self.micro_batch_size)
+            if self.batch_size % self.micro_batch_size:
+                raise ConfigError(f"batch_size ({self.batch_size}) must be divisible by micro_batch_size "
+                                  f"({self.micro_batch_size}); change one of them")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"min_lr_ratio must be between 0 and 1, got {self.min_lr_ratio}")
+        self.betas = tuple(self.betas)
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
+        check_choice("schedule", self.schedule, SCHEDULES)
+        if self.schedule == "noam" and self.warmup_steps == 0:
+            raise ConfigError("schedule \"noam\" needs warmup_steps > 0 (the paper uses 4000)")
+        check_choice("best_mode", self.best_mode, ("min", "max"))
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("device", self.device, DEVICES)
+
+
+class TrainingInterrupted(AttnlabError):
+    """Training stopped by Ctrl-C after saving a checkpoint; the message says how to resume."""
+
+
+class TrainingDiverged(AttnlabError):
+    """The training loss became NaN or infinite."""
+
+
+class BatchSource(Protocol):
+    """What the trainer reads training (and evaluation) data from."""
+
+    steps_per_epoch: int | None
+
+    def batch(self, step: int) -> dict[str, Tensor]: ...
+
+    def iter_batches(self, batch_size: int) -> Iterator[dict[str, Tensor]]: ...
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's `random`, numpy's global generator and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def count_targets(batch: dict[str, Any]) -> int:
+    """How many labels of `batch` are not -100 (the targets a model's mean loss averages over)."""
+    labels = batch.get("labels")
+    if not isinstance(labels, Tensor):
+        raise DataError(f"a training batch has no 'labels' tensor (keys: {', '.join(batch)}); "
+                        "the batch source must provide labels (-100 = ignore)")
+    return int((labels != IGNORE_INDEX).sum())
+
+
+def _count_tokens(batch: dict[str, Any]) -> int:
+    if isinstance(batch.get("attention_mask"), Tensor):
+        return int(batch["attention_mask"].sum())
+    for key in ("input_ids", "labels"):
+        if isinstance(batch.get(key), Tensor):
+            return batch[key].numel()
+    return 0
+
+
+def _batch_size(batch: dict[str, Any]) -> int:
+    return int(batch["labels"].shape[0]) if isinstance(batch.get("labels"), Tensor) else 0
+
+
+def slice_batch(batch: dict[str, Any], start: int, stop: int, size: int) -> dict[str, Any]:
+    """Rows start:stop of every tensor whose first dimension is the batch size `size` (others unchanged)."""
+    return {k: v[start:stop] if isinstance(v, Tensor) and v.ndim >= 1 and v.shape[0] == size else v
+            for k, v in batch.items()}
+
+
+def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    non_blocking = device.type == "cuda"
+    return {k: v.to(device, non_blocking=non_blocking) if isinstance(v, Tensor) else v
+            for k, v in batch.items()}
+
+
+def _raw_rng() -> tuple:
+    cuda = None
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        cuda = torch.cuda.get_rng_state_all()
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
+
+
+def _set_raw_rng(state: tuple) -> None:
+    py, npy, cpu, cuda = state
+    random.setstate(py)
+    np.random.set_state(npy)
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+@contextlib.contextmanager
+def _rng_preserved() -> Iterator[None]:
+    """Evaluation (and metric functions that sample) must not move the training RNG streams, so a run's
+    weights do not depend on how often it evaluates."""
+    state = _raw_rng()
+    try:
+        yield
+    finally:
+        _set_raw_rng(state)
+
+
+@dataclass
+class _Window:
+    """Training statistics since the last log record."""
+
+    loss_sum: Tensor | None = None
+    targets: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+    grad_norm: Tensor | None = None
+
+    def add(self, loss_sum: Tensor, targets: int, tokens: int, seconds: float) -> None:
+        self.loss_sum = loss_sum if self.loss_sum is None else self.loss_sum + loss_sum
+        self.targets += targets
+        self.tokens += tokens
+        self.seconds += seconds
+        self.steps += 1
+
+
+@dataclass
+class _Totals:
+    tokens: int = 0
+    train_seconds: float = 0.0
+    elapsed_before: float = 0.0  # wall time of earlier sessions of a resumed run
+    last_loss: float | None = None
+    last_eval: dict[str, float] = field(default_factory=dict)
+
+
+class Trainer:
+    """Trains `model` on `train_source` for `config.steps` optimizer steps.
+
+    Args:
+        model: an attnlab model: ``model(**batch) -> ModelOutput`` and a ``.config`` of a registered family.
+        config: a `TrainerConfig` (or a dict of its settings).
+        train_source: a `BatchSource`; ``batch(step)`` gives the global batch of `config.batch_size` rows.
+        eval_source: evaluated with ``iter_batches`` every `eval_every` steps and at the end.
+        tokenizer: saved into every checkpoint (``tokenizer.save(path)``).
+        out_dir: run folder: ``checkpoint/``, ``best/``, ``metrics.jsonl``, ``loss.png`` (default
+            `config.out_dir`).
+        metrics_fn: ``metrics_fn(model) -> dict[str, float]`` of extra evaluation metrics (the model is in
+            eval mode under ``torch.no_grad``; it runs on every process).
+        extra_state: JSON-serialisable dict saved in ``trainer_state.json`` (restored on resume into
+            ``trainer.extra_state``).
+        resume: continue from ``out_dir/checkpoint`` (model, optimizer, step, RNG states).
+
+    Raises:
+        ConfigError: invalid settings, a model without a registered config, or a batch size that the
+            number of processes and micro_batch_size do not divide.
+    """
+
+    def __init__(self, model: nn.Module, config: TrainerConfig | dict[str, Any], train_source: BatchSource, *,
+                 out_dir: str | Path | None = None, eval_source: BatchSource | None = None,
+                 tokenizer: Any = None,
+                 metrics_fn: Callable[[nn.Module], dict[str, float]] | None = None,
+                 extra_state: dict[str, Any] | None = None, resume: bool = False):
+        if not isinstance(config, TrainerConfig):
+            config = TrainerConfig.from_dict(config, where="train")
+        self.config = cfg = config
+        if out_dir is None and cfg.out_dir is None:
+            raise ConfigError("no output folder: give Trainer(out_dir=...) or set train.out_dir")
+        self.world, self.device = init_distributed(cfg.device)
+        per_rank = cfg.micro_batch_size or cfg.batch_size // self.world.size
+        if cfg.batch_size % (per_rank * self.world.size):
+            raise ConfigError(f"batch_size ({cfg.batch_size}) must be divisible by micro_batch_size "
+                              f"({per_rank}) × processes ({self.world.size}); "
+                              "change batch_size or micro_batch_size")
+        self.dtype = resolve_precision(cfg.precision, self.device)
+        ckpt._model_config(model)  # fail now, not at the first checkpoint, if the model cannot be saved
+        self.model = model.to(self.device)
+        self.optimizer = build_optimizer(self.model, cfg, self.device)
+        self._ddp = wrap_ddp(self.model, self.device) if self.world.distributed else None
+        self._compiled: nn.Module | None = None
+        if cfg.compile:
+            try:
+                self._compiled = torch.compile(self._ddp or self.model)
+            except Exception as e:  # torch.compile can be missing or refuse the platform
+                warnings.warn(f"torch.compile is unavailable ({ckpt._one_line(e)}); training without it",
+                              stacklevel=2)
+        self.train_source = train_source
+        self.eval_source = eval_source
+        self.tokenizer = tokenizer
+        self.metrics_fn = metrics_fn
+        self.extra_state = dict(extra_state or {})
+        self.resume = resume
+        self.out_dir = Path(out_dir if out_dir is not None else cfg.out_dir)
+        self.step = 0
+        self.best: dict[str, Any] | None = None
+        self._best_eval_loss: float | None = None
+        self._bad_evals = 0
+        self._in_step = False
+        self._rng_at_step_start: tuple | None = None
+        self._totals = _Totals()
+        self._fit_start: float | None = None
+        self.log = MetricsLog(self.out_dir / METRICS_FILE, enabled=self.world.is_main)
+
+    # ------------------------------------------------------------------------------------------------
+    # One optimizer step
+
+    def _forward(self, batch: dict[str, Any], *, train: bool) -> Any:
+        module = (self._ddp or self.model) if train else self.model
+        compiled = self._compiled if (train or self._ddp is None) else None
+        with autocast(self.device, self.dtype):
+            if compiled is not None:
+                try:
+                    return compiled(**batch)
+                except Exception as e:  # compile errors surface at the first call; eager re-raises real ones
+                    warnings.warn(f"torch.compile failed ({ckpt._one_line(e)}); continuing without "
+                                  "compilation", stacklevel=2)
+                    self._compiled = None
+            return module(**batch)
+
+    def micro_batches(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
+        """This process's share of the global `batch`, split into micro-batches."""
+        size, n_proc = self.config.batch_size, self.world.size
+        per_rank = size // n_proc
+        local = slice_batch(batch, self.world.rank * per_rank, (self.world.rank + 1) * per_rank, size)
+        micro = self.config.micro_batch_size or per_rank
+        return [slice_batch(local, i, i + micro, per_rank) for i in range(0, per_rank, micro)]
+
+    def backward(self, batch: dict[str, Any]) -> tuple[Tensor, int]:
+        """Accumulate into ``.grad`` the gradient of the mean loss over all targets of the global `batch`.
+
+        Micro-batch i adds the gradient of ``loss_i * n_i / N`` (times the number of processes, since DDP
+        averages gradients over them), where n_i counts its targets and N those of the whole global batch,
+        which every process holds, so no communication is needed to know it.
+
+        Returns:
+            this process's sum of ``loss_i * n_i`` (detached) and N.
+        """
+        n_global = count_targets(batch)
+        scale = self.world.size / max(n_global, 1)
+        micro = self.micro_batches(batch)
+        loss_sum = torch.zeros((), device=self.device)
+        for i, mb in enumerate(micro):
+            n_i = count_targets(mb)
+            sync = self._ddp is None or i == len(micro) - 1
+            with contextlib.nullcontext() if sync else self._ddp.no_sync():
+                out = self._forward(_to_device(mb, self.device), train=True)
+                if out.loss is None:
+                    raise DataError("the model returned no loss for a training batch; "
+                                    "the batch source must provide 'labels'")
+                (out.loss.float() * (n_i * scale)).backward()
+            loss_sum += out.loss.detach().float() * n_i
+        return loss_sum, n_global
+
+    def _train_step(self, step: int) -> tuple[Tensor, int, int, Tensor | None]:
+        batch = self.train_source.batch(step)
+        if _batch_size(batch) != self.config.batch_size:
+            raise DataError(f"the training source gave a batch of {_batch_size(batch)} examples at step "
+                            f"{step} but batch_size is {self.config.batch_size}; make the two equal")
+        set_lr(self.optimizer, lr_at(step, self.config))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, n_targets = self.backward(batch)
+        grad_norm = None
+        if self.config.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        return loss_sum, n_targets, _count_tokens(batch), grad_norm
+
+    # ------------------------------------------------------------------------------------------------
+    # Evaluation
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss over the evaluation split (weighted by target counts), perplexity for language
+        models (token-level labels), and the metrics function's values. RNG streams are left untouched."""
+        metrics: dict[str, float] = {}
+        cfg = self.config
+        with _rng_preserved():
+            self.model.eval()
+            try:
+                if self.eval_source is not None:
+                    sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+                    token_level = False
+                    batch_size = cfg.micro_batch_size or cfg.batch_size // self.world.size
+                    for i, batch in enumerate(self.eval_source.iter_batches(batch_size)):
+                        if cfg.eval_batches and i >= cfg.eval_batches:
+                            break
+                        token_level = token_level or (isinstance(batch.get("labels"), Tensor)
+                                                      and batch["labels"].ndim >= 2)
+                        if i % self.world.size != self.world.rank:
+                            continue
+                        out = self._forward(_to_device(batch, self.device), train=False)
+                        if out.loss is None:
+                            raise DataError("the model returned no loss for an evaluation batch; "
+                                            "the evaluation source must provide 'labels'")
+                        n = out.n_targets if out.n_targets is not None else count_targets(batch)
+                        sums[0] += out.loss.double() * n
+                        sums[1] += n
+                    all_reduce_sum(sums)
+                    loss = (sums[0] / sums[1]).item() if sums[1] > 0 else math.nan
+                    metrics["loss"] = loss
+                    if token_level:
+                        metrics["perplexity"] = math.inf if loss > 700 else math.exp(loss)
+                if self.metrics_fn is not None:
+                    for key, value in self.metrics_fn(self.model).items():
+                        metrics[key] = float(value)
+            finally:
+                self.model.train()
+        return metrics
+
+    def _record_eval(self, metrics: dict[str, float], elapsed: float) -> bool:
+        """Log an evaluation, update best/ and early stopping; True when training should stop."""
+        cfg = self.config
+        self._totals.last_eval = metrics
+        self.log.write({"step": self.step, **{f"eval_{k}": v for k, v in metrics.items()},
+                        "elapsed": elapsed})
+        if "loss" in metrics and math.isfinite(metrics["loss"]):
+            if self._best_eval_loss is None or metrics["loss"] < self._best_eval_loss:
+                self._best_eval_loss = metrics["loss"]
+        if cfg.best_metric not in metrics:
+            if cfg.best_metric == "loss" and self.eval_source is None:
+                return False  # only a metrics function and the default best_metric: no best/ to track
+            raise ConfigError(f"best_metric {cfg.best_metric!r} is not an evaluation metric; "
+                              f"choose one of: {', '.join(metrics) or 'none (give an eval source)'}")
+        value = metrics[cfg.best_metric]
+        best = None if self.best is None else self.best["value"]
+        better = math.isfinite(value) and (best is None
+                                           or (value < best if cfg.best_mode == "min" else value > best))
+        if better:
+            self.best = {"metric": cfg.best_metric, "value": value, "step": self.step}
+            self._bad_evals = 0
+            self._save(self.out_dir / BEST_DIR, with_optimizer=False)
+        else:
+            self._bad_evals += 1
+        return bool(cfg.early_stopping_patience) and self._bad_evals >= cfg.early_stopping_patience
+
+    # ------------------------------------------------------------------------------------------------
+    # Checkpoints
+
+    def _trainer_state(self, rng: list[dict[str, Any]]) -> dict[str, Any]:
+        from attnlab import __version__
+
+        return {
+            "step": self.step,
+            "data_position": self.step,  # the next step to train; batches are a function of the step
+            "best": self.best,
+            "best_eval_loss": self._best_eval_loss,
+            "evals_without_improvement": self._bad_evals,
+            "rng": rng,
+            "world_size": self.world.size,
+            "tokens_seen": self._totals.tokens,
+            "train_seconds": self._totals.train_seconds,
+            "elapsed": self._elapsed(),
+            "trainer_config": self.config.to_dict(),
+            "extra_state": self.extra_state,
+            "attnlab_version": __version__,
+        }
+
+    def _save(self, folder: Path, *, with_optimizer: bool = True, gather: bool = True) -> Path:
+        """Save a checkpoint on rank 0 with every process's RNG state (a collective when `gather`)."""
+        mine = json.dumps(ckpt.capture_rng()).encode()
+        states = all_gather_bytes(mine) if gather else [mine]
+        if self.world.is_main:
+            ckpt.save_checkpoint(folder, self.model, self.optimizer if with_optimizer else None,
+                                 self._trainer_state([json.loads(s) for s in states]), self.tokenizer)
+        return folder
+
+    def save(self) -> Path:
+        """Write ``out_dir/checkpoint`` now (every process must call this under DDP)."""
+        return self._save(self.out_dir / CHECKPOINT_DIR)
+
+    def _restore(self) -> None:
+        folder = self.out_dir / CHECKPOINT_DIR
+        try:
+            ckpt.find_checkpoint(folder)
+        except CheckpointError:
+            raise CheckpointError(f"cannot resume: no checkpoint in {folder}; "
+                                  "run without resume to start from scratch") from None
+        state = ckpt.load_checkpoint_into(folder, self.model, self.optimizer)
+        if not state:
+            raise CheckpointError(f"cannot resume: {folder} has no {ckpt.STATE_FILE}")
+        try:
+            self.step = int(state["step"])
+            self.best = state.get("best")
+            self._best_eval_loss = state.get("best_eval_loss")
+            self._bad_evals = int(state.get("evals_without_improvement", 0))
+            self.extra_state = dict(state.get("extra_state") or {})
+            self._totals.tokens = int(state.get("tokens_seen", 0))
+            self._totals.train_seconds = float(state.get("train_seconds", 0.0))
+            self._totals.elapsed_before = float(state.get("elapsed", 0.0))
+            rng = list(state.get("rng") or [])
+            saved_config = dict(state.get("trainer_config") or {})
+            saved_world = int(state.get("world_size", 1))
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed ({ckpt._one_line(e)}); "
+                                  "use another checkpoint") from None
+        changed = [k for k in _RESUME_SENSITIVE if k in saved_config
+                   and _as_json(saved_config[k]) != _as_json(getattr(self.config, k))]
+        if changed and self.world.is_main:
+            warnings.warn(f"resuming with changed settings ({', '.join(changed)}): the run will not "
+                          "reproduce an uninterrupted one", stacklevel=3)
+        if len(rng) == self.world.size:
+            ckpt.restore_rng(rng[self.world.rank])
+        else:
+            if self.world.is_main:
+                warnings.warn(f"the checkpoint has RNG states for {len(rng)} process(es), this run has "
+                              f"{self.world.size}: reseeding, so dropout masks differ from the original run",
+                              stacklevel=3)
+            seed_everything(self.config.seed + self.world.rank + self.step)
+        if saved_world != self.world.size and self.world.is_main:
+            warnings.warn(f"resuming a {saved_world}-process run with {self.world.size} process(es)",
+                          stacklevel=3)
+
+    def _interrupted(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self._in_step and self._rng_at_step_start is not None:
+            _set_raw_rng(self._rng_at_step_start)  # the unfinished step will be redone from its start
+        folder = self.out_dir / CHECKPOINT_DIR
+        # Other processes may have been stopped anywhere, so no collective: rank 0 saves alone.
+        self._save(folder, gather=False)
+        if self.world.is_main:
+            self._plot()
+        raise TrainingInterrupted(
+            f"training interrupted at step {self.step} of {self.config.steps}; checkpoint saved in {folder}; "
+            "resume by running the same command with --resume (Trainer(..., resume=True))"
+        ) from None
+
+    # ------------------------------------------------------------------------------------------------
+    # The loop
+
+    def _elapsed(self) -> float:
+        since = time.perf_counter() - self._fit_start if self._fit_start is not None else 0.0
+        return self._totals.elapsed_before + since
+
+    def _plot(self) -> None:
+        try:
+            plot_losses(self.log.read(), self.out_dir / PLOT_FILE)
+        except Exception as e:  # a plot must never cost the user a finished run
+            warnings.warn(f"could not draw {PLOT_FILE} ({ckpt._one_line(e)})", stacklevel=2)
+
+    def _log_train(self, window: _Window, progress: Progress) -> None:
+        loss_sum = window.loss_sum.detach().clone()
+        all_reduce_sum(loss_sum)
+        loss = loss_sum.item() / max(window.targets, 1)
+        if not math.isfinite(loss):
+            raise TrainingDiverged(f"the training loss became {loss} at step {self.step}; lower lr, raise "
+                                   "warmup_steps, enable grad_clip or use precision = \"fp32\"")
+        lr = self.optimizer.param_groups[0]["lr"]
+        tokens_per_s = window.tokens / window.seconds if window.seconds > 0 else 0.0
+        record = {"step": self.step, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_s,
+                  "elapsed": self._elapsed()}
+        if window.grad_norm is not None:
+            record["grad_norm"] = float(window.grad_norm)
+        self.log.write(record)
+        progress.show(loss=loss, lr=lr, tok_s=tokens_per_s)
+        self._totals.last_loss = loss
+
+    def fit(self, resume: bool | None = None) -> dict[str, Any]:
+        """Train to `config.steps` (or early stopping) and return a summary.
+
+        Returns:
+            ``steps``, ``start_step``, ``final_train_loss``, ``final_eval`` (dict), ``final_eval_loss``,
+            ``best_eval_loss``, ``best`` (metric, value, step), ``stopped_early``, ``wall_time_s``,
+            ``tokens_per_s``, ``checkpoint`` (path).
+
+        Raises:
+            TrainingInterrupted: Ctrl-C; a checkpoint was saved first.
+            TrainingDiverged: the training loss became NaN or infinite.
+            CheckpointError: resume without a usable checkpoint.
+        """
+        cfg = self.config
+        resume = self.resume if resume is None else resume
+        seed_everything(cfg.seed + self.world.rank)
+        if resume:
+            self._restore()
+        self.log.start(keep_until_step=self.step if resume else None)
+        start_step = self.step
+        self._fit_start = time.perf_counter()
+        self.model.train()
+        progress = Progress(cfg.steps, self.step, enabled=cfg.progress and self.world.is_main)
+        window = _Window()
+        stopped_early = False
+        saved_at = None
+        has_eval = self.eval_source is not None or self.metrics_fn is not None
+        try:
+            while self.step < cfg.steps and not stopped_early:
+                self._rng_at_step_start = _raw_rng()
+                self._in_step = True
+                t = time.perf_counter()
+                loss_sum, n_targets, n_tokens, grad_norm = self._train_step(self.step)
+                self.step += 1
+                self._in_step = False
+                seconds = time.perf_counter() - t
+                self._totals.tokens += n_tokens
+                self._totals.train_seconds += seconds
+                window.add(loss_sum, n_targets, n_tokens, seconds)
+                window.grad_norm = grad_norm
+                progress.update()
+                last = self.step == cfg.steps
+                if self.step % cfg.log_every == 0 or last:
+                    self._log_train(window, progress)
+                    window = _Window()
+                if has_eval and (last or (cfg.eval_every and self.step % cfg.eval_every == 0)):
+                    metrics = self.evaluate()
+                    stopped_early = self._record_eval(metrics, self._elapsed())
+                    shown = ", ".join(f"eval {k} {v:.4g}" for k, v in metrics.items())
+                    progress.write(f"step {self.step}: {shown}")
+                if last or stopped_early or (cfg.save_every and self.step % cfg.save_every == 0):
+                    self.save()
+                    saved_at = self.step
+        except KeyboardInterrupt:
+            progress.close()
+            self._interrupted()
+        finally:
+            progress.close()
+        if window.steps:  # stopped early between two log records
+            self._log_train(window, progress)
+        if saved_at != self.step and self.step > start_step:
+            self.save()
+        if self.world.is_main:
+            self._plot()
+        wall = time.perf_counter() - self._fit_start
+        seconds = self._totals.train_seconds
+        return {
+            "steps": self.step,
+            "start_step": start_step,
+            "final_train_loss": self._totals.last_loss,
+            "final_eval": dict(self._totals.last_eval),
+            "final_eval_loss": self._totals.last_eval.get("loss"),
+            "best_eval_loss": self._best_eval_loss,
+            "best": self.best,
+            "stopped_early": stopped_early,
+            "wall_time_s": wall,
+            "tokens_per_s": self._totals.tokens / seconds if seconds else 0.0,
+            "checkpoint": str(self.out_dir / CHECKPOINT_DIR),
+        }
+
+
+def _as_json(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value

@@ -1,0 +1,59 @@
+"""Two CPU processes under torchrun (gloo, loopback) train to the same weights as one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from training_helpers import ToySource, ddp_trainer_config, tiny_model
+
+from attnlab.training import Trainer, load_model
+
+pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="torch.distributed with gloo is not available")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_match_one(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
+    if sys.platform.startswith("linux"):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    helper = Path(__file__).with_name("training_helpers.py")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+               str(helper), str(tmp_path / "ddp")]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+    single = Trainer(tiny_model(), ddp_trainer_config(), ToySource(), eval_source=ToySource(),
+                     out_dir=tmp_path / "single")
+    single.fit()
+
+    distributed = load_model(tmp_path / "ddp")
+    for name, value in single.model.state_dict().items():
+        torch.testing.assert_close(distributed.state_dict()[name], value, rtol=0, atol=1e-6, msg=name)
+
+    def records(run):
+        return [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+
+    ddp_log, single_log = records("ddp"), records("single")
+    assert [r["step"] for r in ddp_log] == [r["step"] for r in single_log]
+    for a, b in zip(ddp_log, single_log):
+        for key in ("loss", "eval_loss"):
+            if key in b:
+                assert a[key] == pytest.approx(b[key], abs=1e-5)
+    assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == [
+        "best", "checkpoint", "loss.png", "metrics.jsonl"]
+    assert len(json.loads((tmp_path / "ddp" / "checkpoint" / "trainer_state.json").read_text())["rng"]) == 2

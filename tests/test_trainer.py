@@ -1,0 +1,269 @@
+"""The training loop: schedules, gradient accumulation, exact resume, Ctrl-C, logging, precision."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+from training_helpers import ToySource, tiny_model
+
+from attnlab.errors import ConfigError, DataError
+from attnlab.training import (
+    Trainer,
+    TrainerConfig,
+    TrainingInterrupted,
+    cpu_has_bf16,
+    load_model,
+    lr_at,
+    param_groups,
+    read_trainer_state,
+    resolve_precision,
+    select_device,
+)
+
+
+def config(**changes) -> TrainerConfig:
+    settings = dict(steps=4, batch_size=8, micro_batch_size=None, lr=1e-2, warmup_steps=1, precision="fp32",
+                    device="cpu", progress=False, log_every=1)
+    settings.update(changes)
+    return TrainerConfig(**settings)
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Config and schedules
+
+
+def test_schedules():
+    cos = TrainerConfig(steps=100, lr=1.0, warmup_steps=10, min_lr_ratio=0.1, schedule="cosine")
+    assert [lr_at(s, cos) for s in range(3)] == pytest.approx([0.1, 0.2, 0.3])  # linear warmup
+    assert lr_at(9, cos) == pytest.approx(1.0)  # peak at the end of warmup
+    assert lr_at(100, cos) == pytest.approx(0.1)  # cosine endpoint = min_lr_ratio * lr
+    assert lr_at(55, cos) == pytest.approx(0.55)  # half way down the cosine
+    assert lr_at(500, cos) == pytest.approx(0.1)
+    lin = cos.replace(schedule="linear")
+    assert lr_at(55, lin) == pytest.approx(0.55) and lr_at(100, lin) == pytest.approx(0.1)
+    assert lr_at(80, cos.replace(schedule="constant")) == 1.0
+    noam = TrainerConfig(steps=100, lr=2.0, warmup_steps=16, schedule="noam")
+    values = [lr_at(s, noam) for s in range(60)]
+    assert max(values) == pytest.approx(2.0) and values.index(max(values)) == 15  # peak at warmup
+    # the paper's shape: d^-0.5 * min(n^-0.5, n * w^-1.5), up to the constant that makes the peak lr
+    paper = [512**-0.5 * min(n**-0.5, n * 16**-1.5) for n in range(1, 61)]
+    assert values == pytest.approx([p / max(paper) * 2.0 for p in paper])
+
+
+def test_config_validation():
+    with pytest.raises(ConfigError, match="divisible by micro_batch_size"):
+        TrainerConfig(batch_size=10, micro_batch_size=4)
+    with pytest.raises(ConfigError, match="schedule"):
+        TrainerConfig(schedule="cosin")
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        TrainerConfig(schedule="noam", warmup_steps=0)
+    with pytest.raises(ConfigError, match="unknown setting"):
+        TrainerConfig.from_dict({"stepz": 3})
+    cfg = TrainerConfig(betas=(0.8, 0.9))
+    assert TrainerConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_weight_decay_groups():
+    model = tiny_model(tie=True)
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert [id(p) for p in decay["params"]] == []  # the only matrix is the tied embedding
+    model = tiny_model(tie=False)
+    decay, no_decay = param_groups(model, 0.1)
+    assert {id(p) for p in decay["params"]} == {id(model.head.weight)}
+    assert id(model.embed.weight) in {id(p) for p in no_decay["params"]}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Gradient accumulation
+
+
+def test_accumulated_gradient_equals_big_batch_gradient(tmp_path):
+    batch = ToySource(batch_size=8).batch(0)
+    model = tiny_model()
+    reference = copy.deepcopy(model)
+    trainer = Trainer(model, config(micro_batch_size=2), ToySource(), out_dir=tmp_path)
+    counts = [int((mb["labels"] != -100).sum()) for mb in trainer.micro_batches(batch)]
+    assert len(counts) == 4 and len(set(counts)) > 1  # micro-batches with different target counts
+
+    trainer.optimizer.zero_grad()
+    trainer.backward(batch)
+    reference(**batch).loss.backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+    # the naive mean of micro-batch losses would give another gradient
+    naive = copy.deepcopy(reference)
+    naive.zero_grad()
+    sum(naive(**mb).loss / 4 for mb in trainer.micro_batches(batch)).backward()
+    assert not torch.allclose(naive.head.bias.grad, reference.head.bias.grad, atol=1e-6)
+
+
+def test_source_batch_size_must_match(tmp_path):
+    trainer = Trainer(tiny_model(), config(), ToySource(batch_size=6), out_dir=tmp_path)
+    with pytest.raises(DataError, match="batch of 6 examples"):
+        trainer.fit()
+
+
+# ----------------------------------------------------------------------------------------------------
+# A whole run
+
+
+def test_fit_writes_metrics_plot_and_checkpoints(tmp_path):
+    cfg = config(steps=6, eval_every=2, save_every=3, micro_batch_size=4)
+    trainer = Trainer(tiny_model(), cfg, ToySource(), eval_source=ToySource(), out_dir=tmp_path,
+                      metrics_fn=lambda m: {"answer": 42.0}, extra_state={"note": "hi"})
+    summary = trainer.fit()
+    assert summary["steps"] == 6 and not summary["stopped_early"]
+    assert summary["final_eval_loss"] < math.log(13) + 0.5 and summary["tokens_per_s"] > 0
+    assert summary["best_eval_loss"] <= summary["final_eval_loss"]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "loss" in r]
+    evals = [r for r in records if "eval_loss" in r]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
+    assert {"lr", "tokens_per_s", "elapsed", "grad_norm"} <= set(train[0])
+    assert [r["step"] for r in evals] == [2, 4, 6]
+    assert evals[-1]["eval_perplexity"] == pytest.approx(math.exp(evals[-1]["eval_loss"]))
+    assert evals[-1]["eval_answer"] == 42.0
+    assert (tmp_path / "loss.png").stat().st_size > 1000
+    state = read_trainer_state(tmp_path / "checkpoint")
+    assert state["step"] == 6 and state["data_position"] == 6 and state["extra_state"] == {"note": "hi"}
+    best = read_trainer_state(tmp_path / "best")
+    assert best["best"]["step"] == best["step"]
+    loaded = load_model(tmp_path)
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v)
+
+
+def test_early_stopping(tmp_path):
+    cfg = config(steps=20, eval_every=1, early_stopping_patience=2, best_metric="score", best_mode="max")
+    trainer = Trainer(tiny_model(), cfg, ToySource(), out_dir=tmp_path, metrics_fn=lambda m: {"score": 1.0})
+    summary = trainer.fit()
+    assert summary["stopped_early"] and summary["steps"] == 3
+    assert summary["best"] == {"metric": "score", "value": 1.0, "step": 1}
+    assert read_trainer_state(tmp_path)["step"] == 3
+
+
+# ----------------------------------------------------------------------------------------------------
+# Exact resume and Ctrl-C
+
+
+def test_resume_is_bit_identical(tmp_path):
+    # noam does not depend on `steps`, so stopping with steps=3 and resuming with steps=6 changes nothing
+    cfg = config(steps=6, schedule="noam", warmup_steps=2, micro_batch_size=4, eval_every=2)
+    full = Trainer(tiny_model(dropout=0.3), cfg, ToySource(), eval_source=ToySource(), out_dir=tmp_path / "a")
+    full.fit()
+
+    first = Trainer(tiny_model(dropout=0.3), cfg.replace(steps=3, save_every=3), ToySource(),
+                    eval_source=ToySource(), out_dir=tmp_path / "b")
+    first.fit()
+    second = Trainer(tiny_model(dropout=0.3, seed=123), cfg, ToySource(), eval_source=ToySource(),
+                     out_dir=tmp_path / "b", resume=True)
+    assert second.fit()["start_step"] == 3
+    for k, v in full.model.state_dict().items():
+        assert torch.equal(second.model.state_dict()[k], v), k
+    # the resumed log continues the first one
+    steps = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and steps[-1] == 6
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_is_exact(tmp_path):
+    cfg = config(steps=5, micro_batch_size=4)  # cosine: depends on `steps`, unchanged here
+    full = Trainer(tiny_model(dropout=0.3), cfg, ToySource(), out_dir=tmp_path / "a")
+    full.fit()
+
+    run = tmp_path / "b"
+    trainer = Trainer(tiny_model(dropout=0.3), cfg, ToySource(interrupt_at=2), out_dir=run)
+    with pytest.raises(TrainingInterrupted, match="interrupted at step 2") as info:
+        trainer.fit()
+    assert str(run / "checkpoint") in str(info.value) and "resume" in str(info.value)
+    assert "\n" not in str(info.value)
+    assert read_trainer_state(run)["step"] == 2
+    load_model(run)  # a valid checkpoint
+
+    resumed = Trainer(tiny_model(dropout=0.3), cfg, ToySource(), out_dir=run)
+    resumed.fit(resume=True)
+    for k, v in full.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[k], v), k
+
+
+def test_ctrl_c_in_the_middle_of_a_step(tmp_path):
+    # interrupted in the second micro-batch's forward, after dropout has drawn random numbers: the
+    # checkpoint must hold the RNG state of the step's start and no half-accumulated gradient
+    cfg = config(steps=4, micro_batch_size=2)
+    full = Trainer(tiny_model(dropout=0.3), cfg, ToySource(), out_dir=tmp_path / "a")
+    full.fit()
+
+    model = tiny_model(dropout=0.3)
+    calls = []
+    forward = model.forward
+
+    def interrupting_forward(**batch):
+        calls.append(1)
+        if len(calls) == 4 * 2 + 2:  # step 2, micro-batch 2
+            raise KeyboardInterrupt
+        return forward(**batch)
+
+    model.forward = interrupting_forward
+    with pytest.raises(TrainingInterrupted, match="at step 2"):
+        Trainer(model, cfg, ToySource(), out_dir=tmp_path / "b").fit()
+    resumed = Trainer(tiny_model(dropout=0.3), cfg, ToySource(), out_dir=tmp_path / "b", resume=True)
+    resumed.fit()
+    for k, v in full.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[k], v), k
+
+
+def test_resume_without_checkpoint(tmp_path):
+    from attnlab.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="cannot resume"):
+        Trainer(tiny_model(), config(), ToySource(), out_dir=tmp_path, resume=True).fit()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Devices, precision, compile
+
+
+def test_devices_and_precision():
+    assert select_device("cpu") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="unknown device"):
+        select_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="not available"):
+            select_device("cuda")
+    assert resolve_precision("fp32", "cpu") is None
+    assert resolve_precision("bf16", "cpu") is torch.bfloat16
+    assert resolve_precision("auto", "cpu") == (torch.bfloat16 if cpu_has_bf16() else None)
+    with pytest.raises(ConfigError):
+        resolve_precision("fp8", "cpu")
+
+
+def test_bf16_autocast_runs_on_cpu(tmp_path):
+    trainer = Trainer(tiny_model(), config(precision="bf16", steps=3), ToySource(), eval_source=ToySource(),
+                      out_dir=tmp_path)
+    assert trainer.dtype is torch.bfloat16
+    summary = trainer.fit()
+    assert math.isfinite(summary["final_train_loss"]) and math.isfinite(summary["final_eval_loss"])
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())  # master weights stay fp32
+
+
+def test_compile_failure_falls_back_with_a_warning(tmp_path, monkeypatch):
+    def broken_compile(module, *args, **kwargs):
+        def run(**batch):
+            raise RuntimeError("backend exploded\nwith details")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    trainer = Trainer(tiny_model(), config(compile=True, steps=2), ToySource(), out_dir=tmp_path)
+    with pytest.warns(UserWarning, match="torch.compile failed"):
+        summary = trainer.fit()
+    assert summary["steps"] == 2

@@ -1,0 +1,125 @@
+"""A tiny stand-in language model and batch sources for the training tests, and the DDP worker.
+
+Run as a script under torchrun (``python -m torch.distributed.run --nproc-per-node 2 training_helpers.py
+OUT_DIR``) it trains `tiny_model()` with `ddp_trainer_config()` on `ToySource` and writes the run into
+OUT_DIR, for tests/test_ddp.py to compare with a single-process run.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.config import Config, check_positive
+from attnlab.models.output import ModelOutput
+from attnlab.models.registry import FAMILIES, register_family
+
+VOCAB = 13
+SEQ = 6
+
+
+@dataclass
+class TinyLMConfig(Config):
+    vocab_size: int = VOCAB
+    d_model: int = 8
+    dropout: float = 0.0
+    tie: bool = False
+
+    def __post_init__(self):
+        check_positive("vocab_size", self.vocab_size)
+        check_positive("d_model", self.d_model)
+
+
+class TinyLM(nn.Module):
+    """Embedding -> dropout -> (optionally tied) output projection; follows the ModelOutput contract."""
+
+    def __init__(self, config: TinyLMConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.norm = nn.LayerNorm(config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.head = nn.Linear(config.d_model, config.vocab_size)
+        if config.tie:
+            self.head.weight = self.embed.weight
+
+    def forward(self, input_ids, labels=None, attention_mask=None) -> ModelOutput:
+        logits = self.head(self.drop(self.norm(self.embed(input_ids))))  # (B, T, V)
+        if labels is None:
+            return ModelOutput(logits=logits)
+        flat = labels.reshape(-1)
+        n = (flat != -100).sum()
+        total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat, ignore_index=-100,
+                                reduction="sum")
+        return ModelOutput(logits=logits, loss=total / n.clamp(min=1), n_targets=n)
+
+
+if "test-tiny-lm" not in FAMILIES:
+    register_family("test-tiny-lm", TinyLMConfig, TinyLM)
+
+
+def tiny_model(seed: int = 0, **kwargs) -> TinyLM:
+    torch.manual_seed(seed)
+    return TinyLM(TinyLMConfig(**kwargs))
+
+
+class ToySource:
+    """Global batches that are a pure function of (seed, step); each row has a different number of
+    ignored (-100) trailing labels, so micro-batches hold different numbers of targets."""
+
+    def __init__(self, batch_size: int = 8, seed: int = 0, n_eval: int = 10, interrupt_at: int | None = None):
+        self.batch_size = batch_size
+        self.seed = seed
+        self.n_eval = n_eval
+        self.interrupt_at = interrupt_at
+        self.steps_per_epoch = None
+
+    def _rows(self, generator: torch.Generator, n: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, VOCAB, (n, SEQ + 1), generator=generator)
+        labels = ids[:, 1:].clone()
+        pads = torch.randint(0, SEQ, (n,), generator=generator)  # 0..SEQ-1 ignored targets per row
+        for r in range(n):
+            if pads[r]:
+                labels[r, SEQ - int(pads[r]):] = -100
+        return {"input_ids": ids[:, :-1].contiguous(), "labels": labels}
+
+    def batch(self, step: int) -> dict[str, torch.Tensor]:
+        if self.interrupt_at is not None and step == self.interrupt_at:
+            self.interrupt_at = None  # like a user pressing Ctrl-C once
+            raise KeyboardInterrupt
+        return self._rows(torch.Generator().manual_seed(self.seed * 100_003 + step), self.batch_size)
+
+    def iter_batches(self, batch_size: int):
+        rows = self._rows(torch.Generator().manual_seed(999), self.n_eval)
+        for lo in range(0, self.n_eval, batch_size):
+            yield {k: v[lo:lo + batch_size] for k, v in rows.items()}
+
+
+def ddp_trainer_config(**changes):
+    from attnlab.training import TrainerConfig
+
+    settings = dict(steps=3, batch_size=8, micro_batch_size=2, lr=1e-2, warmup_steps=1, schedule="cosine",
+                    precision="fp32", device="cpu", progress=False, log_every=1, weight_decay=0.1,
+                    grad_clip=1.0)
+    settings.update(changes)
+    return TrainerConfig(**settings)
+
+
+def _ddp_main(out_dir: str) -> None:
+    from attnlab.training import Trainer
+    from attnlab.training.distributed import shutdown
+
+    torch.set_num_threads(1)
+    trainer = Trainer(tiny_model(), ddp_trainer_config(), ToySource(), eval_source=ToySource(),
+                      out_dir=out_dir)
+    assert trainer.world.size == 2, trainer.world
+    trainer.fit()
+    shutdown()
+
+
+if __name__ == "__main__":
+    _ddp_main(sys.argv[1])
