@@ -328,8 +328,9 @@ class MultiHeadAttention(nn.Module):
         if position is not None and not cross:
             q = position.rotate_q(q, positions)
             if key_positions is None:
-                s = k.shape[-2]
-                key_positions = torch.arange(s, device=x.device)[None, :]
+                # Without cached keys, the keys are the queries' own tokens (the positions that
+                # rotated k above); after a cache they are 0..S-1.
+                key_positions = positions if past == 0 else torch.arange(k.shape[-2], device=x.device)[None, :]
             bias = position.score_bias(q, positions, key_positions, self.n_heads)
         else:
             bias = None

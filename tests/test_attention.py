@@ -1,0 +1,454 @@
+"""The attention core against references: the fused kernel against the explicit path and a naive
+softmax, `MultiHeadAttention` against `torch.nn.MultiheadAttention` with copied weights, and the
+invariances every stack must keep (KV cache = full pass, causality, gradients reach every parameter,
+batched = unbatched with right or left padding, relative schemes blind to a shift of all positions)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from attnlab.errors import ConfigError
+from attnlab.models.common import positions_from_mask
+from attnlab.models.transformer import Seq2SeqTransformer, TransformerConfig
+from attnlab.modules.attention import (
+    KVCache,
+    MultiHeadAttention,
+    attention,
+    causal_mask,
+    combine_masks,
+    key_mask,
+    padding_mask_from_ids,
+    padding_mask_from_lengths,
+)
+from attnlab.modules.blocks import Decoder, Encoder, LayerSpec
+from attnlab.modules.positions import POSITIONS, build_position, check_compatible
+from attnlab.modules.variants import VARIANTS
+
+ATOL = 1e-5
+D, H = 16, 4  # model width and heads of every tiny module here
+POSITION_OPTIONS = {  # small enough that T <= 12 reaches the clipping
+    "relative": {"max_distance": 3},
+    "t5-bias": {"num_buckets": 8, "max_distance": 8},
+}
+
+
+def skip_incompatible(variant: str, position: str | None) -> None:
+    if position is None:
+        return
+    try:
+        check_compatible(variant, position)
+    except ConfigError as e:
+        pytest.skip(f"incompatible pair: {e}")
+
+
+def tiny_config(variant: str = "dot", position: str = "sinusoidal", **overrides) -> TransformerConfig:
+    fields = dict(
+        src_vocab_size=32, tgt_vocab_size=32, d_model=D, n_heads=H, d_ff=32, n_encoder_layers=2,
+        n_decoder_layers=2, dropout=0.0, max_len=16, attention=variant, position=position,
+        position_options=dict(POSITION_OPTIONS.get(position, {})),
+    )
+    fields.update(overrides)
+    return TransformerConfig(**fields)
+
+
+# --------------------------------------------------------------------------------------------------
+# Masks
+# --------------------------------------------------------------------------------------------------
+
+
+def test_mask_helpers():
+    assert torch.equal(causal_mask(3), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool))
+    # Bottom-right aligned: 2 queries after 3 cached keys.
+    assert torch.equal(causal_mask(2, 5), torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool))
+    lengths = padding_mask_from_lengths(torch.tensor([3, 1]), 4)
+    assert torch.equal(lengths, torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool))
+    ids = padding_mask_from_ids(torch.tensor([[5, 6, 0], [0, 7, 0]]), pad_id=0)
+    assert torch.equal(ids, torch.tensor([[1, 1, 0], [0, 1, 0]], dtype=torch.bool))
+    assert key_mask(lengths).shape == (2, 1, 1, 4)
+    both = combine_masks(None, key_mask(lengths), causal_mask(4), None)
+    assert both.shape == (2, 1, 4, 4)
+    assert torch.equal(both[0, 0], causal_mask(4) & lengths[0])
+    assert combine_masks(None, None) is None
+
+
+# --------------------------------------------------------------------------------------------------
+# attention(): fused == explicit == naive
+# --------------------------------------------------------------------------------------------------
+
+
+def _naive(q, k, v, allowed, bias, scale):
+    """softmax over the allowed keys of q·kᵀ·scale + bias, computed one row at a time in float64."""
+    b, h, t, _ = q.shape
+    out = torch.zeros(b, h, t, v.shape[-1], dtype=torch.float64)
+    weights = torch.zeros(b, h, t, k.shape[-2], dtype=torch.float64)
+    allowed = allowed.expand(b, h, t, k.shape[-2])
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(t):
+                keep = allowed[bi, hi, i]
+                if not keep.any():
+                    continue
+                s = (k[bi, hi].double() @ q[bi, hi, i].double()) * scale
+                if bias is not None:
+                    s = s + bias.expand(b, h, t, -1)[bi, hi, i].double()
+                w = torch.softmax(s[keep], dim=0)
+                weights[bi, hi, i, keep] = w
+                out[bi, hi, i] = w @ v[bi, hi, keep].double()
+    return out.float(), weights.float()
+
+
+def _attention_case(name: str):
+    """(q, k, v, kwargs for attention(), allowed (B|1, H|1, T, S) bool, additive bias or None, scale)."""
+    b, dh = 2, 8
+    t, s = {"causal-cache": (3, 8), "causal-short-keys": (6, 4), "padding": (5, 7)}.get(name, (6, 6))
+    q, k, v = torch.randn(b, H, t, dh), torch.randn(b, H, s, dh), torch.randn(b, H, s, dh)
+    rows, cols = torch.arange(t)[:, None], torch.arange(s)[None, :]
+    causal = cols <= rows + (s - t)  # computed here, not with causal_mask
+    keep = torch.arange(s)[None, :] < torch.tensor([s, s - 3])[:, None]  # batch row 1 right-padded
+    bias = torch.randn(1, H, t, s)
+    everything = torch.ones(1, 1, t, s, dtype=torch.bool)
+    kw: dict = {}
+    allowed, used_bias, scale = everything, None, 1 / math.sqrt(dh)
+    if name in ("causal", "causal-cache", "causal-short-keys"):
+        kw, allowed = {"causal": True}, causal[None, None]
+    elif name == "padding":
+        kw, allowed = {"mask": key_mask(keep)}, keep[:, None, None, :] & everything
+    elif name == "bias":
+        kw, used_bias = {"bias": bias}, bias
+    elif name == "bias-causal-padding":
+        kw = {"bias": bias, "causal": True, "mask": key_mask(keep)}
+        allowed, used_bias = causal[None, None] & keep[:, None, None, :], bias
+    elif name == "float-mask":
+        hidden = torch.rand(1, 1, t, s) < 0.3
+        hidden[..., 0] = False  # every row keeps a key
+        float_mask = torch.randn(1, 1, t, s).masked_fill(hidden, float("-inf"))
+        kw, allowed, used_bias = {"mask": float_mask}, ~hidden, float_mask.masked_fill(hidden, 0.0)
+    elif name == "scale":
+        kw, scale = {"scale": 0.37}, 0.37
+    elif name == "scale-causal-bias":
+        kw = {"scale": 2.0, "causal": True, "bias": bias}
+        allowed, used_bias, scale = causal[None, None], bias, 2.0
+    return q, k, v, kw, allowed, used_bias, scale
+
+
+ATTENTION_CASES = ["plain", "causal", "causal-cache", "causal-short-keys", "padding", "bias",
+                   "bias-causal-padding", "float-mask", "scale", "scale-causal-bias"]
+
+
+@pytest.mark.parametrize("case", ATTENTION_CASES)
+def test_fused_equals_explicit_equals_naive(case):
+    q, k, v, kw, allowed, bias, scale = _attention_case(case)
+    fused, none = attention(q, k, v, **kw)
+    explicit, weights = attention(q, k, v, need_weights=True, **kw)
+    assert none is None
+    torch.testing.assert_close(fused, explicit, atol=ATOL, rtol=0)
+    ref_out, ref_w = _naive(q, k, v, allowed, bias, scale)
+    torch.testing.assert_close(explicit, ref_out, atol=ATOL, rtol=0)
+    torch.testing.assert_close(weights, ref_w, atol=ATOL, rtol=0)
+    # Rows sum to 1, or to exactly 0 where no key is visible (only "causal-short-keys" has such rows).
+    visible = allowed.expand_as(weights).any(-1)
+    sums = weights.sum(-1)
+    torch.testing.assert_close(sums[visible], torch.ones_like(sums[visible]), atol=ATOL, rtol=0)
+    assert (sums[~visible] == 0).all()
+    assert bool((~visible).any()) == (case == "causal-short-keys")
+    assert (weights[~allowed.expand_as(weights)] == 0).all()
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
+@pytest.mark.parametrize("how", ["mask", "mask+bias", "causal-short-keys", "causal-short-keys+bias"])
+def test_fully_masked_rows_are_zero_with_finite_gradients(how, need_weights):
+    b, t, s, dh = 2, 5, 6, 8
+    if how.startswith("causal-short-keys"):
+        t, s = 6, 4  # queries 0 and 1 come before every key
+    q, k, v = (torch.randn(b, H, n, dh, requires_grad=True) for n in (t, s, s))
+    bias = torch.randn(1, H, t, s, requires_grad=True) if how.endswith("+bias") else None
+    if how.startswith("mask"):
+        mask = torch.ones(b, 1, t, s, dtype=torch.bool)
+        mask[0, :, 2] = False  # one query row of batch 0 sees nothing
+        mask[1] = False  # batch 1 sees nothing at all
+        out, _ = attention(q, k, v, mask=mask, bias=bias, need_weights=need_weights)
+        dead = [out[0, :, 2], out[1]]
+        live = [out[0, :, :2], out[0, :, 3:]]
+    else:
+        out, _ = attention(q, k, v, causal=True, bias=bias, need_weights=need_weights)
+        dead, live = [out[:, :, :2]], [out[:, :, 2:]]
+    assert torch.isfinite(out).all()
+    assert all((d == 0).all() for d in dead)
+    assert all((x != 0).any() for x in live)
+    (out * torch.randn_like(out)).sum().backward()
+    for name, tensor in [("q", q), ("k", k), ("v", v), ("bias", bias)]:
+        if tensor is not None:
+            assert torch.isfinite(tensor.grad).all(), f"non-finite gradient for {name}"
+
+
+# --------------------------------------------------------------------------------------------------
+# MultiHeadAttention == torch.nn.MultiheadAttention
+# --------------------------------------------------------------------------------------------------
+
+
+def _torch_twin(ours: MultiHeadAttention, kdim: int | None = None) -> nn.MultiheadAttention:
+    """nn.MultiheadAttention holding our weights (q, k, v packed in in_proj_* unless kdim differs)."""
+    ref = nn.MultiheadAttention(D, H, batch_first=True, kdim=kdim, vdim=kdim)
+    qp, kp, vp = ours.scores.q_proj, ours.scores.k_proj, ours.v_proj
+    with torch.no_grad():
+        if ref._qkv_same_embed_dim:
+            ref.in_proj_weight.copy_(torch.cat([qp.weight, kp.weight, vp.weight]))
+        else:
+            ref.q_proj_weight.copy_(qp.weight)
+            ref.k_proj_weight.copy_(kp.weight)
+            ref.v_proj_weight.copy_(vp.weight)
+        ref.in_proj_bias.copy_(torch.cat([qp.bias, kp.bias, vp.bias]))
+        ref.out_proj.weight.copy_(ours.out_proj.weight)
+        ref.out_proj.bias.copy_(ours.out_proj.bias)
+    return ref.eval()
+
+
+MHA_CASES = ["self-causal", "self-padding", "self-causal-padding", "self-causal-left-padding",
+             "cross-padding", "cross-kdim-padding"]
+
+
+@pytest.mark.parametrize("case", MHA_CASES)
+def test_multihead_attention_matches_torch(case, perturb):
+    t = 7
+    kdim = 12 if "kdim" in case else None
+    ours = perturb(MultiHeadAttention(D, H, kv_dim=kdim))
+    ref = _torch_twin(ours, kdim)
+    x = torch.randn(2, t, D)
+    memory = torch.randn(2, 9, kdim or D) if case.startswith("cross") else None
+    s = t if memory is None else memory.shape[1]
+    if "left-padding" in case:
+        keep = torch.arange(s)[None, :] >= torch.tensor([0, 3])[:, None]  # True = real token
+    else:
+        keep = padding_mask_from_lengths(torch.tensor([s, s - 4]), s)
+    causal = "causal" in case
+    our_mask = key_mask(keep) if "padding" in case else None
+    torch_kw = {"key_padding_mask": ~keep} if "padding" in case else {}  # True = BLOCKED in torch
+    if causal:
+        torch_kw["attn_mask"] = ~causal_mask(t)
+    src = x if memory is None else memory
+
+    fused, _ = ours(x, memory, mask=our_mask, causal=causal)
+    explicit, weights = ours(x, memory, mask=our_mask, causal=causal, need_weights=True)
+    expected, expected_w = ref(x, src, src, need_weights=True, average_attn_weights=False, **torch_kw)
+
+    allowed = torch.ones(2, t, s, dtype=torch.bool) & keep[:, None, :]
+    if causal:
+        allowed = allowed & causal_mask(t)
+    visible = allowed.any(-1)  # (B, T): torch gives NaN on the other rows, we give 0
+    assert bool((~visible).any()) == ("left-padding" in case)
+    for out in (fused, explicit):  # a row that sees no key gets a zero context, so only the output bias
+        torch.testing.assert_close(out[~visible], ours.out_proj.bias.expand_as(out[~visible]), atol=0, rtol=0)
+    torch.testing.assert_close(fused[visible], expected[visible], atol=ATOL, rtol=0)
+    torch.testing.assert_close(explicit[visible], expected[visible], atol=ATOL, rtol=0)
+    ours_w, ref_w = weights.transpose(1, 2)[visible], expected_w.transpose(1, 2)[visible]  # (N, H, S)
+    torch.testing.assert_close(ours_w, ref_w, atol=ATOL, rtol=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# KV cache
+# --------------------------------------------------------------------------------------------------
+
+
+def test_kv_cache_grows_keeps_content_and_reorders():
+    cache = KVCache(capacity=2)
+    ks = [torch.randn(3, H, n, 4) for n in (1, 2, 3)]
+    vs = [torch.randn(3, H, n, 5) for n in (1, 2, 3)]
+    for k, v in zip(ks, vs):
+        all_k, all_v = cache.update(k, v)
+    torch.testing.assert_close(all_k, torch.cat(ks, 2), atol=0, rtol=0)
+    torch.testing.assert_close(all_v, torch.cat(vs, 2), atol=0, rtol=0)
+    assert cache.length == 6
+    cache.reorder(torch.tensor([2, 0]))
+    k, v = cache.get()
+    torch.testing.assert_close(k, torch.cat(ks, 2)[[2, 0]], atol=0, rtol=0)
+    torch.testing.assert_close(v, torch.cat(vs, 2)[[2, 0]], atol=0, rtol=0)
+    static = KVCache(static=True)
+    assert not static.ready
+    static.update(ks[2], vs[2])
+    assert static.ready and static.length == 3
+
+
+CACHE_POSITIONS = [None, "rotary", "relative", "t5-bias", "alibi"]
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+@pytest.mark.parametrize("position", CACHE_POSITIONS, ids=lambda p: p or "no-position")
+@pytest.mark.parametrize("variant", VARIANTS.names())
+def test_kv_cache_matches_full_causal_pass(variant, position, chunk, perturb):
+    skip_incompatible(variant, position)
+    t = 10
+    mha = perturb(MultiHeadAttention(D, H, variant=variant, block_size=16))
+    scheme = None
+    if position is not None:
+        scheme = perturb(build_position(position, d_model=D, n_heads=H, max_len=16, causal=True,
+                                        **POSITION_OPTIONS.get(position, {})))
+    x = torch.randn(2, t, D)
+    full, full_w = mha(x, causal=True, position=scheme, need_weights=True)
+    cache, outs = KVCache(), []
+    for i in range(0, t, chunk):
+        out, w = mha(x[:, i:i + chunk], causal=True, position=scheme, cache=cache, need_weights=i % 2 == 0)
+        outs.append(out)
+        if w is not None:  # the explicit path through the cache gives the rows of the full weights
+            n = w.shape[-1]
+            torch.testing.assert_close(w, full_w[:, :, i:i + chunk, :n], atol=ATOL, rtol=0)
+            assert (full_w[:, :, i:i + chunk, n:] == 0).all()
+    assert cache.length == t
+    torch.testing.assert_close(torch.cat(outs, 1), full, atol=ATOL, rtol=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Causality, gradients, batching: every variant x every position scheme
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stack", ["encoder-causal", "seq2seq-decoder"])
+@pytest.mark.parametrize("position", POSITIONS.names())
+@pytest.mark.parametrize("variant", VARIANTS.names())
+def test_causality(variant, position, stack, perturb):
+    """Changing the inputs after position t changes no output at or before t, for every t."""
+    skip_incompatible(variant, position)
+    t_len = 8
+    if stack == "encoder-causal":
+        spec = LayerSpec(d_model=D, n_heads=H, d_ff=32, dropout=0.0, attention=variant, block_size=16)
+        encoder = perturb(Encoder(spec, 2, final_norm=True))
+        scheme = perturb(build_position(position, d_model=D, n_heads=H, max_len=16, causal=True,
+                                        **POSITION_OPTIONS.get(position, {})))
+        positions = torch.arange(t_len)[None, :]
+
+        def run(tokens):  # here the "tokens" are already embedded: (N, T, D) floats
+            x = scheme.embed(tokens, positions)
+            return encoder(x, causal=True, positions=positions, position=scheme)[0]
+
+        base = torch.randn(1, t_len, D)
+        changed = base.repeat(t_len, 1, 1)
+        for t in range(t_len):
+            changed[t, t + 1:] = torch.randn(t_len - t - 1, D)
+    else:
+        model = perturb(Seq2SeqTransformer(tiny_config(variant, position)))
+        memory = model.encode(torch.randint(3, 32, (1, 5)))[0]
+
+        def run(tokens):
+            return model.decode(tokens, memory.expand(tokens.shape[0], -1, -1))[0]
+
+        base = torch.randint(3, 32, (1, t_len))
+        changed = base.repeat(t_len, 1)
+        for t in range(t_len):
+            changed[t, t + 1:] = 3 + (changed[t, t + 1:] - 3 + torch.randint(1, 29, (t_len - t - 1,))) % 29
+
+    expected, got = run(base)[0], run(changed)
+    for t in range(t_len):
+        torch.testing.assert_close(got[t, : t + 1], expected[: t + 1], atol=ATOL, rtol=0)
+        if t < t_len - 1:  # the change does reach the later outputs (the test is not vacuous)
+            assert not torch.allclose(got[t, t + 1:], expected[t + 1:], atol=1e-3)
+
+
+def _assert_every_parameter_has_gradient(module: nn.Module, frozen: tuple[str, ...] = ()) -> None:
+    seen_frozen = []
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            seen_frozen.append(name)
+            assert p.grad is None, name
+            continue
+        assert p.grad is not None, f"{name} received no gradient"
+        assert torch.isfinite(p.grad).all(), f"{name} has a non-finite gradient"
+    assert all(any(name.endswith(f) for f in frozen) for name in seen_frozen), seen_frozen
+    if frozen:
+        assert seen_frozen, "expected frozen parameters"
+
+
+@pytest.mark.parametrize("freeze", [False, True], ids=["trainable", "frozen"])
+@pytest.mark.parametrize("variant", VARIANTS.names())
+def test_every_stack_parameter_gets_gradient(variant, freeze):
+    if freeze and variant != "synthesizer-random":
+        pytest.skip("only synthesizer-random has a freeze option")
+    options = {"freeze": True} if freeze else {}
+    spec = LayerSpec(d_model=D, n_heads=H, d_ff=32, dropout=0.0, attention=variant, block_size=16,
+                     attention_options=options)
+    encoder = Encoder(spec, 2, final_norm=True)
+    decoder = Decoder(spec, 2, final_norm=True, memory_dim=D)
+    keep = padding_mask_from_lengths(torch.tensor([7, 5]), 7)
+    memory, _, _ = encoder(torch.randn(2, 7, D), mask=key_mask(keep))
+    out, _, _, _ = decoder(torch.randn(2, 6, D), memory, memory_mask=key_mask(keep))
+    (out * torch.randn_like(out)).sum().backward()
+    frozen = ("scores.table",) if freeze else ()
+    _assert_every_parameter_has_gradient(encoder, frozen)
+    _assert_every_parameter_has_gradient(decoder, frozen)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-embeddings", "separate-embeddings"])
+@pytest.mark.parametrize("position", POSITIONS.names())
+@pytest.mark.parametrize("variant", VARIANTS.names())
+def test_every_model_parameter_gets_gradient(variant, position, shared):
+    skip_incompatible(variant, position)
+    overrides = {} if shared else dict(share_embeddings=False, tie_output=False, output_bias=True,
+                                       tgt_vocab_size=24)
+    if variant == "synthesizer-random" and not shared:
+        overrides["attention_options"] = {"freeze": True}
+    model = Seq2SeqTransformer(tiny_config(variant, position, **overrides))
+    src = torch.randint(3, 24, (2, 7))
+    src[1, 5:] = 0
+    tgt = torch.randint(3, 24, (2, 6))
+    out = model(src, tgt, padding_mask_from_ids(src, 0), labels=tgt)
+    out.loss.backward()
+    frozen = ("scores.table",) if "attention_options" in overrides else ()
+    _assert_every_parameter_has_gradient(model, frozen)
+
+
+@pytest.mark.parametrize("position", POSITIONS.names())
+@pytest.mark.parametrize("variant", VARIANTS.names())
+def test_batched_equals_unbatched(variant, position, perturb):
+    """Two right-padded sequences in one batch give, on real positions, what each gives alone."""
+    skip_incompatible(variant, position)
+    model = perturb(Seq2SeqTransformer(tiny_config(variant, position)))
+    src_len, tgt_len = [9, 5], [7, 4]
+    src = torch.randint(3, 32, (2, max(src_len)))
+    tgt = torch.randint(3, 32, (2, max(tgt_len)))
+    for b in range(2):
+        src[b, src_len[b]:] = 0
+        tgt[b, tgt_len[b]:] = 0
+    batched = model(src, tgt, padding_mask_from_ids(src, 0)).logits
+    for b in range(2):
+        alone = model(src[b:b + 1, : src_len[b]], tgt[b:b + 1, : tgt_len[b]]).logits
+        torch.testing.assert_close(batched[b, : tgt_len[b]], alone[0], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("position", ["rotary", "relative", "t5-bias", "alibi"])
+def test_relative_schemes_ignore_a_shift_of_every_position(position, causal, perturb):
+    """Given positions p + c for queries and (by default) keys, a relative scheme sees p."""
+    mha = perturb(MultiHeadAttention(D, H))
+    scheme = perturb(build_position(position, d_model=D, n_heads=H, max_len=32, causal=causal,
+                                    **POSITION_OPTIONS.get(position, {})))
+    x = torch.randn(2, 7, D)
+    expected, _ = mha(x, causal=causal, position=scheme)
+    shifted, _ = mha(x, causal=causal, position=scheme, positions=torch.arange(5, 12)[None, :])
+    torch.testing.assert_close(shifted, expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("position", POSITIONS.names())
+@pytest.mark.parametrize("variant", VARIANTS.names())
+def test_left_padded_batch_equals_unbatched(variant, position, causal, perturb):
+    """Left padding with positions counted over real tokens (`positions_from_mask`) changes nothing."""
+    skip_incompatible(variant, position)
+    spec = LayerSpec(d_model=D, n_heads=H, d_ff=32, dropout=0.0, attention=variant, block_size=16)
+    encoder = perturb(Encoder(spec, 2, final_norm=True))
+    scheme = perturb(build_position(position, d_model=D, n_heads=H, max_len=16, causal=causal,
+                                    **POSITION_OPTIONS.get(position, {})))
+
+    def run(x, keep=None):
+        positions = torch.arange(x.shape[1])[None, :] if keep is None else positions_from_mask(keep)
+        mask = None if keep is None else key_mask(keep)
+        return encoder(scheme.embed(x, positions), mask=mask, causal=causal, positions=positions,
+                       position=scheme)[0]
+
+    lengths = [8, 5]
+    x = torch.randn(2, 8, D)
+    keep = torch.arange(8)[None, :] >= torch.tensor([8 - n for n in lengths])[:, None]
+    batched = run(x, keep)
+    for b, n in enumerate(lengths):
+        torch.testing.assert_close(batched[b, 8 - n:], run(x[b:b + 1, 8 - n:])[0], atol=ATOL, rtol=0)
