@@ -35,6 +35,75 @@ def params(
     params_command(name, as_json=as_json, list_all=list_all)
 
 
+@app.command()
+def train(
+    config: str | None = typer.Argument(None, help="A TOML run config (see configs/); omitted: a small char "
+                                        "GPT on the embedded pydoc corpus."),
+    overrides: list[str] | None = typer.Option(None, "--set", help="Override one setting: section.key=value "
+                                        "(e.g. --set train.steps=200 --set model.position=rotary).",
+                                        metavar="SECTION.KEY=VALUE"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the run folder's last checkpoint."),
+) -> None:
+    """Train a model from a config file; writes checkpoints, metrics.jsonl and loss.png to train.out_dir."""
+    from attnlab.training.recipe import load_run_config, train_run
+
+    run = load_run_config(config, overrides)
+    summary = train_run(run, resume=resume)
+    shown = {k: v for k, v in summary.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+    print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
+    print(f"run folder: {run.train.out_dir}")
+
+
+@app.command()
+def generate(
+    run_dir: str = typer.Argument(..., help="A run folder written by `attnlab train` (or a checkpoint folder)."),
+    prompt: str = typer.Option(..., "--prompt", "-p", help="The text to continue (or to translate)."),
+    max_new_tokens: int = typer.Option(200, "--max-new-tokens", "-n", help="How many tokens to add."),
+    temperature: float = typer.Option(0.8, help="Sampling temperature (ignored with --greedy)."),
+    top_k: int | None = typer.Option(None, "--top-k", help="Sample among the k most likely tokens."),
+    top_p: float | None = typer.Option(None, "--top-p", help="Sample from the smallest set with mass p."),
+    greedy: bool = typer.Option(False, "--greedy", help="Always take the most likely token."),
+    beam_size: int = typer.Option(1, "--beam-size", help="Beam search width (translation models)."),
+    seed: int | None = typer.Option(0, help="Seed of the sampler (same seed, same text)."),
+    best: bool = typer.Option(False, "--best", help="Use the run's best/ checkpoint instead of the latest."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda or mps."),
+) -> None:
+    """Generate text from a trained language model (with a KV cache), or translate with a seq2seq model."""
+    from attnlab.inference.runs import generate_text, load_run
+    from attnlab.training.device import select_device
+
+    run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint")
+    text = generate_text(run, prompt, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
+                         top_k=top_k, top_p=top_p, seed=seed, beam_size=beam_size)
+    print(text if run.family == "seq2seq" else prompt + text)
+
+
+@app.command()
+def evaluate(
+    run_dir: str = typer.Argument(..., help="A run folder written by `attnlab train` (or a checkpoint folder)."),
+    data: str = typer.Option(..., "--data", "-d", help="LM: a text file; classifier: a TSV/CSV/JSONL file "
+                             "with the training columns; translation: source sentences."),
+    target: str | None = typer.Option(None, "--target", help="Translation: the reference sentences."),
+    batch_size: int = typer.Option(32, "--batch-size"),
+    best: bool = typer.Option(False, "--best", help="Use the run's best/ checkpoint instead of the latest."),
+    as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda or mps."),
+) -> None:
+    """Score a file: loss and perplexity (language models, translation + BLEU) or accuracy (classifiers)."""
+    import json
+
+    from attnlab.inference.runs import evaluate_file, load_run
+    from attnlab.training.device import select_device
+
+    run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint")
+    metrics = evaluate_file(run, data, target=target, batch_size=batch_size)
+    if as_json:
+        print(json.dumps(metrics))
+        return
+    for key, value in metrics.items():
+        print(f"{key:>11}  {int(value) if key in ('tokens', 'examples') else round(value, 4)}")
+
+
 def _click_exceptions():
     """typer >= 0.24 bundles its own copy of click; older versions use click itself."""
     try:

@@ -349,7 +349,10 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     prep = prepare(run)
     out = Path(run.train.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "run.json").write_text(json.dumps(run.to_dict(), indent=2))
+    description = run.to_dict()
+    if "labels" in prep.info:  # the class names, in the order of the classifier's outputs
+        description["labels"] = list(prep.info["labels"])
+    (out / "run.json").write_text(json.dumps(description, indent=2))
     trainer = Trainer(prep.model, run.train, prep.train_source, eval_source=prep.eval_source,
                       tokenizer=prep.tokenizer, out_dir=out, metrics_fn=prep.metrics_fn,
                       extra_state={"data": run.data.to_dict()})

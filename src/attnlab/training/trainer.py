@@ -132,6 +132,8 @@ class TrainerConfig(Config):
 class TrainingInterrupted(AttnlabError):
     """Training stopped by Ctrl-C after saving a checkpoint; the message says how to resume."""
 
+    exit_code = 130  # the shell's convention for a run stopped by SIGINT
+
 
 class TrainingDiverged(AttnlabError):
     """The training loss became NaN or infinite."""

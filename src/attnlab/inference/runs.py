@@ -1,0 +1,216 @@
+"""Use a finished (or interrupted) run folder: load its model and tokenizer, generate text, and score
+a file. These are the library halves of `attnlab generate` and `attnlab evaluate`.
+
+A run folder is what `attnlab train` writes: ``run.json`` (the run's config), ``checkpoint/`` (latest)
+and ``best/`` (best evaluation), each checkpoint holding ``model.safetensors``, ``config.json`` and
+``tokenizer.json``. Any checkpoint folder works too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnlab.errors import CheckpointError, ConfigError, DataError
+
+LM_FAMILIES = ("gpt",)
+
+
+@dataclass
+class LoadedRun:
+    model: nn.Module
+    tokenizer: Any
+    family: str
+    folder: Path  # the checkpoint folder actually read
+    data: dict[str, Any]  # the run's [data] table ({} for a bare checkpoint folder)
+
+
+def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str = "checkpoint") -> LoadedRun:
+    """Model (eval mode, on `device`) and tokenizer of a run folder or checkpoint folder.
+
+    Args:
+        which: "checkpoint" (the latest, the default) or "best" (the best evaluation) for a run folder.
+    """
+    from attnlab.data.tokenizers import load_tokenizer
+    from attnlab.training.checkpoint import find_checkpoint, load_model, read_config, read_trainer_state
+
+    path = Path(path)
+    if which not in ("checkpoint", "best"):
+        raise ConfigError(f"which must be 'checkpoint' or 'best', got {which!r}")
+    folder = find_checkpoint(path / which if (path / which).exists() else path)
+    if not (folder / "tokenizer.json").is_file():
+        raise CheckpointError(f"{folder} has no tokenizer.json; generate and evaluate need a run trained "
+                              "by `attnlab train` (it saves the tokenizer beside the weights)")
+    model = load_model(folder, device)
+    tokenizer = load_tokenizer(folder)
+    data: dict[str, Any] = {}
+    for candidate in (path / "run.json", folder.parent / "run.json"):
+        if candidate.is_file():
+            try:
+                saved = json.loads(candidate.read_text(encoding="utf-8"))
+                data = dict(saved.get("data", {}))
+                if saved.get("labels"):
+                    data["labels"] = list(saved["labels"])
+            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+                raise CheckpointError(f"{candidate} is not a valid run description; re-run training or "
+                                      "remove the file") from None
+            break
+    if not data:
+        try:
+            data = dict(read_trainer_state(folder).get("extra", {}).get("data", {}))
+        except (CheckpointError, AttributeError):
+            data = {}
+    return LoadedRun(model, tokenizer, read_config(folder)["family"], folder, data)
+
+
+def _encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    ids = tokenizer.encode(prompt)  # raises DataError for characters/words the tokenizer cannot encode
+    if not ids:
+        raise DataError("the prompt encodes to no tokens; give a non-empty prompt")
+    return ids
+
+
+def generate_text(run: LoadedRun, prompt: str, *, max_new_tokens: int = 200, greedy: bool = False,
+                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                  seed: int | None = None, beam_size: int = 1) -> str:
+    """Continue `prompt` with a language model, or translate it with a seq2seq model."""
+    from attnlab.inference.generate import beam_search, generate, greedy_translate
+
+    tok, model = run.tokenizer, run.model
+    device = next(model.parameters()).device
+    ids = _encode_prompt(tok, prompt)
+    if run.family == "seq2seq":
+        src = torch.tensor([ids], device=device)
+        out = (beam_search(model, src, beam_size=beam_size, max_len=max_new_tokens) if beam_size > 1
+               else greedy_translate(model, src, max_len=max_new_tokens))
+        return tok.decode(out[0], skip_special_tokens=True)
+    if run.family not in LM_FAMILIES and not (run.family == "encoder" and model.config.head == "lm"):
+        raise ConfigError(f"a {run.family!r} model with this head does not generate text; "
+                          "use `attnlab evaluate` for classifiers")
+    new = generate(model, [ids], max_new_tokens, greedy=greedy, temperature=temperature, top_k=top_k,
+                   top_p=top_p, eos_id=tok.eos_id, seed=seed, use_cache=hasattr(model, "new_cache"))
+    return tok.decode(new[0], skip_special_tokens=True)
+
+
+@torch.no_grad()
+def evaluate_file(run: LoadedRun, data: str | Path, *, target: str | Path | None = None,
+                  batch_size: int = 32) -> dict[str, float]:
+    """Score a file with the run's model.
+
+    Language models: `data` is a UTF-8 text; returns loss (nats per token), perplexity and tokens.
+    Classifiers: `data` is a TSV/CSV/JSONL file with the run's text and label columns; returns loss,
+    accuracy (%) and examples. Seq2seq: `data` holds source sentences and `target` their references,
+    one per line; returns loss and perplexity of the references and BLEU of greedy translations
+    (when sacrebleu is installed).
+    """
+    model, tok = run.model, run.tokenizer
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be positive, got {batch_size}")
+    if run.family == "seq2seq":
+        return _evaluate_translation(run, data, target, batch_size)
+    if target is not None:
+        raise ConfigError("--target is only for translation models (the reference translations)")
+    head = getattr(model.config, "head", None) or getattr(model.config, "heads", None)
+    if run.family in LM_FAMILIES or head == "lm":
+        return _evaluate_lm(model, tok, data, batch_size)
+    if head == "classification":
+        return _evaluate_classification(run, data, batch_size)
+    raise ConfigError(f"cannot evaluate a {run.family!r} model with head {head!r} on a file; "
+                      "evaluate supports language models, classifiers and translation models")
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _accumulate(model: nn.Module, batches, device: torch.device) -> tuple[float, int, int, int]:
+    loss_sum, n_targets, correct, examples = 0.0, 0, 0, 0
+    for batch in batches:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        out = model(**batch)
+        labels = batch["labels"]
+        n = int(out.n_targets) if out.n_targets is not None else int((labels != -100).sum())
+        loss_sum += float(out.loss) * n
+        n_targets += n
+        if labels.ndim == 1:
+            correct += int((out.logits.argmax(-1) == labels).sum())
+            examples += labels.numel()
+    return loss_sum, n_targets, correct, examples
+
+
+def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int) -> dict[str, float]:
+    from attnlab.data.sources import CausalLMSource
+    from attnlab.data.text_files import read_text
+
+    text = read_text(data)
+    ids = tok.encode(text)
+    block = getattr(model, "max_len", None) or getattr(model.config, "block_size", None) or 256
+    if len(ids) < 2:
+        raise DataError(f"{data}: the text has fewer than two tokens; nothing to predict")
+    block = min(block, len(ids) - 1)
+    source = CausalLMSource(ids, block, batch_size)
+    loss_sum, n, _, _ = _accumulate(model, source.iter_batches(batch_size), _device(model))
+    loss = loss_sum / max(n, 1)
+    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": float(n)}
+
+
+def _column(c: Any) -> Any:
+    return int(c) if isinstance(c, str) and c.isdigit() else c
+
+
+def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int) -> dict[str, float]:
+    from attnlab.data.sources import ClassificationSource
+    from attnlab.data.text_files import read_classification_file
+
+    d, tok, model = run.data, run.tokenizer, run.model
+    labels = d.get("labels")
+    examples = read_classification_file(data, _column(d.get("text_column")), _column(d.get("label_column")))
+    if examples.labels is None:
+        raise DataError(f"{data}: no label column; evaluation needs labelled examples")
+    if labels is None:
+        labels = examples.label_names
+    unknown = sorted(set(examples.labels) - set(labels))
+    if unknown:
+        raise DataError(f"{data}: labels {unknown[:5]} were not in the training data (known: {list(labels)})")
+    prefix = [tok.cls_id] if tok.cls_id is not None else []
+    source = ClassificationSource(examples, tok, batch_size, max_length=d.get("max_length", 128),
+                                  label_names=labels, prefix_ids=prefix)
+    loss_sum, n, correct, count = _accumulate(model, source.iter_batches(batch_size), _device(model))
+    return {"loss": loss_sum / max(n, 1), "accuracy": 100.0 * correct / max(count, 1), "examples": float(count)}
+
+
+def _evaluate_translation(run: LoadedRun, data: str | Path, target: str | Path | None,
+                          batch_size: int) -> dict[str, float]:
+    from attnlab.data.sources import ParallelTextSource
+    from attnlab.data.text_files import read_lines
+    from attnlab.inference.generate import greedy_translate
+
+    if target is None:
+        raise ConfigError("a translation model needs --target REFERENCES (one translation per line of --data)")
+    tok, model, d = run.tokenizer, run.model, run.data
+    max_length = d.get("max_length", 128)
+    source = ParallelTextSource(data, target, tok, tok, batch_size, max_src_length=max_length,
+                                max_tgt_length=max_length)
+    device = _device(model)
+    loss_sum, n, _, _ = _accumulate(model, source.iter_batches(batch_size), device)
+    loss = loss_sum / max(n, 1)
+    out = {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": float(n)}
+    try:
+        import sacrebleu
+    except ImportError:
+        return out
+    hyps: list[str] = []
+    for batch in source.iter_batches(batch_size):
+        src = batch["src_ids"].to(device)
+        mask = batch.get("src_mask")
+        ids = greedy_translate(model, src, None if mask is None else mask.to(device), max_len=max_length)
+        hyps.extend(tok.decode(i, skip_special_tokens=True) for i in ids)
+    refs = read_lines(target)
+    out["bleu"] = float(sacrebleu.corpus_bleu(hyps, [refs[: len(hyps)]]).score)
+    return out

@@ -1,0 +1,175 @@
+"""The command line end to end: every shipped config loads; train → generate → evaluate for a language
+model, a classifier and a translation model on tiny data; bad input gets one line and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnlab.cli import main
+from attnlab.training.recipe import load_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.toml"))
+TINY = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu"]
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_configs_exist():
+    names = {p.name for p in CONFIGS}
+    assert {"gpt-pydoc.toml", "gpt-text.toml", "encoder-classify.toml", "translate.toml"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    run = load_run_config(path)
+    assert run.train.steps > 0
+    assert run.model  # model table resolved to a family or preset
+
+
+def test_lm_train_generate_evaluate(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(capsys, "train", "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=12",
+                                "--set", f"train.out_dir={json.dumps(str(out))}", "--set", "train.eval_every=6",
+                                *TINY)
+    assert code == 0, err
+    assert "final_train_loss" in stdout
+    for name in ("run.json", "metrics.jsonl", "checkpoint/model.safetensors", "checkpoint/tokenizer.json",
+                 "best/model.safetensors"):
+        assert (out / name).exists(), name
+
+    code, text, err = run_cli(capsys, "generate", str(out), "--prompt", "def ", "-n", "20", "--device", "cpu")
+    assert code == 0, err
+    assert text.startswith("def ") and len(text.rstrip("\n")) >= 4
+    # Same seed, same text; greedy is deterministic too.
+    assert run_cli(capsys, "generate", str(out), "--prompt", "def ", "-n", "20", "--device", "cpu")[1] == text
+    code, greedy, _ = run_cli(capsys, "generate", str(out), "--prompt", "def ", "-n", "8", "--greedy",
+                              "--device", "cpu")
+    assert code == 0
+
+    sample = tmp_path / "sample.txt"
+    sample.write_text("The if statement is used for conditional execution.\n" * 4, encoding="utf-8")
+    code, stdout, err = run_cli(capsys, "evaluate", str(out), "--data", str(sample), "--json", "--device", "cpu")
+    assert code == 0, err
+    metrics = json.loads(stdout)
+    assert metrics["tokens"] == len(sample.read_text()) - 1
+    assert metrics["perplexity"] == pytest.approx(2.718281828 ** metrics["loss"], rel=1e-6)
+
+
+def test_resume_continues_a_finished_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    common = ["--set", "model.preset=gpt-char-tiny", "--set", f"train.out_dir={json.dumps(str(out))}", *TINY]
+    assert run_cli(capsys, "train", "--set", "train.steps=4", *common)[0] == 0
+    code, stdout, err = run_cli(capsys, "train", "--set", "train.steps=8", "--resume", *common)
+    assert code == 0, err
+    assert "start_step=4" in stdout and "steps=8" in stdout
+
+
+def test_classification_train_and_evaluate(tmp_path, capsys):
+    rows = ["sentence\tlabel"] + [f"{w} movie {w}\t{lab}" for w, lab in
+                                  [("great", "pos"), ("awful", "neg"), ("fine", "pos"), ("bad", "neg")] * 6]
+    train = tmp_path / "train.tsv"
+    train.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "cls"
+    code, _, err = run_cli(capsys, "train", str(ROOT / "configs" / "encoder-classify.toml"),
+                           "--set", f"data.path={json.dumps(str(train))}",
+                           "--set", f"data.eval_path={json.dumps(str(train))}",
+                           "--set", "model.d_model=16", "--set", "model.d_ff=16", "--set", "model.n_layers=1",
+                           "--set", "train.steps=30", "--set", "train.batch_size=8", "--set", "train.eval_every=0",
+                           "--set", "train.lr=3e-3", "--set", f"train.out_dir={json.dumps(str(out))}", *TINY)
+    assert code == 0, err
+    assert json.loads((out / "run.json").read_text())["labels"] == ["neg", "pos"]
+    code, stdout, err = run_cli(capsys, "evaluate", str(out), "--data", str(train), "--json", "--device", "cpu")
+    assert code == 0, err
+    metrics = json.loads(stdout)
+    assert metrics["examples"] == 24
+    assert metrics["accuracy"] == 100.0  # four distinct sentences, learnt by heart
+    code, _, err = run_cli(capsys, "generate", str(out), "--prompt", "great", "--device", "cpu")
+    assert code == 2 and "does not generate" in err
+
+
+def test_translation_train_generate_evaluate(tmp_path, capsys):
+    src = tmp_path / "train.src"
+    tgt = tmp_path / "train.tgt"
+    pairs = [("a b c", "c b a"), ("b c", "c b"), ("c a", "a c"), ("a b", "b a")] * 4
+    src.write_text("\n".join(s for s, _ in pairs) + "\n", encoding="utf-8")
+    tgt.write_text("\n".join(t for _, t in pairs) + "\n", encoding="utf-8")
+    out = tmp_path / "mt"
+    code, _, err = run_cli(capsys, "train", str(ROOT / "configs" / "translate.toml"),
+                           "--set", f"data.src_path={json.dumps(str(src))}",
+                           "--set", f"data.tgt_path={json.dumps(str(tgt))}", "--set", "data.tokenizer=word",
+                           "--set", "data.vocab_size=100", "--set", "model.d_model=16", "--set", "model.d_ff=32",
+                           "--set", "model.n_heads=2", "--set", "model.n_encoder_layers=1",
+                           "--set", "model.n_decoder_layers=1", "--set", "train.steps=6",
+                           "--set", "train.batch_size=8", "--set", "train.warmup_steps=2",
+                           "--set", f"train.out_dir={json.dumps(str(out))}", *TINY)
+    assert code == 0, err
+    code, stdout, err = run_cli(capsys, "evaluate", str(out), "--data", str(src), "--target", str(tgt), "--json",
+                                "--device", "cpu")
+    assert code == 0, err
+    metrics = json.loads(stdout)
+    assert metrics["loss"] > 0 and "perplexity" in metrics
+    code, stdout, err = run_cli(capsys, "generate", str(out), "--prompt", "a b", "-n", "5", "--device", "cpu")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "--set", "model.bogus=1"], "unknown setting model.bogus"),
+    (["train", "--set", "train.schedul=cosine"], "schedul"),
+    (["train", "--set", "train.precision=fp8"], "precision"),
+    (["train", "--set", "trian.steps=3"], "did you mean [train]"),
+    (["train", "no-such-config.toml"], "not found"),
+    (["generate", "no-such-run", "--prompt", "x"], "does not exist"),
+    (["evaluate", "no-such-run", "--data", "x.txt"], "does not exist"),
+    (["params", "no-such-preset"], "no-such-preset"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    lines = [line for line in err.strip().splitlines() if line]
+    assert len(lines) == 1, err
+    assert needle in lines[0]
+    assert "Traceback" not in err
+
+
+def test_bad_data_file_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe not utf-8 \xff")
+    code, _, err = run_cli(capsys, "train", "--set", f"data.path={json.dumps(str(bad))}", *TINY)
+    assert code == 2 and "UTF-8" in err and len(err.strip().splitlines()) == 1
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    code, _, err = run_cli(capsys, "train", "--set", f"data.path={json.dumps(str(empty))}", *TINY)
+    assert code == 2 and "empty" in err
+
+
+def test_corrupt_checkpoint_is_one_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run_cli(capsys, "train", "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=2",
+                   "--set", f"train.out_dir={json.dumps(str(out))}", *TINY)[0] == 0
+    (out / "checkpoint" / "model.safetensors").write_bytes(b"garbage")
+    code, _, err = run_cli(capsys, "generate", str(out), "--prompt", "x", "--device", "cpu")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "model.safetensors" in err
+
+
+def test_console_entry_point_runs():
+    result = subprocess.run([sys.executable, "-m", "attnlab", "params", "tutorial-lm"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "1,008,100" in result.stdout
+    result = subprocess.run([sys.executable, "-m", "attnlab", "train", "--set", "model.nope=1"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
