@@ -158,6 +158,34 @@ def test_fused_equals_explicit_equals_naive(case):
     assert (weights[~allowed.expand_as(weights)] == 0).all()
 
 
+@pytest.mark.parametrize("case", ["plain", "causal", "padding", "bias-causal-padding"])
+def test_half_precision_dispatch_matches_the_fused_kernel(case):
+    """On CPU in bf16 the dispatcher takes the explicit path (faster there); it must agree with SDPA's
+    bf16 result within bf16 rounding, forward and backward."""
+    import torch.nn.functional as F
+
+    from attnlab.modules.attention import prefers_explicit
+
+    q, k, v, kw, allowed, bias, scale = _attention_case(case)
+    q, k, v = (x.detach().bfloat16().requires_grad_() for x in (q, k, v))
+    assert prefers_explicit(q, k.shape[-2]) and not prefers_explicit(q.float(), k.shape[-2])
+    assert not prefers_explicit(q, 4096)
+    if kw.get("bias") is not None:
+        kw = {**kw, "bias": kw["bias"].bfloat16()}
+    out, _ = attention(q, k, v, **kw)
+    qr, kr, vr = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    mask = torch.zeros(allowed.shape, dtype=torch.bfloat16).masked_fill(~allowed, float("-inf"))
+    if kw.get("bias") is not None:
+        mask = mask + kw["bias"]
+    ref = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=mask, scale=scale)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref.backward(grad)
+    for a, b in ((q, qr), (k, kr), (v, vr)):
+        torch.testing.assert_close(a.grad.float(), b.grad.float(), atol=5e-2, rtol=5e-2)
+
+
 @pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
 @pytest.mark.parametrize("how", ["mask", "mask+bias", "causal-short-keys", "causal-short-keys+bias"])
 def test_fully_masked_rows_are_zero_with_finite_gradients(how, need_weights):
