@@ -15,6 +15,8 @@ Rows:
     train  HF bf16      : GPT2LMHeadModel under bf16 autocast
     decode ours / HF    : batch-1 generation of 200 tokens with KV cache (greedy), fp32
     accuracy            : validation loss after the same steps, default (bf16) vs fp32 run
+    peak MiB            : peak resident memory of a training step above the process's resident memory
+                          once the model and data exist (each row in a fresh process, Linux /proc)
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
-import tracemalloc  # noqa: F401  (peak memory is read from the allocator below)
 from dataclasses import dataclass
 
 import torch
@@ -158,6 +160,40 @@ def accuracy(shape: Shape, steps: int) -> dict:
     return out
 
 
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def memory_row(spec: str) -> None:
+    """Child process: build one row's model, take 3 training steps, print the peak above the baseline."""
+    kind, dtype_name, shape_name = spec.split(",")
+    shape = SHAPES[shape_name]
+    dtype = torch.bfloat16 if dtype_name == "bf16" else None
+    data = make_data(shape, 4)
+    model = (ours if kind == "ours" else hf)(shape)
+    model.train()
+    step = train_step_fn(model, kind, dtype)
+    base = _rss_kib("VmRSS")
+    for b in data[:3]:
+        step(b)
+    print(json.dumps({"peak_mib": (_rss_kib("VmHWM") - base) / 1024}))
+
+
+def peak_memory(kind: str, dtype: torch.dtype | None, shape: Shape) -> float | None:
+    """Peak training memory (MiB) of one row, measured in a fresh process; None where /proc is missing."""
+    spec = f"{kind},{'bf16' if dtype is not None else 'fp32'},{shape.name}"
+    try:
+        done = subprocess.run([sys.executable, __file__, "--memory-row", spec], capture_output=True, text=True,
+                              timeout=600, check=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])["peak_mib"]
+    except (subprocess.SubprocessError, ValueError, KeyError, IndexError, OSError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="A,B")
@@ -166,7 +202,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--decode-tokens", type=int, default=200)
     p.add_argument("--accuracy-steps", type=int, default=60, help="0 skips the bf16-vs-fp32 accuracy row")
     p.add_argument("--json", help="also write the results to this JSON file")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory column")
+    p.add_argument("--memory-row", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.memory_row:
+        memory_row(args.memory_row)
+        return {}
 
     default_dtype = torch.bfloat16 if cpu_has_bf16() else None
     results: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -181,17 +222,23 @@ def main(argv: list[str] | None = None) -> dict:
             "HF bf16": time_training(hf, "hf", torch.bfloat16, shape, data, args.warmup, args.repeats),
         }
         ref = rows["HF fp32"]["tokens_per_s"]
-        for r in rows.values():
+        for label, r in rows.items():
             r["vs_HF_fp32"] = r["tokens_per_s"] / ref
+            if not args.no_memory:
+                kind = "ours" if label.startswith("ours") else "hf"
+                dtype = None if label.endswith("fp32") else (torch.bfloat16 if kind == "hf" else default_dtype)
+                r["peak_mib"] = peak_memory(kind, dtype, shape)
         dec = {"ours": time_decoding("ours", shape, args.decode_tokens, max(1, args.repeats // 2)),
                "HF": time_decoding("hf", shape, args.decode_tokens, max(1, args.repeats // 2))}
         dec["ours"]["vs_HF"] = dec["ours"]["tokens_per_s"] / dec["HF"]["tokens_per_s"]
         results["shapes"][name] = {"shape": shape.__dict__, "train": rows, "decode": dec}
         print(f"\nshape {name}: {shape.n_layers} layers, {shape.n_heads} heads, {shape.d_model} wide, "
               f"block {shape.block}, batch {shape.batch}")
-        print(f"  {'row':<22}{'tokens/s':>12}{'vs HF fp32':>12}")
+        print(f"  {'row':<22}{'tokens/s':>12}{'vs HF fp32':>12}{'peak MiB':>10}")
         for label, r in rows.items():
-            print(f"  train {label:<16}{r['tokens_per_s']:>12,.0f}{r['vs_HF_fp32']:>11.2f}x")
+            peak = r.get("peak_mib")
+            shown = f"{peak:>10.0f}" if peak is not None else f"{'-':>10}"
+            print(f"  train {label:<16}{r['tokens_per_s']:>12,.0f}{r['vs_HF_fp32']:>11.2f}x{shown}")
         print(f"  decode ours (b=1)     {dec['ours']['tokens_per_s']:>12,.0f}{dec['ours']['vs_HF']:>11.2f}x "
               f"(vs HF generate {dec['HF']['tokens_per_s']:,.0f})")
     if args.accuracy_steps:

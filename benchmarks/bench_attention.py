@@ -1,0 +1,85 @@
+"""Causal attention, forward + backward: attnlab's `attention()` (its dispatcher) against torch's
+`scaled_dot_product_attention` and a plain softmax(QKᵀ)V, in one run, at the shapes of issue 5.
+
+    python benchmarks/bench_attention.py              # every shape and dtype, medians of 10 timings
+    python benchmarks/bench_attention.py --repeats 20 --json attention.json
+
+Rows: (batch, heads, T, head width) × dtype; columns: milliseconds per forward+backward for each
+implementation, and attnlab's ratio against SDPA and against the faster of the two peers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.modules.attention import attention
+
+SHAPES = [
+    (32, 4, 112, 32),  # the knowledge experiment's quick scale (block 128, trimmed batches)
+    (8, 6, 256, 64),  # shape B of the GPT benchmark
+    (1, 6, 2048, 64),  # a long sequence
+]
+
+
+def plain(q, k, v):
+    t = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+
+
+def sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def ours(q, k, v):
+    return attention(q, k, v, causal=True)[0]
+
+
+def time_fn(fn, shape, dtype, repeats: int) -> float:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*shape, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    grad = torch.randn(*shape, generator=g).to(dtype)
+    for _ in range(2):
+        fn(q, k, v).backward(grad)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn(q, k, v).backward(grad)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--json", help="also write the rows to this JSON file")
+    args = p.parse_args(argv)
+    rows = []
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ms per causal forward+backward")
+    print(f"{'shape (B,H,T,Dh)':<22}{'dtype':<7}{'SDPA':>9}{'plain':>9}{'attnlab':>9}{'vs SDPA':>9}{'vs best':>9}")
+    for shape in SHAPES:
+        for dtype in (torch.float32, torch.bfloat16):
+            ms = {name: 1e3 * time_fn(fn, shape, dtype, args.repeats)
+                  for name, fn in (("sdpa", sdpa), ("plain", plain), ("attnlab", ours))}
+            row = {"shape": list(shape), "dtype": str(dtype).replace("torch.", ""), **ms,
+                   "vs_sdpa": ms["sdpa"] / ms["attnlab"], "vs_best": min(ms["sdpa"], ms["plain"]) / ms["attnlab"]}
+            rows.append(row)
+            print(f"{str(shape):<22}{row['dtype']:<7}{ms['sdpa']:>9.2f}{ms['plain']:>9.2f}{ms['attnlab']:>9.2f}"
+                  f"{row['vs_sdpa']:>8.2f}x{row['vs_best']:>8.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main() and 0)
