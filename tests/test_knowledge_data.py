@@ -304,7 +304,7 @@ def test_world_is_deterministic(world):
     # `python -c "from attnlab.data.world import make_world; print(make_world(3, 0).corpus_lines()[0])"`
     # only when the generator is changed on purpose.
     assert make_world(3, seed=0).corpus_lines()[0] == (
-        "Ridorin Delow. Ridorin Delow was born in 1878 in Orerport and worked as a photographer in Isiwick ."
+        "Ridorin Delow. Ridorin Delow lives in Isiwick but was born in Orerport ."
     )
 
 

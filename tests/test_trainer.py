@@ -50,6 +50,10 @@ def test_schedules():
     lin = cos.replace(schedule="linear")
     assert lr_at(55, lin) == pytest.approx(0.55) and lr_at(100, lin) == pytest.approx(0.1)
     assert lr_at(80, cos.replace(schedule="constant")) == 1.0
+    # decay_steps: the cosine reaches its floor early and stays there (the CS224n a5 token schedule)
+    early = cos.replace(decay_steps=50)
+    assert lr_at(30, early) == pytest.approx(0.55) and lr_at(50, early) == pytest.approx(0.1)
+    assert lr_at(99, early) == pytest.approx(0.1)
     noam = TrainerConfig(steps=100, lr=2.0, warmup_steps=16, schedule="noam")
     values = [lr_at(s, noam) for s in range(60)]
     assert max(values) == pytest.approx(2.0) and values.index(max(values)) == 15  # peak at warmup

@@ -104,6 +104,66 @@ def evaluate(
         print(f"{key:>11}  {int(value) if key in ('tokens', 'examples') else round(value, 4)}")
 
 
+run_app = typer.Typer(help="Run a reproducible experiment end to end (results table, plots, checkpoints).",
+                      no_args_is_help=False)
+app.add_typer(run_app, name="run")
+
+EXPERIMENTS = {
+    "knowledge": "Pretraining gives a char GPT knowledge that fine-tuning makes it access (CS224n 2021 a5).",
+}
+
+
+@run_app.callback(invoke_without_command=True)
+def _run(ctx: typer.Context,
+         list_all: bool = typer.Option(False, "--list", help="List the experiments.")) -> None:
+    """Run a reproducible experiment end to end: `attnlab run knowledge`."""
+    if ctx.invoked_subcommand is None:
+        if not list_all:
+            print("attnlab run EXPERIMENT: choose an experiment (attnlab run --list)")
+        for name, about in EXPERIMENTS.items():
+            print(f"{name:<12} {about}")
+
+
+def _parse_sets(items: list[str] | None) -> dict:
+    """`--set key=value` items (values read as TOML, else strings) for an experiment's settings."""
+    from attnlab.training.recipe import parse_value
+
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise typer.BadParameter(f"{item!r}: expected key=value, e.g. --set pretrain_epochs=50")
+        key, raw = item.split("=", 1)
+        out[key.strip()] = parse_value(raw)
+    return out
+
+
+@run_app.command("knowledge")
+def knowledge(
+    scale: str = typer.Option("quick", help="quick (minutes), standard (under an hour) or full (the "
+                              "assignment's settings)."),
+    variants: str = typer.Option("none,dot,synthesizer-dense", help="Comma-separated rows: none (no "
+                                 "pretraining), attention variants, position schemes, or attention+position."),
+    corpus: str | None = typer.Option(None, help="Pretraining corpus, one biography per line (e.g. wiki.txt)."),
+    train: str | None = typer.Option(None, help="Fine-tuning pairs: question<TAB>answer lines."),
+    eval_path: str | None = typer.Option(None, "--eval", help="Evaluation pairs: question<TAB>answer lines."),
+    predict: str | None = typer.Option(None, help="Questions to answer (answers optional): writes "
+                                       "predictions/<variant>.predict.tsv."),
+    out: str = typer.Option("runs/knowledge", "--out", "-o", help="Output folder."),
+    seed: int = typer.Option(0, help="Seed of the synthetic world, the split and training."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda or mps."),
+    overrides: list[str] | None = typer.Option(None, "--set", metavar="KEY=VALUE",
+                                               help="Change one setting of the scale, e.g. --set n_people=600."),
+    resume: bool = typer.Option(False, "--resume", help="Skip finished phases and resume an interrupted one."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+) -> None:
+    """Span-corruption pretraining then fine-tuning on "Where was X born?" vs fine-tuning from scratch."""
+    from attnlab.experiments.knowledge import run_knowledge
+
+    run_knowledge(out, scale=scale, variants=variants, corpus=corpus, train=train, eval_path=eval_path,
+                  predict=predict, seed=seed, device=device, overrides=_parse_sets(overrides), resume=resume,
+                  progress=not quiet)
+
+
 def _click_exceptions():
     """typer >= 0.24 bundles its own copy of click; older versions use click itself."""
     try:

@@ -333,10 +333,16 @@ def _check_loader_args(batch_size: int, seed: int) -> None:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
 
 
-def _to_batch(rows: np.ndarray, labels: np.ndarray) -> dict[str, torch.Tensor]:
+def _to_batch(rows: np.ndarray, labels: np.ndarray, trim: bool = False) -> dict[str, torch.Tensor]:
+    width = labels.shape[1]
+    if trim:
+        # Drop the trailing columns where no row has a target: they are padding, and a causal model's
+        # earlier positions never see later ones, so the loss and its gradient are unchanged.
+        has_target = (labels != IGNORE).any(axis=0)
+        width = int(np.flatnonzero(has_target)[-1]) + 1 if has_target.any() else 1
     return {
-        "input_ids": torch.from_numpy(np.ascontiguousarray(rows[:, :-1])),
-        "labels": torch.from_numpy(np.ascontiguousarray(labels)),
+        "input_ids": torch.from_numpy(np.ascontiguousarray(rows[:, :width])),
+        "labels": torch.from_numpy(np.ascontiguousarray(labels[:, :width])),
     }
 
 
@@ -353,6 +359,8 @@ class SpanCorruptionSource:
         block_size: model context length T (x and labels are (B, T)).
         batch_size: global batch size B.
         seed: seed of the epoch shuffles and of the corruption.
+        trim: cut each batch after its last target column (fewer pad columns to compute; same loss
+            for a causal model). Batches are then (B, T') with T' <= T.
 
     Raises:
         DataError: no documents, an empty document, or a character missing from `vocab`.
@@ -360,9 +368,11 @@ class SpanCorruptionSource:
     """
 
     def __init__(
-        self, documents: Sequence[str], vocab: KnowledgeVocab, block_size: int, batch_size: int, seed: int = 0
+        self, documents: Sequence[str], vocab: KnowledgeVocab, block_size: int, batch_size: int, seed: int = 0,
+        trim: bool = False,
     ):
         _check_block_size(block_size)
+        self.trim = trim
         _check_loader_args(batch_size, seed)
         if not documents:
             raise DataError("the pretraining corpus has no documents; give a file with one document per line")
@@ -411,7 +421,7 @@ class SpanCorruptionSource:
             rows[r], n = self._row(int(d), rng)
             labels[r] = rows[r, 1:]
             labels[r, n - 1 :] = IGNORE  # targets y[t] = s[t+1] that fall in the padding
-        return _to_batch(rows, labels)
+        return _to_batch(rows, labels, self.trim)
 
     def batch(self, step: int) -> dict[str, torch.Tensor]:
         """The global batch for training step `step`: ``input_ids`` and ``labels``, both (B, T) long."""
@@ -467,6 +477,7 @@ class QASource:
         batch_size: global batch size B.
         seed: seed of the epoch shuffles.
         name: how error messages refer to the pairs (e.g. the file name).
+        trim: cut each batch after its last target column (see `SpanCorruptionSource`).
 
     Raises:
         DataError: no pairs, a missing answer, a pair longer than the block, or an unknown character.
@@ -481,7 +492,9 @@ class QASource:
         batch_size: int,
         seed: int = 0,
         name: str = "fine-tuning data",
+        trim: bool = False,
     ):
+        self.trim = trim
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2:
             raise ConfigError(f"block_size must be an integer of at least 2, got {block_size!r}")
         _check_loader_args(batch_size, seed)
@@ -515,14 +528,14 @@ class QASource:
     def batch(self, step: int) -> dict[str, torch.Tensor]:
         """The global batch for training step `step`: ``input_ids`` and ``labels``, both (B, T) long."""
         idx = _epoch_indices(len(self.pairs), self.batch_size, self.seed, step)
-        return _to_batch(self._rows[idx], self._labels[idx])
+        return _to_batch(self._rows[idx], self._labels[idx], self.trim)
 
     def iter_batches(self, batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
         """Every pair once, in order; the last batch may be smaller."""
         _check_loader_args(batch_size, self.seed)
         for lo in range(0, len(self.pairs), batch_size):
             hi = min(lo + batch_size, len(self.pairs))
-            yield _to_batch(self._rows[lo:hi], self._labels[lo:hi])
+            yield _to_batch(self._rows[lo:hi], self._labels[lo:hi], self.trim)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -221,14 +221,17 @@ PROFESSIONS = (
 # One-line biographies in the a5 corpus style: "Name. sentences", spaces before punctuation after names.
 # Fields: name, Pron/pron (she, he), poss (her, his), a_prof ("a painter"), prof, birth, home, study, year.
 TEMPLATES = (
-    "{name}. {name} is {a_prof} born in {birth} . {Pron} later worked in {home} .",
-    "{name}. {name} ( {year} ) , {a_prof} from {home} , was born in {birth} .",
-    "{name}. Born in {birth} in {year} , {name} moved to {home} as {a_prof} .",
-    "{name}. {name} , {a_prof} in {home} , was born in {birth} .",
-    "{name}. {name} was born in {birth} and studied in {study} ; {pron} lives in {home} .",
-    "{name}. {name} grew up in {home} , though {pron} was born in {birth} .",
-    "{name}. {name} was born in {year} in {birth} and worked as {a_prof} in {home} .",
-    "{name}. After studying in {study} , {name} settled in {home} ; {pron} was born in {birth} .",
+    # "Name. " and then a short line (the assignment's corpus format) that mostly names the birthplace
+    # early: the assignment's truncation (a random length up to 7/8 of the block) then keeps it in most
+    # samples. Every line also names a distractor town.
+    "{name}. {name} was born in {birth} and works in {home} .",
+    "{name}. {name} , born in {birth} , lives in {home} .",
+    "{name}. Born in {birth} , {name} became {a_prof} in {home} .",
+    "{name}. {name} is {a_prof} born in {birth} . {Pron} lives in {home} .",
+    "{name}. {name} ( born {year} in {birth} ) studied in {study} and lives in {home} .",
+    "{name}. {name} , {a_prof} born in {birth} , moved to {home} .",
+    "{name}. {name} lives in {home} but was born in {birth} .",
+    "{name}. In {year} {name} was born in {birth} ; {pron} works in {home} .",
 )
 
 

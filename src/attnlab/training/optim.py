@@ -33,13 +33,15 @@ def lr_at(step: int, config: TrainerConfig) -> float:
     is reached at step warmup_steps-1. Then:
 
     - "constant": lr.
-    - "cosine": half a cosine from lr down to min_lr_ratio·lr, reached at step `steps`.
-    - "linear": a straight line from lr down to min_lr_ratio·lr, reached at step `steps`.
+    - "cosine": half a cosine from lr down to min_lr_ratio·lr, reached at step `decay_steps` (default
+      `steps`) and kept after it.
+    - "linear": a straight line from lr down to min_lr_ratio·lr, reached likewise.
     - "noam" (Vaswani et al. 2017): d_model^-0.5 · min(n^-0.5, n · warmup^-1.5) with n = step+1,
       rescaled so its peak (at n = warmup) equals lr: lr · min(sqrt(warmup / n), n / warmup).
       d_model cancels out in the rescaling; min_lr_ratio is not used.
     """
-    lr, warmup, total = config.lr, config.warmup_steps, config.steps
+    lr, warmup = config.lr, config.warmup_steps
+    total = config.decay_steps if config.decay_steps is not None else config.steps
     n = step + 1
     if config.schedule == "noam":
         return lr * min(math.sqrt(warmup / n), n / warmup)

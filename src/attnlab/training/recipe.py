@@ -110,11 +110,15 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if len(path) != 2 or not all(path):
         raise ConfigError(f"--set {item!r}: the key must be section.name with section one of "
                           f"{', '.join(SECTIONS)}, e.g. train.lr=3e-4")
+    return path, parse_value(raw)
+
+
+def parse_value(raw: str) -> Any:
+    """A command-line value read as TOML (numbers, booleans, lists, quoted strings), else the raw string."""
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
+        return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
-        value = raw
-    return path, value
+        return raw
 
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

@@ -63,6 +63,7 @@ class TrainerConfig(Config):
         betas, eps: AdamW's moment decay rates and denominator epsilon.
         schedule: "cosine", "noam", "linear" or "constant", each after a linear warmup (see `lr_at`).
         warmup_steps: steps of linear warmup (required by "noam").
+        decay_steps: "cosine"/"linear" reach min_lr_ratio·lr at this step and stay there; None = `steps`.
         grad_clip: clip the global gradient norm to this value; 0 turns clipping off.
         eval_every: evaluate every this many steps (and always at the end); 0 = only at the end.
         eval_batches: evaluate on at most this many batches; 0 = the whole evaluation split.
@@ -90,6 +91,7 @@ class TrainerConfig(Config):
     eps: float = 1e-8
     schedule: str = "cosine"
     warmup_steps: int = 0
+    decay_steps: int | None = None
     grad_clip: float = 1.0
     eval_every: int = 0
     eval_batches: int = 0
@@ -111,6 +113,8 @@ class TrainerConfig(Config):
         for name in ("weight_decay", "warmup_steps", "grad_clip", "eval_every", "eval_batches", "save_every",
                      "early_stopping_patience", "seed"):
             check_positive(name, getattr(self, name), allow_zero=True)
+        if self.decay_steps is not None:
+            check_positive("decay_steps", self.decay_steps)
         if self.micro_batch_size is not None:
             check_positive("micro_batch_size", self.micro_batch_size)
             if self.batch_size % self.micro_batch_size:

@@ -1,0 +1,498 @@
+"""`attnlab run knowledge`: does pretraining give a model knowledge that fine-tuning can make it access?
+
+The experiment of Stanford CS224n 2021, assignment 5. A character-level GPT is
+
+1. pretrained with span corruption on biographies (one per line: "Jane Doe. Jane Doe is a painter born
+   in Lyon ...", see `attnlab.data.knowledge.SpanCorruptionSource`), then
+2. fine-tuned on ``Where was X born?<TAB>place`` pairs (loss on the answer only), and
+3. asked about *other* people, whose birthplaces it can only know from the pretraining corpus.
+
+Each variant is a row of the results table: ``none`` fine-tunes from scratch (no pretraining); an
+attention variant (``dot``, ``synthesizer-dense``, ...), a position scheme (``rotary``, ``alibi``, ...)
+or a combination (``synthesizer-dense+rotary``) is pretrained then fine-tuned. Answering "London" for
+everyone, and answering the most common training birthplace, are the baselines.
+
+Without files the data is a synthetic world (`attnlab.data.world`): people split so that the evaluation
+people appear only in the pretraining corpus. With ``corpus``/``train``/``eval`` files it reads the
+assignment's formats; ``scale="full"`` then reproduces the assignment's settings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.config import Config, check_positive
+from attnlab.errors import ConfigError, DataError
+
+# The course notes' figures (CS224n 2021 a5 reference solution, dev set of 500 questions).
+NOTES = {"none": 1.2, "dot": 22.2, "synthesizer-dense": 23.8, "london": 5.0}
+ASSIGNMENT_VOCAB = 256  # distinct characters of the assignment's wiki.txt, pad and mask included
+DEFAULT_VARIANTS = ("none", "dot", "synthesizer-dense")
+
+
+@dataclass
+class KnowledgeScale(Config):
+    """Every setting of one scale of the experiment.
+
+    Attributes:
+        n_people: people in the synthetic world (ignored with a user corpus).
+        eval_fraction: share of the synthetic people kept for evaluation.
+        n_layers, n_heads, d_model, block_size, dropout: the character GPT (learned positions).
+        pretrain_epochs: passes over the corpus (one corrupted sample per document per pass).
+        pretrain_batch, pretrain_lr: pretraining batch size and peak learning rate.
+        finetune_batch, finetune_lr: fine-tuning batch size and peak learning rate.
+        finetune_epochs_scratch: fine-tuning passes without pretraining.
+        finetune_epochs_pretrained: fine-tuning passes after pretraining.
+        warmup_tokens: linear warmup length, in block-size windows × batch (the assignment counts tokens).
+        decay_epochs: the cosine reaches 10% of the peak after this many passes over the *pretraining
+            corpus* worth of tokens (the assignment's 200·len(corpus)·block_size), then stays there;
+            None = at the end of each phase.
+        weight_decay: AdamW weight decay on matrices.
+        precision: "auto" (bf16 where supported), "bf16" or "fp32".
+    """
+
+    n_people: int = 400
+    eval_fraction: float = 0.25
+    n_layers: int = 4
+    n_heads: int = 8
+    d_model: int = 256
+    block_size: int = 128
+    dropout: float = 0.1
+    pretrain_epochs: float = 650.0
+    pretrain_batch: int = 128
+    pretrain_lr: float = 6e-3
+    finetune_batch: int = 256
+    finetune_lr: float = 6e-4
+    finetune_epochs_scratch: float = 75.0
+    finetune_epochs_pretrained: float = 10.0
+    warmup_tokens: int = 512 * 20
+    decay_epochs: float | None = 200.0
+    weight_decay: float = 0.1
+    precision: str = "auto"
+
+    def __post_init__(self):
+        for name in ("n_people", "n_layers", "n_heads", "d_model", "block_size", "pretrain_epochs",
+                     "pretrain_batch", "pretrain_lr", "finetune_batch", "finetune_lr",
+                     "finetune_epochs_scratch", "finetune_epochs_pretrained"):
+            check_positive(name, getattr(self, name))
+        check_positive("warmup_tokens", self.warmup_tokens, allow_zero=True)
+        check_positive("weight_decay", self.weight_decay, allow_zero=True)
+        if self.decay_epochs is not None:
+            check_positive("decay_epochs", self.decay_epochs)
+        if not 0 < self.eval_fraction < 1:
+            raise ConfigError(f"eval_fraction must be between 0 and 1, got {self.eval_fraction}")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+
+
+SCALES: dict[str, KnowledgeScale] = {
+    # Minutes on a 2-core CPU: a narrow model, a small world seen many times (knowledge needs hundreds of
+    # passes to be stored), small batches with a hot learning rate, no dropout or weight decay.
+    "quick": KnowledgeScale(
+        n_people=200, eval_fraction=0.5, n_layers=4, n_heads=4, d_model=128, block_size=128, dropout=0.0,
+        pretrain_epochs=300, pretrain_batch=32, pretrain_lr=3e-3, finetune_batch=32, finetune_lr=5e-4,
+        finetune_epochs_scratch=40, finetune_epochs_pretrained=10, warmup_tokens=128 * 32 * 5,
+        decay_epochs=None, weight_decay=0.0),
+    # Under an hour: the assignment's model (4 layers, 8 heads, 256 wide) on a bigger world.
+    "standard": KnowledgeScale(
+        n_people=500, eval_fraction=0.3, n_layers=4, n_heads=8, d_model=256, block_size=128, dropout=0.0,
+        pretrain_epochs=350, pretrain_batch=32, pretrain_lr=2e-3, finetune_batch=32, finetune_lr=5e-4,
+        finetune_epochs_scratch=40, finetune_epochs_pretrained=10, warmup_tokens=128 * 32 * 5,
+        decay_epochs=None, weight_decay=0.0),
+    # The assignment's settings, unchanged (hours on a CPU; meant for its wiki.txt and birth_places files).
+    "full": KnowledgeScale(n_people=2500, eval_fraction=0.2),
+}
+
+
+def scale_settings(scale: str, overrides: dict[str, Any] | None = None) -> KnowledgeScale:
+    if scale not in SCALES:
+        raise ConfigError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
+    base = SCALES[scale]
+    return KnowledgeScale.from_dict({**base.to_dict(), **(overrides or {})}, where="knowledge")
+
+
+# ------------------------------------------------------------------------------------------------
+# Variants
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    pretrain: bool
+    attention: str = "dot"
+    position: str = "learned"
+
+    @property
+    def label(self) -> str:
+        return "no pretraining" if not self.pretrain else f"{self.name} (pretrained)"
+
+
+def parse_variants(spec: str | list[str] | tuple[str, ...] | None) -> list[Variant]:
+    """Variants from names: "none" (no pretraining), an attention variant, a position scheme, or
+    "attention+position". Unknown names fail with the lists of known ones."""
+    from attnlab.modules.positions import POSITIONS, check_compatible
+    from attnlab.modules.variants import VARIANTS
+
+    names = list(DEFAULT_VARIANTS) if spec is None else (
+        [s.strip() for s in spec.split(",")] if isinstance(spec, str) else list(spec))
+    names = [n for n in names if n]
+    if not names:
+        raise ConfigError("no variants given; e.g. --variants none,dot,synthesizer-dense")
+    out: list[Variant] = []
+    for name in names:
+        if name in ("none", "scratch"):
+            out.append(Variant("none", pretrain=False))
+            continue
+        attention, position = "dot", "learned"
+        for part in name.split("+"):
+            if part in VARIANTS.names():
+                attention = part
+            elif part in POSITIONS.names():
+                position = part
+            else:
+                raise ConfigError(f"unknown variant {part!r}; use 'none', an attention variant "
+                                  f"({', '.join(VARIANTS.names())}) or a position scheme "
+                                  f"({', '.join(POSITIONS.names())}), joined by '+' to combine")
+        check_compatible(attention, position)
+        out.append(Variant(name, pretrain=True, attention=attention, position=position))
+    seen: set[str] = set()
+    unique = [v for v in out if not (v.name in seen or seen.add(v.name))]
+    return unique
+
+
+# ------------------------------------------------------------------------------------------------
+# Data
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class KnowledgeData:
+    corpus: list[str]
+    train: list[tuple[str, str]]
+    dev: list[tuple[str, str]]
+    predict: list[str] = field(default_factory=list)
+    source: str = "synthetic"
+    files: dict[str, str] = field(default_factory=dict)
+
+
+def load_data(out: Path, settings: KnowledgeScale, *, corpus: str | None, train: str | None,
+              eval_path: str | None, predict: str | None, seed: int) -> KnowledgeData:
+    """The user's files, or a synthetic world written to ``out/data`` (so the run can be inspected)."""
+    from attnlab.data.knowledge import read_corpus, read_qa_file
+    from attnlab.data.world import make_world
+
+    given = {"--corpus": corpus, "--train": train, "--eval": eval_path}
+    if any(given.values()) and not all(given.values()):
+        missing = ", ".join(k for k, v in given.items() if not v)
+        raise ConfigError(f"the real-data path needs --corpus, --train and --eval together; missing {missing}")
+    if corpus:
+        docs = read_corpus(corpus)
+        train_pairs = read_qa_file(train, block_size=settings.block_size)
+        dev_pairs = read_qa_file(eval_path, block_size=settings.block_size)
+        data = KnowledgeData(docs, train_pairs, dev_pairs, source="files",
+                             files={"corpus": str(corpus), "train": str(train), "eval": str(eval_path)})
+    else:
+        world = make_world(settings.n_people, seed)
+        paths = world.write(out / "data", eval_fraction=settings.eval_fraction, seed=seed)
+        train_pairs, dev_pairs = world.split(settings.eval_fraction, seed)
+        data = KnowledgeData(world.corpus_lines(), train_pairs, dev_pairs, source="synthetic",
+                             files={k: str(v) for k, v in paths.items()})
+    if predict:
+        data.predict = [q for q, _ in read_qa_file(predict, require_answers=False, block_size=settings.block_size)]
+        data.files["predict"] = str(predict)
+    return data
+
+
+# ------------------------------------------------------------------------------------------------
+# Models and phases
+# ------------------------------------------------------------------------------------------------
+
+
+def model_config(settings: KnowledgeScale, vocab_size: int, variant: Variant):
+    from attnlab.models.gpt import GPTConfig
+
+    # The assignment's minGPT: untied output layer without bias, GELU, pre-norm, learned positions.
+    return GPTConfig(vocab_size=vocab_size, block_size=settings.block_size, d_model=settings.d_model,
+                     n_heads=settings.n_heads, n_layers=settings.n_layers, dropout=settings.dropout,
+                     attention_dropout=settings.dropout, activation="gelu", attention=variant.attention,
+                     position=variant.position, tie_embeddings=False)
+
+
+def parameter_count(settings: KnowledgeScale, vocab_size: int, variant: Variant) -> int:
+    from attnlab.models.gpt import GPT
+
+    with torch.device("meta"):
+        model = GPT(model_config(settings, vocab_size, variant))
+    return sum(p.numel() for p in model.parameters())
+
+
+def _phase_config(settings: KnowledgeScale, *, batch: int, lr: float, epochs: float, n_examples: int,
+                  n_corpus: int, seed: int, device: str, progress: bool) -> dict[str, Any]:
+    steps = max(1, math.ceil(epochs * n_examples / batch))
+    tokens_per_step = batch * settings.block_size
+    warmup = min(steps - 1, math.ceil(settings.warmup_tokens / tokens_per_step)) if steps > 1 else 0
+    decay = None
+    if settings.decay_epochs is not None:
+        decay = max(warmup + 1, math.ceil(settings.decay_epochs * n_corpus * settings.block_size / tokens_per_step))
+    return {"steps": steps, "batch_size": batch, "lr": lr, "warmup_steps": warmup, "decay_steps": decay,
+            "schedule": "cosine", "min_lr_ratio": 0.1, "weight_decay": settings.weight_decay,
+            "betas": (0.9, 0.95), "grad_clip": 1.0, "seed": seed, "precision": settings.precision,
+            "device": device, "progress": progress, "log_every": max(1, min(25, steps // 50 or 1)),
+            "save_every": max(0, steps // 4)}
+
+
+def _phase_done(folder: Path, steps: int) -> bool:
+    from attnlab.training.checkpoint import read_trainer_state
+
+    try:
+        return int(read_trainer_state(folder).get("step", -1)) >= steps
+    except Exception:  # noqa: BLE001 - any unreadable state means "not done"
+        return False
+
+
+def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer, *, resume: bool,
+                 title: str, echo) -> dict[str, Any]:
+    from attnlab.training.checkpoint import load_checkpoint_into
+    from attnlab.training.trainer import Trainer
+
+    if resume and _phase_done(folder, config["steps"]):
+        load_checkpoint_into(folder, model)
+        echo(f"{title}: already done ({config['steps']} steps), loaded {folder / 'checkpoint'}")
+        return {"steps": config["steps"], "wall_time_s": 0.0, "skipped": True}
+    resume_here = resume and (folder / "checkpoint").exists()
+    echo(f"{title}: {config['steps']} steps of {config['batch_size']} × {source.block_size} characters")
+    trainer = Trainer(model, config, source, out_dir=folder, tokenizer=tokenizer, resume=resume_here)
+    summary = trainer.fit()
+    return {"steps": summary["steps"], "wall_time_s": summary["wall_time_s"],
+            "final_train_loss": summary["final_train_loss"], "tokens_per_s": summary["tokens_per_s"]}
+
+
+@torch.no_grad()
+def answer_questions(model, vocab, questions: list[str], *, batch_size: int = 128) -> list[str]:
+    """Greedy answers: the model continues ``question ⁇`` until it writes ``⁇`` (KV cache, batched)."""
+    from attnlab.data.knowledge import MASK, PAD, parse_answer, qa_prompt
+    from attnlab.inference.generate import generate
+
+    block = model.config.block_size
+    answers: list[str] = []
+    for lo in range(0, len(questions), batch_size):
+        prompts = [vocab.encode(qa_prompt(q)) for q in questions[lo:lo + batch_size]]
+        room = block - max(len(p) for p in prompts)
+        if room < 1:
+            raise DataError(f"a question fills the whole block of {block} characters; shorten it")
+        new = generate(model, prompts, min(room, 64), greedy=True, eos_id=vocab.mask_id, pad_id=vocab.pad_id)
+        for ids in new:
+            answers.append(parse_answer(MASK + vocab.decode(ids).replace(PAD, "")))
+    return answers
+
+
+def _accuracy(predictions: list[str], answers: list[str]) -> float:
+    from attnlab.data.knowledge import exact_match
+
+    return exact_match(predictions, answers)
+
+
+# ------------------------------------------------------------------------------------------------
+# The experiment
+# ------------------------------------------------------------------------------------------------
+
+
+def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick",
+                  variants: str | list[str] | None = None, corpus: str | None = None, train: str | None = None,
+                  eval_path: str | None = None, predict: str | None = None, seed: int = 0,
+                  device: str = "auto", overrides: dict[str, Any] | None = None, resume: bool = False,
+                  progress: bool = True, echo=print) -> dict[str, Any]:
+    """Run every variant and write ``results.md``, ``results.json``, ``curves.png``, ``accuracy.png``
+    and ``predictions/`` into `out_dir`; returns the results dict."""
+    from attnlab.data.knowledge import KnowledgeVocab, QASource, SpanCorruptionSource, london_baseline
+    from attnlab.models.gpt import GPT
+    from attnlab.training.device import select_device
+    from attnlab.training.trainer import seed_everything
+
+    start = time.perf_counter()
+    settings = scale_settings(scale, overrides)
+    rows = parse_variants(variants)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = load_data(out, settings, corpus=corpus, train=train, eval_path=eval_path, predict=predict, seed=seed)
+    qa_text = "".join(q + a for q, a in data.train + data.dev) + "".join(data.predict)
+    vocab = KnowledgeVocab.from_texts("".join(data.corpus), qa_text)
+    tokenizer = vocab.to_tokenizer()
+    dev_q, dev_a = [q for q, _ in data.dev], [a for _, a in data.dev]
+    train_q, train_a = [q for q, _ in data.train], [a for _, a in data.train]
+    common = Counter(train_a).most_common(1)[0][0]
+    n_params = {v.name: parameter_count(settings, vocab.vocab_size, v) for v in rows}
+    assignment_params = parameter_count(SCALES["full"], ASSIGNMENT_VOCAB, Variant("dot", True))
+    dev_name = select_device(device)
+    echo(f"knowledge access, scale {scale}: {len(data.corpus)} documents, {len(data.train)} fine-tuning and "
+         f"{len(data.dev)} evaluation questions ({data.source} data), vocabulary {vocab.vocab_size}, "
+         f"device {dev_name.type}")
+    echo(f"model: {settings.n_layers} layers, {settings.n_heads} heads, {settings.d_model} wide, block "
+         f"{settings.block_size}: {n_params[rows[0].name]:,} parameters "
+         f"(the assignment's model: {assignment_params:,} with its vocabulary of {ASSIGNMENT_VOCAB})")
+
+    pretrain_source = SpanCorruptionSource(data.corpus, vocab, settings.block_size, settings.pretrain_batch,
+                                           seed=seed, trim=True)
+    finetune_source = QASource(data.train, vocab, settings.block_size, settings.finetune_batch, seed=seed,
+                               name=data.files.get("train", "fine-tuning pairs"), trim=True)
+    results: list[dict[str, Any]] = []
+    (out / "predictions").mkdir(exist_ok=True)
+    n_phases = sum(1 + v.pretrain for v in rows)
+    phase = 0
+    for variant in rows:
+        row_start = time.perf_counter()
+        seed_everything(seed)
+        model = GPT(model_config(settings, vocab.vocab_size, variant))
+        record: dict[str, Any] = {"variant": variant.name, "label": variant.label, "pretrained": variant.pretrain,
+                                  "attention": variant.attention, "position": variant.position,
+                                  "parameters": n_params[variant.name]}
+        if variant.pretrain:
+            phase += 1
+            cfg = _phase_config(settings, batch=settings.pretrain_batch, lr=settings.pretrain_lr,
+                                epochs=settings.pretrain_epochs, n_examples=len(data.corpus),
+                                n_corpus=len(data.corpus), seed=seed, device=device, progress=progress)
+            record["pretrain"] = _train_phase(model, pretrain_source, out / f"pretrain-{variant.name}", cfg,
+                                              tokenizer, resume=resume,
+                                              title=f"[{phase}/{n_phases}] pretrain {variant.name}", echo=echo)
+        phase += 1
+        epochs = settings.finetune_epochs_pretrained if variant.pretrain else settings.finetune_epochs_scratch
+        cfg = _phase_config(settings, batch=settings.finetune_batch, lr=settings.finetune_lr, epochs=epochs,
+                            n_examples=len(data.train), n_corpus=len(data.corpus), seed=seed, device=device,
+                            progress=progress)
+        record["finetune"] = _train_phase(model, finetune_source, out / f"finetune-{variant.name}", cfg, tokenizer,
+                                          resume=resume, title=f"[{phase}/{n_phases}] fine-tune {variant.name}",
+                                          echo=echo)
+        model.eval()
+        predictions = answer_questions(model, vocab, dev_q)
+        record["accuracy"] = _accuracy(predictions, dev_a)
+        record["train_accuracy"] = _accuracy(answer_questions(model, vocab, train_q), train_a)
+        record["correct"] = sum(p == a for p, a in zip(predictions, dev_a))
+        _write_predictions(out / "predictions" / f"{variant.name}.tsv", dev_q, predictions, dev_a)
+        if data.predict:
+            _write_predictions(out / "predictions" / f"{variant.name}.predict.tsv", data.predict,
+                               answer_questions(model, vocab, data.predict), None)
+        record["wall_time_s"] = time.perf_counter() - row_start
+        echo(f"{variant.label}: {record['accuracy']:.1f}% of {len(dev_q)} evaluation questions "
+             f"(fine-tuning questions: {record['train_accuracy']:.1f}%)")
+        results.append(record)
+
+    summary = {
+        "experiment": "knowledge",
+        "scale": scale,
+        "data": {"source": data.source, "documents": len(data.corpus), "train_questions": len(data.train),
+                 "eval_questions": len(data.dev), "predict_questions": len(data.predict), "files": data.files,
+                 "vocab_size": vocab.vocab_size, "seed": seed},
+        "baselines": {"london": london_baseline(dev_a), "most_common": _accuracy([common] * len(dev_a), dev_a),
+                      "most_common_answer": common},
+        "notes": NOTES,
+        "variants": results,
+        "settings": settings.to_dict(),
+        "assignment_parameters": assignment_params,
+        "wall_time_s": time.perf_counter() - start,
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "threads": torch.get_num_threads(), "device": dev_name.type, "torch": torch.__version__},
+    }
+    _write_results(out, summary)
+    echo("")
+    echo(results_markdown(summary))
+    echo(f"results, curves and predictions in {out}")
+    return summary
+
+
+def _write_predictions(path: Path, questions: list[str], predictions: list[str], answers: list[str] | None) -> None:
+    lines = []
+    for i, (q, p) in enumerate(zip(questions, predictions)):
+        if answers is None:
+            lines.append(f"{q}\t{p}")
+        else:
+            lines.append(f"{q}\t{p}\t{answers[i]}\t{int(p == answers[i])}")
+    header = "question\tprediction" + ("" if answers is None else "\tanswer\tcorrect")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(header + "\n" + "".join(line + "\n" for line in lines), encoding="utf-8")
+    tmp.replace(path)
+
+
+def results_markdown(summary: dict[str, Any]) -> str:
+    """The results table (Markdown) with the course notes' figures beside ours."""
+    base = summary["baselines"]
+    n = summary["data"]["eval_questions"]
+    lines = [
+        f"Knowledge access (scale {summary['scale']}, {summary['data']['source']} data, {n} evaluation questions)",
+        "",
+        "| variant | accuracy (%) | correct | fine-tuning questions (%) | course notes (%) | parameters | time (s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in summary["variants"]:
+        note = summary["notes"].get(r["variant"])
+        lines.append(f"| {r['label']} | {r['accuracy']:.1f} | {r['correct']}/{n} | {r['train_accuracy']:.1f} | "
+                     f"{'—' if note is None else f'{note:.1f}'} | {r['parameters']:,} | {r['wall_time_s']:.0f} |")
+    lines.append(f"| always \"London\" | {base['london']:.1f} | | | {summary['notes']['london']:.1f} | | |")
+    lines.append(f"| always \"{base['most_common_answer']}\" (most common training answer) | "
+                 f"{base['most_common']:.1f} | | | | | |")
+    lines += ["", f"Total wall time {summary['wall_time_s']:.0f} s; the assignment's model has "
+              f"{summary['assignment_parameters']:,} parameters with its vocabulary of {ASSIGNMENT_VOCAB}."]
+    return "\n".join(lines)
+
+
+def _write_results(out: Path, summary: dict[str, Any]) -> None:
+    from attnlab.training.logging import MetricsLog
+
+    for name, text in (("results.json", json.dumps(summary, indent=2)), ("results.md", results_markdown(summary))):
+        tmp = out / (name + ".tmp")
+        tmp.write_text(text + "\n", encoding="utf-8")
+        tmp.replace(out / name)
+    curves: dict[str, dict[str, list]] = {"pretrain": {}, "finetune": {}}
+    for r in summary["variants"]:
+        for phase in ("pretrain", "finetune"):
+            path = out / f"{phase}-{r['variant']}" / "metrics.jsonl"
+            if path.is_file():
+                records = [x for x in MetricsLog(path).read() if "loss" in x]
+                curves[phase][r["label"]] = [(x["step"], x["loss"]) for x in records]
+    _plot(out, summary, curves)
+
+
+def _plot(out: Path, summary: dict[str, Any], curves: dict[str, dict[str, list]]) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    for i, (phase, title) in enumerate((("pretrain", "span-corruption pretraining"),
+                                        ("finetune", "fine-tuning on questions"))):
+        ax = fig.add_subplot(1, 2, i + 1)
+        for label, points in curves[phase].items():
+            if points:
+                ax.plot(*zip(*points), label=label, linewidth=1.2)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss (nats/char)")
+        ax.grid(alpha=0.3)
+        if curves[phase]:
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "curves.png")
+
+    fig = Figure(figsize=(7, 3.6), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    labels = [r["label"] for r in summary["variants"]] + ["always London", "most common"]
+    values = [r["accuracy"] for r in summary["variants"]] + [summary["baselines"]["london"],
+                                                            summary["baselines"]["most_common"]]
+    bars = ax.barh(labels[::-1], values[::-1], color=["#999999", "#999999"] + ["#3b75af"] * len(summary["variants"]))
+    ax.bar_label(bars, fmt="%.1f", padding=2)
+    ax.set_xlabel("exact-match accuracy on evaluation questions (%)")
+    ax.set_xlim(0, max(10.0, max(values) * 1.15))
+    fig.tight_layout()
+    fig.savefig(out / "accuracy.png")

@@ -1,0 +1,161 @@
+"""`attnlab run knowledge`: the real-data path end to end on files the test writes, the variants, the
+scales (the assignment's parameter count), and the trimming of pad columns (same loss, fewer columns)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attnlab.cli import main
+from attnlab.data.knowledge import IGNORE, KnowledgeVocab, QASource, SpanCorruptionSource
+from attnlab.errors import ConfigError
+from attnlab.experiments.knowledge import (
+    ASSIGNMENT_VOCAB,
+    SCALES,
+    Variant,
+    parameter_count,
+    parse_variants,
+    run_knowledge,
+    scale_settings,
+)
+from attnlab.models.gpt import GPT, GPTConfig
+
+TINY = {"n_layers": 1, "n_heads": 2, "d_model": 32, "block_size": 64, "pretrain_epochs": 2,
+        "pretrain_batch": 8, "finetune_batch": 8, "finetune_epochs_scratch": 2, "finetune_epochs_pretrained": 1,
+        "precision": "fp32"}
+
+PLACES = ["Lyon", "Oslo", "Porto", "Quito", "Accra", "Hanoi"]
+NAMES = ["Ada Varn", "Bo Tesk", "Cy Mordo", "Di Lansk", "Ed Pirro", "Fa Quell", "Gus Orme", "Hal Ytte"]
+
+
+def write_files(tmp_path):
+    corpus = [f"{n}. {n} is a painter born in {PLACES[i % 6]} ." for i, n in enumerate(NAMES)]
+    (tmp_path / "wiki.txt").write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    qa = [f"Where was {n} born?\t{PLACES[i % 6]}" for i, n in enumerate(NAMES)]
+    (tmp_path / "train.tsv").write_text("\n".join(qa[:5]) + "\n", encoding="utf-8")
+    (tmp_path / "dev.tsv").write_text("\n".join(qa[5:]) + "\n", encoding="utf-8")
+    (tmp_path / "test.tsv").write_text("Where was Ada Varn born?\nWhere was Gus Orme born?\t\n", encoding="utf-8")
+    return {k: str(tmp_path / f) for k, f in
+            (("corpus", "wiki.txt"), ("train", "train.tsv"), ("eval", "dev.tsv"), ("predict", "test.tsv"))}
+
+
+def test_real_data_path_end_to_end(tmp_path):
+    files = write_files(tmp_path)
+    out = tmp_path / "out"
+    summary = run_knowledge(out, variants="none,dot", corpus=files["corpus"], train=files["train"],
+                            eval_path=files["eval"], predict=files["predict"], device="cpu", overrides=TINY,
+                            progress=False, echo=lambda *_: None)
+    assert summary["data"] == {**summary["data"], "source": "files", "documents": 8, "train_questions": 5,
+                               "eval_questions": 3, "predict_questions": 2}
+    rows = {r["variant"]: r for r in summary["variants"]}
+    assert set(rows) == {"none", "dot"} and rows["dot"]["pretrained"] and not rows["none"]["pretrained"]
+    assert "pretrain" in rows["dot"] and "pretrain" not in rows["none"]
+    for r in rows.values():
+        assert 0.0 <= r["accuracy"] <= 100.0 and r["correct"] == round(r["accuracy"] * 3 / 100)
+    assert summary["baselines"]["london"] == 0.0
+    assert summary["assignment_parameters"] == 3_323_392
+    for name in ("results.md", "results.json", "curves.png", "accuracy.png", "predictions/none.tsv",
+                 "predictions/dot.tsv", "predictions/dot.predict.tsv", "pretrain-dot/checkpoint/model.safetensors",
+                 "finetune-dot/checkpoint/model.safetensors", "finetune-none/metrics.jsonl"):
+        assert (out / name).exists(), name
+    assert json.loads((out / "results.json").read_text())["variants"][1]["variant"] == "dot"
+    table = (out / "results.md").read_text()
+    assert "| no pretraining |" in table and "| dot (pretrained) |" in table and "22.2" in table
+    dev_rows = (out / "predictions" / "dot.tsv").read_text().splitlines()
+    assert dev_rows[0] == "question\tprediction\tanswer\tcorrect" and len(dev_rows) == 4
+    predicted = (out / "predictions" / "dot.predict.tsv").read_text().splitlines()
+    assert predicted[0] == "question\tprediction" and predicted[1].startswith("Where was Ada Varn born?\t")
+
+    # --resume skips the finished phases and gives the same table.
+    again = run_knowledge(out, variants="none,dot", corpus=files["corpus"], train=files["train"],
+                          eval_path=files["eval"], device="cpu", overrides=TINY, progress=False, resume=True,
+                          echo=lambda *_: None)
+    assert [r["accuracy"] for r in again["variants"]] == [r["accuracy"] for r in summary["variants"]]
+    assert again["variants"][1]["pretrain"].get("skipped")
+
+
+def test_synthetic_world_default_and_cli(tmp_path, capsys):
+    out = tmp_path / "synthetic"
+    args = ["run", "knowledge", "--out", str(out), "--variants", "none,synthesizer-dense", "--device", "cpu",
+            "--quiet", "--set", "n_people=24"]
+    for key, value in TINY.items():
+        args += ["--set", f"{key}={json.dumps(value)}"]
+    main(args)  # returns normally on success
+    printed = capsys.readouterr().out
+    assert "| synthesizer-dense (pretrained) |" in printed and "always \"London\"" in printed
+    for name in ("data/corpus.txt", "data/train.tsv", "data/dev.tsv"):
+        assert (out / name).is_file()
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["data"]["documents"] == 24 and summary["data"]["eval_questions"] == 12
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    files = write_files(tmp_path)
+    cases = [
+        (["--variants", "dot,bogus"], "unknown variant 'bogus'"),
+        (["--scale", "huge"], "unknown scale"),
+        (["--corpus", files["corpus"]], "needs --corpus, --train and --eval together"),
+        (["--corpus", str(tmp_path / "missing.txt"), "--train", files["train"], "--eval", files["eval"]],
+         "missing.txt"),
+        (["--set", "n_peple=3"], "n_peple"),
+    ]
+    for extra, needle in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["run", "knowledge", "--out", str(tmp_path / "o"), *extra])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2, (extra, err)
+        assert needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_variants_parse():
+    rows = parse_variants("none,dot,synthesizer-dense,rotary,bilinear+alibi,dot")
+    assert [r.name for r in rows] == ["none", "dot", "synthesizer-dense", "rotary", "bilinear+alibi"]
+    assert rows[3] == Variant("rotary", True, "dot", "rotary")
+    assert rows[4].attention == "bilinear" and rows[4].position == "alibi"
+    assert [r.name for r in parse_variants(None)] == ["none", "dot", "synthesizer-dense"]
+    with pytest.raises(ConfigError, match="unknown variant"):
+        parse_variants("dot,nope")
+
+
+def test_scales():
+    full = SCALES["full"]
+    # The assignment: 4 layers, 8 heads, 256 wide, block 128; 650 pretraining epochs of batch 128 at 6e-3;
+    # fine-tuning batch 256 at 6e-4 for 75 epochs from scratch or 10 after pretraining.
+    assert (full.n_layers, full.n_heads, full.d_model, full.block_size) == (4, 8, 256, 128)
+    assert (full.pretrain_epochs, full.pretrain_batch, full.pretrain_lr) == (650, 128, 6e-3)
+    assert (full.finetune_batch, full.finetune_lr, full.finetune_epochs_scratch,
+            full.finetune_epochs_pretrained) == (256, 6e-4, 75, 10)
+    assert full.warmup_tokens == 512 * 20 and full.decay_epochs == 200
+    assert parameter_count(full, ASSIGNMENT_VOCAB, Variant("dot", True)) == 3_323_392
+    assert scale_settings("quick", {"n_people": 50}).n_people == 50
+    with pytest.raises(ConfigError):
+        scale_settings("quick", {"n_people": 0})
+
+
+@pytest.mark.parametrize("source_kind", ["span", "qa"])
+def test_trimmed_batches_give_the_same_loss_and_gradient(source_kind):
+    docs = ["Ada Varn. Ada Varn is a painter born in Lyon .", "Bo Tesk. Born in Oslo , Bo Tesk sings .", "Cy."]
+    pairs = [("Where was Ada Varn born?", "Lyon"), ("Where was Bo born?", "Oslo")]
+    vocab = KnowledgeVocab.from_texts("".join(docs), "".join(q + a for q, a in pairs))
+    if source_kind == "span":
+        full, trimmed = (SpanCorruptionSource(docs, vocab, 96, 3, seed=1, trim=t) for t in (False, True))
+    else:
+        full, trimmed = (QASource(pairs, vocab, 96, 2, seed=1, trim=t) for t in (False, True))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=vocab.vocab_size, block_size=96, d_model=16, n_heads=2, n_layers=1))
+    for step in range(3):
+        a, b = full.batch(step), trimmed.batch(step)
+        assert a["input_ids"].shape[1] == 96 and b["input_ids"].shape[1] < 96
+        assert torch.equal(a["input_ids"][:, : b["input_ids"].shape[1]], b["input_ids"])
+        assert (a["labels"][:, b["labels"].shape[1]:] == IGNORE).all()
+        grads = []
+        for batch in (a, b):
+            model.zero_grad()
+            loss = model(**batch).loss
+            loss.backward()
+            grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+        torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-5, atol=1e-6)
+        for g1, g2 in zip(grads[0][1], grads[1][1]):
+            torch.testing.assert_close(g1, g2, rtol=1e-4, atol=1e-6)
