@@ -9,7 +9,7 @@ setup:
 	$(PY) -m pip install -q -e ".[dev]"
 
 run: setup
-	$(PY) -m attnlab params transformer-base
+	$(PY) -m attnlab run knowledge
 
 lint:
 	$(PY) -m ruff check .

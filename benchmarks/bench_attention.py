@@ -14,7 +14,6 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
 
 import torch
@@ -82,4 +81,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    sys.exit(main() and 0)
+    main()

@@ -85,7 +85,13 @@ def hf(shape: Shape):
 
 
 def train_step_fn(model, kind: str, dtype: torch.dtype | None):
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    if kind == "ours":  # attnlab's optimizer as its Trainer builds it: fused AdamW, decay on matrices only
+        from attnlab.training.optim import build_optimizer
+        from attnlab.training.trainer import TrainerConfig
+
+        opt = build_optimizer(model, TrainerConfig(lr=3e-4, weight_decay=0.1), torch.device("cpu"))
+    else:  # AdamW as HF users write it
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
 
     def step(batch: torch.Tensor) -> float:
         x, y = batch[:, :-1], batch[:, 1:]
@@ -94,7 +100,7 @@ def train_step_fn(model, kind: str, dtype: torch.dtype | None):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
 
     return step
 
@@ -253,4 +259,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main() and 0)
+    main()
