@@ -160,17 +160,15 @@ def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int) 
     return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": float(n)}
 
 
-def _column(c: Any) -> Any:
-    return int(c) if isinstance(c, str) and c.isdigit() else c
-
-
 def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int) -> dict[str, float]:
     from attnlab.data.sources import ClassificationSource
     from attnlab.data.text_files import read_classification_file
+    from attnlab.training.recipe import parse_column
 
     d, tok, model = run.data, run.tokenizer, run.model
     labels = d.get("labels")
-    examples = read_classification_file(data, _column(d.get("text_column")), _column(d.get("label_column")))
+    examples = read_classification_file(data, parse_column(d.get("text_column")),
+                                        parse_column(d.get("label_column")))
     if examples.labels is None:
         raise DataError(f"{data}: no label column; evaluation needs labelled examples")
     if labels is None:

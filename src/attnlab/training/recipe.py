@@ -274,6 +274,11 @@ def _prepare_lm(run: RunConfig) -> Prepared:
                     info={"train_tokens": len(train_tokens), "block_size": block})
 
 
+def parse_column(c: str | None) -> str | int | None:
+    """A column given in a config: a name, or a 0-based index written as digits."""
+    return int(c) if isinstance(c, str) and c.isdigit() else c
+
+
 def _prepare_classification(run: RunConfig) -> Prepared:
     from attnlab.data.sources import ClassificationSource
     from attnlab.data.text_files import read_classification_file
@@ -281,18 +286,15 @@ def _prepare_classification(run: RunConfig) -> Prepared:
     from attnlab.models.registry import build_model
 
     d, t = run.data, run.train
-
-    def column(c: str | None) -> str | int | None:
-        return int(c) if c is not None and c.isdigit() else c
-
-    train_data = read_classification_file(d.path, column(d.text_column), column(d.label_column))
+    train_data = read_classification_file(d.path, parse_column(d.text_column), parse_column(d.label_column))
     tokenizer = train_tokenizer(d.tokenizer, train_data.texts, d.vocab_size)
     prefix = [tokenizer.cls_id] if tokenizer.cls_id is not None else []
     train_source = ClassificationSource(train_data, tokenizer, t.batch_size, max_length=d.max_length,
                                         seed=t.seed, prefix_ids=prefix)
     eval_source = None
     if d.eval_path:
-        eval_data = read_classification_file(d.eval_path, column(d.text_column), column(d.label_column))
+        eval_data = read_classification_file(d.eval_path, parse_column(d.text_column),
+                                             parse_column(d.label_column))
         eval_source = ClassificationSource(eval_data, tokenizer, t.batch_size, max_length=d.max_length,
                                            seed=t.seed, label_names=train_source.label_names,
                                            prefix_ids=prefix)
