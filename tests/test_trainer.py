@@ -271,3 +271,22 @@ def test_compile_failure_falls_back_with_a_warning(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="torch.compile failed"):
         summary = trainer.fit()
     assert summary["steps"] == 2
+
+
+def test_fast_fp32_matmul_is_exact_and_scoped():
+    """The oneDNN fp32 switch is used only where it computes in fp32 (checked against float64 here too),
+    and the global torch setting is restored after the block."""
+    from attnlab.training.device import fast_fp32_matmul, onednn_fp32_is_exact
+
+    backend = getattr(getattr(torch.backends, "mkldnn", None), "matmul", None)
+    before = getattr(backend, "fp32_precision", None)
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(300, 200, generator=g), torch.randn(200, 500, generator=g)
+    exact = a.double() @ b.double()
+    with fast_fp32_matmul("cpu") as used:
+        assert used == onednn_fp32_is_exact()
+        error = ((a @ b).double() - exact).abs().max() / exact.abs().max()
+        assert error < 1e-5
+    assert getattr(backend, "fp32_precision", None) == before
+    with fast_fp32_matmul("cpu", enabled=False) as used:
+        assert not used

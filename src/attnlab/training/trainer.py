@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from attnlab.config import Config, check_choice, check_positive
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError
 from attnlab.training import checkpoint as ckpt
-from attnlab.training.device import DEVICES, PRECISIONS, autocast, resolve_precision
+from attnlab.training.device import DEVICES, PRECISIONS, autocast, fast_fp32_matmul, resolve_precision
 from attnlab.training.distributed import all_gather_bytes, all_reduce_sum, init_distributed, wrap_ddp
 from attnlab.training.logging import METRICS_FILE, PLOT_FILE, MetricsLog, Progress, plot_losses
 from attnlab.training.optim import SCHEDULES, build_optimizer, lr_at, set_lr
@@ -582,6 +582,11 @@ class Trainer:
             TrainingDiverged: the training loss became NaN or infinite.
             CheckpointError: resume without a usable checkpoint.
         """
+        # fp32 runs on a CPU take oneDNN's AVX-512 matmuls where that is verified exact (see device.py).
+        with fast_fp32_matmul(self.device, enabled=self.dtype is None):
+            return self._fit(resume)
+
+    def _fit(self, resume: bool | None) -> dict[str, Any]:
         cfg = self.config
         resume = self.resume if resume is None else resume
         seed_everything(cfg.seed + self.world.rank)
