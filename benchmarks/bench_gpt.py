@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.training.device import cpu_has_bf16
+from attnlab.training.device import ONEDNN_FP32_MIN_WIDTH, cpu_has_bf16, fast_fp32_matmul
 
 
 @dataclass(frozen=True)
@@ -84,14 +84,14 @@ def hf(shape: Shape):
     return model
 
 
-def train_step_fn(model, kind: str, dtype: torch.dtype | None):
+def train_step_fn(model, kind: str, dtype: torch.dtype | None, lr: float = 3e-4):
     if kind == "ours":  # attnlab's optimizer as its Trainer builds it: fused AdamW, decay on matrices only
         from attnlab.training.optim import build_optimizer
         from attnlab.training.trainer import TrainerConfig
 
-        opt = build_optimizer(model, TrainerConfig(lr=3e-4, weight_decay=0.1), torch.device("cpu"))
+        opt = build_optimizer(model, TrainerConfig(lr=lr, weight_decay=0.1), torch.device("cpu"))
     else:  # AdamW as HF users write it
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
 
     def step(batch: torch.Tensor) -> float:
         x, y = batch[:, :-1], batch[:, 1:]
@@ -106,6 +106,12 @@ def train_step_fn(model, kind: str, dtype: torch.dtype | None):
 
 
 def time_training(make_model, kind, dtype, shape, data, warmup, repeats) -> dict:
+    # attnlab's Trainer runs fp32 CPU training of wide models on oneDNN's AVX-512 matmuls where verified exact.
+    with fast_fp32_matmul("cpu", enabled=kind == "ours" and dtype is None and shape.d_model >= ONEDNN_FP32_MIN_WIDTH):
+        return _time_training(make_model, kind, dtype, shape, data, warmup, repeats)
+
+
+def _time_training(make_model, kind, dtype, shape, data, warmup, repeats) -> dict:
     model = make_model(shape)
     model.train()
     step = train_step_fn(model, kind, dtype)
@@ -156,9 +162,10 @@ def accuracy(shape: Shape, steps: int) -> dict:
     out = {}
     for label, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
         model = ours(shape)
-        step = train_step_fn(model, "ours", dtype)
-        for b in data[:steps]:
-            step(b)
+        step = train_step_fn(model, "ours", dtype, lr=1e-3)
+        with fast_fp32_matmul("cpu", enabled=dtype is None and shape.d_model >= ONEDNN_FP32_MIN_WIDTH):
+            for b in data[:steps]:
+                step(b)
         model.eval()
         with torch.no_grad():
             out[label] = statistics.mean(float(model(b[:, :-1], labels=b[:, 1:]).loss) for b in val)
@@ -184,8 +191,9 @@ def memory_row(spec: str) -> None:
     model.train()
     step = train_step_fn(model, kind, dtype)
     base = _rss_kib("VmRSS")
-    for b in data[:3]:
-        step(b)
+    with fast_fp32_matmul("cpu", enabled=kind == "ours" and dtype is None and shape.d_model >= ONEDNN_FP32_MIN_WIDTH):
+        for b in data[:3]:
+            step(b)
     print(json.dumps({"peak_mib": (_rss_kib("VmHWM") - base) / 1024}))
 
 
@@ -206,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=5, help="timed steps per row (median reported)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--decode-tokens", type=int, default=200)
-    p.add_argument("--accuracy-steps", type=int, default=60, help="0 skips the bf16-vs-fp32 accuracy row")
+    p.add_argument("--accuracy-steps", type=int, default=300, help="0 skips the bf16-vs-fp32 accuracy row")
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory column")
     p.add_argument("--memory-row", help=argparse.SUPPRESS)

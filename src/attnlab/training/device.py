@@ -149,11 +149,22 @@ def onednn_fp32_is_exact() -> bool:
         backend.fp32_precision = old
 
 
+# Below this model width MKL's fp32 matmuls were as fast or faster in bench_gpt.py (shape A, 128 wide:
+# 22k vs 17k tokens/s; 192-256 wide: within noise); at 384 wide oneDNN's were 1.4x faster.
+ONEDNN_FP32_MIN_WIDTH = 384
+
+
+def wants_onednn_fp32(model: torch.nn.Module) -> bool:
+    """Whether a model is wide enough for oneDNN's fp32 matmuls to pay off (see ONEDNN_FP32_MIN_WIDTH)."""
+    config = getattr(model, "config", None)
+    return int(getattr(config, "d_model", 0) or 0) >= ONEDNN_FP32_MIN_WIDTH
+
+
 @contextlib.contextmanager
 def fast_fp32_matmul(device: torch.device | str, enabled: bool = True) -> Iterator[bool]:
     """Within the block, fp32 matmuls on the CPU take oneDNN's AVX-512 path where `onednn_fp32_is_exact`;
-    yields whether it did. Used for fp32 training (batched matmuls): for batch-1 decoding (matrix-vector
-    products) MKL stays faster, so generation does not use it."""
+    yields whether it did. Used for fp32 training of wide models (`wants_onednn_fp32`): for narrow
+    models and for batch-1 decoding (matrix-vector products) MKL stays faster."""
     if not enabled or torch.device(device).type != "cpu" or not onednn_fp32_is_exact():
         yield False
         return

@@ -35,7 +35,14 @@ from torch import Tensor, nn
 from attnlab.config import Config, check_choice, check_positive
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError
 from attnlab.training import checkpoint as ckpt
-from attnlab.training.device import DEVICES, PRECISIONS, autocast, fast_fp32_matmul, resolve_precision
+from attnlab.training.device import (
+    DEVICES,
+    PRECISIONS,
+    autocast,
+    fast_fp32_matmul,
+    resolve_precision,
+    wants_onednn_fp32,
+)
 from attnlab.training.distributed import all_gather_bytes, all_reduce_sum, init_distributed, wrap_ddp
 from attnlab.training.logging import METRICS_FILE, PLOT_FILE, MetricsLog, Progress, plot_losses
 from attnlab.training.optim import SCHEDULES, build_optimizer, lr_at, set_lr
@@ -582,8 +589,9 @@ class Trainer:
             TrainingDiverged: the training loss became NaN or infinite.
             CheckpointError: resume without a usable checkpoint.
         """
-        # fp32 runs on a CPU take oneDNN's AVX-512 matmuls where that is verified exact (see device.py).
-        with fast_fp32_matmul(self.device, enabled=self.dtype is None):
+        # fp32 runs of wide models on a CPU take oneDNN's AVX-512 matmuls where that is verified exact
+        # (see device.py).
+        with fast_fp32_matmul(self.device, enabled=self.dtype is None and wants_onednn_fp32(self.model)):
             return self._fit(resume)
 
     def _fit(self, resume: bool | None) -> dict[str, Any]:
