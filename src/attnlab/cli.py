@@ -49,6 +49,10 @@ def train(
 
     run = load_run_config(config, overrides)
     summary = train_run(run, resume=resume)
+    import os
+
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, one summary (from rank 0) is enough
+        return
     shown = {k: v for k, v in summary.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
     print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
     print(f"run folder: {run.train.out_dir}")

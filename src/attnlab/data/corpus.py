@@ -108,7 +108,8 @@ def build_token_file(
     if add_eos and eos is None:
         raise ConfigError("add_eos needs a tokenizer with an eos token; train it with specials.eos set")
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".tmp")
+    # A per-process temporary name: under torchrun every process prepares the same files side by side.
+    tmp = out_path.with_name(f"{out_path.name}.{os.getpid()}.tmp")
     length = 0
     try:
         with open(tmp, "wb") as f:
