@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.training.device import ONEDNN_FP32_MIN_WIDTH, cpu_has_bf16, fast_fp32_matmul
+from attnlab.training.device import cpu_has_bf16, fast_fp32_matmul, wants_onednn_fp32
 
 
 @dataclass(frozen=True)
@@ -92,13 +92,16 @@ def train_step_fn(model, kind: str, dtype: torch.dtype | None, lr: float = 3e-4)
         opt = build_optimizer(model, TrainerConfig(lr=lr, weight_decay=0.1), torch.device("cpu"))
     else:  # AdamW as HF users write it
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
+    # Like attnlab's Trainer: fp32 training of wide models takes oneDNN's matmuls where verified exact.
+    onednn = kind == "ours" and dtype is None and wants_onednn_fp32(model)
 
     def step(batch: torch.Tensor) -> float:
         x, y = batch[:, :-1], batch[:, 1:]
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-            loss = model(x, labels=y).loss if kind == "ours" else model(x, labels=x).loss
-        loss.backward()
-        opt.step()
+        with fast_fp32_matmul("cpu", enabled=onednn):
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+                loss = model(x, labels=y).loss if kind == "ours" else model(x, labels=x).loss
+            loss.backward()
+            opt.step()
         opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
@@ -106,12 +109,6 @@ def train_step_fn(model, kind: str, dtype: torch.dtype | None, lr: float = 3e-4)
 
 
 def time_training(make_model, kind, dtype, shape, data, warmup, repeats) -> dict:
-    # attnlab's Trainer runs fp32 CPU training of wide models on oneDNN's AVX-512 matmuls where verified exact.
-    with fast_fp32_matmul("cpu", enabled=kind == "ours" and dtype is None and shape.d_model >= ONEDNN_FP32_MIN_WIDTH):
-        return _time_training(make_model, kind, dtype, shape, data, warmup, repeats)
-
-
-def _time_training(make_model, kind, dtype, shape, data, warmup, repeats) -> dict:
     model = make_model(shape)
     model.train()
     step = train_step_fn(model, kind, dtype)
@@ -163,9 +160,8 @@ def accuracy(shape: Shape, steps: int) -> dict:
     for label, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
         model = ours(shape)
         step = train_step_fn(model, "ours", dtype, lr=1e-3)
-        with fast_fp32_matmul("cpu", enabled=dtype is None and shape.d_model >= ONEDNN_FP32_MIN_WIDTH):
-            for b in data[:steps]:
-                step(b)
+        for b in data[:steps]:
+            step(b)
         model.eval()
         with torch.no_grad():
             out[label] = statistics.mean(float(model(b[:, :-1], labels=b[:, 1:]).loss) for b in val)
@@ -191,9 +187,8 @@ def memory_row(spec: str) -> None:
     model.train()
     step = train_step_fn(model, kind, dtype)
     base = _rss_kib("VmRSS")
-    with fast_fp32_matmul("cpu", enabled=kind == "ours" and dtype is None and shape.d_model >= ONEDNN_FP32_MIN_WIDTH):
-        for b in data[:3]:
-            step(b)
+    for b in data[:3]:
+        step(b)
     print(json.dumps({"peak_mib": (_rss_kib("VmHWM") - base) / 1024}))
 
 

@@ -56,14 +56,14 @@ Batch = dict[str, torch.Tensor]
 
 @runtime_checkable
 class BatchSource(Protocol):
-    """What the trainer needs: `batch(step)`, a pure function of (seed, step), and the epoch length.
-
-    The sources here also have `iter_batches(batch_size=None)`: the whole split once, in order.
-    """
+    """What the trainer reads training and evaluation data from: `batch(step)`, a pure function of
+    (seed, step), the epoch length, and `iter_batches(batch_size)`, the whole split once, in order."""
 
     steps_per_epoch: int | None  # None for infinite random-window sources
 
     def batch(self, step: int) -> Batch: ...
+
+    def iter_batches(self, batch_size: int) -> Iterator[Batch]: ...
 
 
 def step_rng(seed: int, step: int, *salt: int) -> np.random.Generator:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from attnlab.config import Config, check_positive
-from attnlab.errors import ConfigError, DataError
+from attnlab.errors import CheckpointError, ConfigError, DataError
 
 # The course notes' figures (CS224n 2021 a5 reference solution, dev set of 500 questions).
 NOTES = {"none": 1.2, "dot": 22.2, "synthesizer-dense": 23.8, "london": 5.0}
@@ -258,7 +258,7 @@ def _phase_done(folder: Path, steps: int) -> bool:
 
     try:
         return int(read_trainer_state(folder).get("step", -1)) >= steps
-    except Exception:  # noqa: BLE001 - any unreadable state means "not done"
+    except (CheckpointError, TypeError, ValueError):  # no or unreadable state: not done
         return False
 
 
@@ -298,12 +298,6 @@ def answer_questions(model, vocab, questions: list[str], *, batch_size: int = 12
     return answers
 
 
-def _accuracy(predictions: list[str], answers: list[str]) -> float:
-    from attnlab.data.knowledge import exact_match
-
-    return exact_match(predictions, answers)
-
-
 # ------------------------------------------------------------------------------------------------
 # The experiment
 # ------------------------------------------------------------------------------------------------
@@ -316,7 +310,13 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
                   progress: bool = True, echo=print) -> dict[str, Any]:
     """Run every variant and write ``results.md``, ``results.json``, ``curves.png``, ``accuracy.png``
     and ``predictions/`` into `out_dir`; returns the results dict."""
-    from attnlab.data.knowledge import KnowledgeVocab, QASource, SpanCorruptionSource, london_baseline
+    from attnlab.data.knowledge import (
+        KnowledgeVocab,
+        QASource,
+        SpanCorruptionSource,
+        exact_match,
+        london_baseline,
+    )
     from attnlab.models.gpt import GPT
     from attnlab.training.device import select_device
     from attnlab.training.trainer import seed_everything
@@ -376,9 +376,9 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
                                           echo=echo)
         model.eval()
         predictions = answer_questions(model, vocab, dev_q)
-        record["accuracy"] = _accuracy(predictions, dev_a)
-        record["train_accuracy"] = _accuracy(answer_questions(model, vocab, train_q), train_a)
-        record["correct"] = sum(p == a for p, a in zip(predictions, dev_a))
+        record["accuracy"] = exact_match(predictions, dev_a)
+        record["train_accuracy"] = exact_match(answer_questions(model, vocab, train_q), train_a)
+        record["correct"] = round(record["accuracy"] * len(dev_a) / 100)
         _write_predictions(out / "predictions" / f"{variant.name}.tsv", dev_q, predictions, dev_a)
         if data.predict:
             _write_predictions(out / "predictions" / f"{variant.name}.predict.tsv", data.predict,
@@ -394,7 +394,7 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
         "data": {"source": data.source, "documents": len(data.corpus), "train_questions": len(data.train),
                  "eval_questions": len(data.dev), "predict_questions": len(data.predict), "files": data.files,
                  "vocab_size": vocab.vocab_size, "seed": seed},
-        "baselines": {"london": london_baseline(dev_a), "most_common": _accuracy([common] * len(dev_a), dev_a),
+        "baselines": {"london": london_baseline(dev_a), "most_common": exact_match([common] * len(dev_a), dev_a),
                       "most_common_answer": common},
         "notes": NOTES,
         "variants": results,
@@ -417,10 +417,15 @@ def _write_predictions(path: Path, questions: list[str], predictions: list[str],
         if answers is None:
             lines.append(f"{q}\t{p}")
         else:
-            lines.append(f"{q}\t{p}\t{answers[i]}\t{int(p == answers[i])}")
+            lines.append(f"{q}\t{p}\t{answers[i]}\t{int(p.strip() == answers[i].strip())}")
     header = "question\tprediction" + ("" if answers is None else "\tanswer\tcorrect")
+    _write_text(path, header + "\n" + "".join(line + "\n" for line in lines))
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename, so an interrupted run leaves no half-written file."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(header + "\n" + "".join(line + "\n" for line in lines), encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
 
 
@@ -449,10 +454,8 @@ def results_markdown(summary: dict[str, Any]) -> str:
 def _write_results(out: Path, summary: dict[str, Any]) -> None:
     from attnlab.training.logging import MetricsLog
 
-    for name, text in (("results.json", json.dumps(summary, indent=2)), ("results.md", results_markdown(summary))):
-        tmp = out / (name + ".tmp")
-        tmp.write_text(text + "\n", encoding="utf-8")
-        tmp.replace(out / name)
+    _write_text(out / "results.json", json.dumps(summary, indent=2) + "\n")
+    _write_text(out / "results.md", results_markdown(summary) + "\n")
     curves: dict[str, dict[str, list]] = {"pretrain": {}, "finetune": {}}
     for r in summary["variants"]:
         for phase in ("pretrain", "finetune"):

@@ -26,13 +26,14 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from attnlab.config import Config, check_choice, check_positive
+from attnlab.data.sources import BatchSource
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError
 from attnlab.training import checkpoint as ckpt
 from attnlab.training.device import (
@@ -148,16 +149,6 @@ class TrainingInterrupted(AttnlabError):
 
 class TrainingDiverged(AttnlabError):
     """The training loss became NaN or infinite."""
-
-
-class BatchSource(Protocol):
-    """What the trainer reads training (and evaluation) data from."""
-
-    steps_per_epoch: int | None
-
-    def batch(self, step: int) -> dict[str, Tensor]: ...
-
-    def iter_batches(self, batch_size: int) -> Iterator[dict[str, Tensor]]: ...
 
 
 def seed_everything(seed: int) -> None:
