@@ -115,12 +115,7 @@ class BertConfig(Config):
         return self.pooler
 
     def layer_spec(self) -> LayerSpec:
-        return LayerSpec(
-            d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout,
-            attention_dropout=self.attention_dropout, ff_dropout=0.0, activation=self.activation, norm="post",
-            attention=self.attention, attention_options=dict(self.attention_options),
-            layer_norm_eps=self.layer_norm_eps, block_size=self.max_len,
-        )
+        return LayerSpec.from_config(self, ff_dropout=0.0, norm="post", block_size=self.max_len)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -111,12 +111,7 @@ class EncoderConfig(Config):
 
     def layer_spec(self) -> LayerSpec:
         attention_dropout = self.dropout if self.attention_dropout is None else self.attention_dropout
-        return LayerSpec(
-            d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout,
-            attention_dropout=attention_dropout, activation=self.activation, norm=self.norm,
-            attention=self.attention, attention_options=dict(self.attention_options), bias=self.bias,
-            layer_norm_eps=self.layer_norm_eps, block_size=self.max_len,
-        )
+        return LayerSpec.from_config(self, attention_dropout=attention_dropout, block_size=self.max_len)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -73,12 +73,7 @@ class GPTConfig(Config):
         return 4 * self.d_model if self.d_ff is None else self.d_ff
 
     def layer_spec(self) -> LayerSpec:
-        return LayerSpec(
-            d_model=self.d_model, n_heads=self.n_heads, d_ff=self.ff_width, dropout=self.dropout,
-            attention_dropout=self.attention_dropout, activation=self.activation, norm=self.norm,
-            attention=self.attention, attention_options=dict(self.attention_options), bias=self.bias,
-            layer_norm_eps=self.layer_norm_eps, block_size=self.block_size,
-        )
+        return LayerSpec.from_config(self, d_ff=self.ff_width)
 
 
 class GPT(nn.Module):

@@ -81,12 +81,7 @@ class TransformerConfig(Config):
         return self.norm == "pre" if self.final_norm is None else self.final_norm
 
     def layer_spec(self) -> LayerSpec:
-        return LayerSpec(
-            d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout,
-            attention_dropout=self.attention_dropout, activation=self.activation, norm=self.norm,
-            attention=self.attention, attention_options=dict(self.attention_options), bias=self.bias,
-            layer_norm_eps=self.layer_norm_eps, block_size=self.max_len,
-        )
+        return LayerSpec.from_config(self, block_size=self.max_len)
 
 
 class Seq2SeqTransformer(nn.Module):

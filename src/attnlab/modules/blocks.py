@@ -7,7 +7,7 @@ Shapes: x (B, T, D); memory (B, S, D); masks boolean, True = may attend.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from torch import Tensor, nn
 
@@ -39,6 +39,16 @@ class LayerSpec:
     def __post_init__(self):
         if self.norm not in NORM_PLACEMENTS:
             raise ConfigError(f"norm: unknown placement {self.norm!r}; choose one of: post, pre")
+
+    @classmethod
+    def from_config(cls, config: object, **overrides: object) -> LayerSpec:
+        """The spec of a model config: every LayerSpec field the config has under the same name, then
+        `overrides` for the ones a family names or derives differently (e.g. block_size=config.max_len)."""
+        values = {f.name: getattr(config, f.name) for f in fields(cls) if hasattr(config, f.name)}
+        values.update(overrides)
+        if "attention_options" in values:
+            values["attention_options"] = dict(values["attention_options"])
+        return cls(**values)
 
     def feedforward(self) -> FeedForward:
         inner = self.dropout if self.ff_dropout is None else self.ff_dropout
