@@ -158,6 +158,25 @@ def test_fused_equals_explicit_equals_naive(case):
     assert (weights[~allowed.expand_as(weights)] == 0).all()
 
 
+@pytest.mark.parametrize("case", ATTENTION_CASES)
+def test_fused_and_explicit_paths_have_the_same_gradients(case):
+    """The explicit path folds masks and bias into the score product (baddbmm); the gradients of q, k, v
+    and of a bias must still equal the fused kernel's, broadcast dimensions summed."""
+    q, k, v, kw, _, _, _ = _attention_case(case)
+    grads = []
+    for need_weights in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        call = dict(kw)
+        if "bias" in call:
+            call["bias"] = call["bias"].clone().requires_grad_()
+            leaves.append(call["bias"])
+        out, _ = attention(*leaves[:3], need_weights=need_weights, **call)
+        out.pow(2).sum().backward()
+        grads.append([t.grad for t in leaves])
+    for fused, explicit in zip(*grads):
+        torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("case", ["plain", "causal", "padding", "bias-causal-padding"])
 def test_half_precision_dispatch_matches_the_fused_kernel(case):
     """On CPU in bf16 the dispatcher takes the explicit path (faster there); it must agree with SDPA's

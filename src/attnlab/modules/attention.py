@@ -11,6 +11,7 @@ True where a query MAY attend to a key; a float mask is added to the scores. Not
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -113,33 +114,19 @@ def attention(
     # Only a user mask (or causal with more queries than keys) can hide every key of a row.
     may_hide_rows = mask is not None or (causal and t > s)
 
-    explicit = need_weights or prefers_explicit(q, s)
-    # Fold causality, the boolean mask and the additive bias into one attn_mask.
+    if need_weights or prefers_explicit(q, s):
+        return _explicit_attention(q, k, v, mask=mask, bias=bias, causal=causal, dropout=dropout, scale=scale,
+                                   need_weights=need_weights, may_hide_rows=may_hide_rows)
+
+    # Fold causality, the boolean mask and the additive bias into one attn_mask for the fused kernel.
     attn_mask = mask
-    if causal and (mask is not None or bias is not None or t != s or explicit):
+    if causal and (mask is not None or bias is not None or t != s):
         cm = causal_mask(t, s, device=q.device)
         attn_mask = cm if attn_mask is None else _and_masks(attn_mask, cm)
         causal = False
     if bias is not None:
         bias = bias.to(q.dtype)
         attn_mask = bias if attn_mask is None else _add_bias(attn_mask, bias)
-
-    if explicit:
-        scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
-        if attn_mask is not None:
-            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
-                else scores + attn_mask
-        visible = _any_visible(attn_mask, s) if may_hide_rows else None
-        if visible is not None:
-            # Rows with every key masked: a softmax over all -inf is NaN, which would reach the
-            # gradients of q, k and the bias through the addition even if zeroed afterwards. Give
-            # those rows finite scores (cutting their gradient), then zero their weights.
-            scores = scores.masked_fill(~visible, 0.0)
-        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        if visible is not None:
-            weights = weights.masked_fill(~visible, 0.0)
-        dropped = F.dropout(weights, p=dropout) if dropout > 0 else weights
-        return torch.matmul(dropped, v), (weights if need_weights else None)
 
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=causal and t == s, scale=scale
@@ -150,6 +137,66 @@ def attention(
         if visible is not None:
             out = out.masked_fill(~visible, 0.0)
     return out, None
+
+
+def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
+                        causal: bool, dropout: float, scale: float, need_weights: bool,
+                        may_hide_rows: bool) -> tuple[Tensor, Tensor | None]:
+    """softmax(q·kᵀ·scale + additive mask)·v written out, returning the weights on request.
+
+    Causality, the boolean mask and the bias become one additive float mask (0 where visible, -inf where
+    not, plus the bias) that enters the score product as the input of `baddbmm`: scaling and masking
+    then cost no pass of their own over the (T, S) scores.
+    """
+    t, s = q.shape[-2], k.shape[-2]
+    additive = _causal_additive(t, s, q.dtype, q.device) if causal else None  # (T, S)
+    for extra in (mask, bias):
+        if extra is not None:
+            extra = _as_additive(extra, q.dtype)
+            additive = extra if additive is None else additive + extra
+    scores = _masked_scores(q, k, scale, additive)  # (B, H, T, S)
+    visible = _any_visible(additive, s) if (may_hide_rows and additive is not None) else None
+    if visible is not None:
+        # Rows with every key masked: a softmax over all -inf is NaN, which would reach the
+        # gradients of q, k and the bias through the addition even if zeroed afterwards. Give
+        # those rows finite scores (cutting their gradient), then zero their weights.
+        scores = scores.masked_fill(~visible, 0.0)
+    # In half precision the softmax kernel accumulates in fp32 and rounds its output once, as a softmax of
+    # the scores cast to fp32 would, without two casts of the full (T, S) matrix.
+    weights = torch.softmax(scores, dim=-1)
+    if visible is not None:
+        weights = weights.masked_fill(~visible, 0.0)
+    dropped = F.dropout(weights, p=dropout) if dropout > 0 else weights
+    return torch.matmul(dropped, v), (weights if need_weights else None)
+
+
+@functools.lru_cache(maxsize=16)
+def _causal_additive(t: int, s: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(T, S): 0 where query i may see key j (bottom-right aligned, as `causal_mask`), -inf elsewhere.
+    Built once per shape, dtype and device: every layer of every step reuses it (never written to)."""
+    return _as_additive(causal_mask(t, s, device=device), dtype)
+
+
+def _as_additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean mask (True = visible) as 0 / -inf scores of `dtype`; a float mask or bias as `dtype`."""
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    return mask.to(dtype)
+
+
+def _masked_scores(q: Tensor, k: Tensor, scale: float, additive: Tensor | None) -> Tensor:
+    """scale·q·kᵀ + additive, (B, H, T, S), as one batched product over the B·H (batch, head) pairs."""
+    b, h, t, d = q.shape
+    s = k.shape[-2]
+    q3 = q.reshape(b * h, t, d)
+    kt = k.reshape(b * h, s, d).transpose(1, 2)
+    if additive is None:
+        return torch.bmm(q3, kt).mul_(scale).view(b, h, t, s)
+    if additive.shape[:-2].numel() == 1 and not additive.requires_grad:
+        additive = additive.reshape(additive.shape[-2:])  # the same for every pair: broadcast, no copy
+    else:
+        additive = additive.expand(b, h, t, s).reshape(b * h, t, s)
+    return torch.baddbmm(additive, q3, kt, alpha=scale).view(b, h, t, s)
 
 
 def _and_masks(a: Tensor, b: Tensor) -> Tensor:
