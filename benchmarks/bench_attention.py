@@ -43,18 +43,22 @@ def ours(q, k, v):
     return attention(q, k, v, causal=True)[0]
 
 
-def time_fn(fn, shape, dtype, repeats: int) -> float:
+def time_fns(fns: dict, shape, dtype, repeats: int) -> dict[str, float]:
+    """Median seconds per forward+backward of each function, timed in turns (one call of each per round)
+    so that a slower or faster spell of a shared machine touches every column alike."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(*shape, generator=g).to(dtype).requires_grad_() for _ in range(3))
     grad = torch.randn(*shape, generator=g).to(dtype)
-    for _ in range(2):
-        fn(q, k, v).backward(grad)
-    times = []
+    for fn in fns.values():
+        for _ in range(2):
+            fn(q, k, v).backward(grad)
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn(q, k, v).backward(grad)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn(q, k, v).backward(grad)
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -67,8 +71,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"{'shape (B,H,T,Dh)':<22}{'dtype':<7}{'SDPA':>9}{'plain':>9}{'attnlab':>9}{'vs SDPA':>9}{'vs best':>9}")
     for shape in SHAPES:
         for dtype in (torch.float32, torch.bfloat16):
-            ms = {name: 1e3 * time_fn(fn, shape, dtype, args.repeats)
-                  for name, fn in (("sdpa", sdpa), ("plain", plain), ("attnlab", ours))}
+            fns = {"sdpa": sdpa, "plain": plain, "attnlab": ours}
+            ms = {name: 1e3 * sec for name, sec in time_fns(fns, shape, dtype, args.repeats).items()}
             row = {"shape": list(shape), "dtype": str(dtype).replace("torch.", ""), **ms,
                    "vs_sdpa": ms["sdpa"] / ms["attnlab"], "vs_best": min(ms["sdpa"], ms["plain"]) / ms["attnlab"]}
             rows.append(row)

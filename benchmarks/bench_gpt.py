@@ -1,6 +1,7 @@
 """Training and decoding speed of attnlab's GPT against HF transformers' GPT2LMHeadModel, in one run.
 
-Same shapes, same data, same process; prints medians over repeated timings and same-run ratios.
+Same shapes, same data, same process; the rows of a table are timed in turns (one step of each per round)
+and the medians printed with same-run ratios.
 
     python benchmarks/bench_gpt.py                # both shapes, training + decoding (+ bf16 accuracy)
     python benchmarks/bench_gpt.py --shapes A --repeats 3 --json out.json
@@ -9,11 +10,12 @@ Shapes (vocabulary 65):
     A: 4 layers, 4 heads, 128 wide, block 64, batch 12
     B: 6 layers, 6 heads, 384 wide, block 256, batch 8
 Rows:
-    train  ours default : attnlab's default settings (bf16 autocast where the hardware has bf16)
+    train  ours default : attnlab's default settings (bf16 autocast where the hardware has bf16; exact GELU)
     train  ours fp32    : attnlab forced to fp32
     train  HF fp32      : GPT2LMHeadModel, eager fp32, as users run it (the reference, ratio 1.00)
     train  HF bf16      : GPT2LMHeadModel under bf16 autocast
-    decode ours / HF    : batch-1 generation of 200 tokens with KV cache (greedy), fp32
+    decode              : batch-1 greedy generation of 200 tokens with KV cache: attnlab with fp32 and with
+                          bf16 weights, HF `generate` with fp32 weights (the reference)
     accuracy            : validation loss after the same steps, default (bf16) vs fp32 run
     peak MiB            : peak resident memory of a training step above the process's resident memory
                           once the model and data exist (each row in a fresh process, Linux /proc)
@@ -108,48 +110,53 @@ def train_step_fn(model, kind: str, dtype: torch.dtype | None, lr: float = 3e-4)
     return step
 
 
-def time_training(make_model, kind, dtype, shape, data, warmup, repeats) -> dict:
-    model = make_model(shape)
-    model.train()
-    step = train_step_fn(model, kind, dtype)
-    for b in data[:warmup]:
-        step(b)
-    times = []
-    i = warmup
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step(data[i % len(data)])
-        times.append(time.perf_counter() - t0)
-        i += 1
-    med = statistics.median(times)
-    return {"tokens_per_s": shape.batch * shape.block / med, "step_s": med}
+def time_training_rows(rows: dict, shape: Shape, data, warmup: int, repeats: int) -> dict:
+    """Median tokens/s of each training row, {label: (make_model, kind, dtype)}, timed in turns (one step of
+    every row per round) so that a slow or fast spell of a shared machine touches every row alike."""
+    steps = {}
+    for label, (make_model, kind, dtype) in rows.items():
+        model = make_model(shape)
+        model.train()
+        steps[label] = train_step_fn(model, kind, dtype)
+        for b in data[:warmup]:
+            steps[label](b)
+    times: dict[str, list[float]] = {label: [] for label in rows}
+    for i in range(repeats):
+        for label, step in steps.items():
+            t0 = time.perf_counter()
+            step(data[(warmup + i) % len(data)])
+            times[label].append(time.perf_counter() - t0)
+    return {label: {"tokens_per_s": shape.batch * shape.block / statistics.median(ts),
+                    "step_s": statistics.median(ts)} for label, ts in times.items()}
 
 
 @torch.no_grad()
-def time_decoding(kind: str, shape: Shape, n_new: int, repeats: int) -> dict:
+def time_decoding_rows(shape: Shape, n_new: int, repeats: int) -> dict:
+    """Batch-1 greedy generation of `n_new` tokens after an 8-token prompt, KV cache, timed in turns:
+    attnlab's `generate` and HF's `generate` with fp32 weights, and attnlab with bf16 weights."""
+    from attnlab.inference.generate import generate
+
     prompt = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(1))
-    block = max(shape.block, 8 + n_new)
-    s = Shape(shape.name, shape.n_layers, shape.n_heads, shape.d_model, block, 1)
-    if kind == "ours":
-        from attnlab.inference.generate import generate
-
-        model = ours(s).eval()
-
-        def run():
-            return generate(model, prompt, n_new, greedy=True)
-    else:
-        model = hf(s).eval()
-
-        def run():
-            return model.generate(prompt, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
-                                  pad_token_id=0)
-    run()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+    s = Shape(shape.name, shape.n_layers, shape.n_heads, shape.d_model, max(shape.block, 8 + n_new), 1)
+    ours_fp32, ours_bf16, peer = ours(s).eval(), ours(s).eval().bfloat16(), hf(s).eval()
+    runs = {
+        "ours fp32": lambda: generate(ours_fp32, prompt, n_new, greedy=True),
+        "ours bf16 weights": lambda: generate(ours_bf16, prompt, n_new, greedy=True),
+        "HF fp32": lambda: peer.generate(prompt, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
+                                         pad_token_id=0),
+    }
+    for run in runs.values():
         run()
-        times.append(time.perf_counter() - t0)
-    return {"tokens_per_s": n_new / statistics.median(times)}
+    times: dict[str, list[float]] = {label: [] for label in runs}
+    for _ in range(repeats):
+        for label, run in runs.items():
+            t0 = time.perf_counter()
+            run()
+            times[label].append(time.perf_counter() - t0)
+    out = {label: {"tokens_per_s": n_new / statistics.median(ts)} for label, ts in times.items()}
+    for r in out.values():
+        r["vs_HF"] = r["tokens_per_s"] / out["HF fp32"]["tokens_per_s"]
+    return out
 
 
 def accuracy(shape: Shape, steps: int) -> dict:
@@ -206,9 +213,10 @@ def peak_memory(kind: str, dtype: torch.dtype | None, shape: Shape) -> float | N
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="A,B")
-    p.add_argument("--repeats", type=int, default=5, help="timed steps per row (median reported)")
+    p.add_argument("--repeats", type=int, default=8, help="timed steps per row (median reported)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--decode-tokens", type=int, default=200)
+    p.add_argument("--decode-repeats", type=int, default=3, help="timed generations per decoding row (median)")
     p.add_argument("--accuracy-steps", type=int, default=300, help="0 skips the bf16-vs-fp32 accuracy row")
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory column")
@@ -224,12 +232,12 @@ def main(argv: list[str] | None = None) -> dict:
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         data = make_data(shape, args.warmup + args.repeats)
-        rows = {
-            "ours default": time_training(ours, "ours", default_dtype, shape, data, args.warmup, args.repeats),
-            "ours fp32": time_training(ours, "ours", None, shape, data, args.warmup, args.repeats),
-            "HF fp32": time_training(hf, "hf", None, shape, data, args.warmup, args.repeats),
-            "HF bf16": time_training(hf, "hf", torch.bfloat16, shape, data, args.warmup, args.repeats),
-        }
+        rows = time_training_rows({
+            "ours default": (ours, "ours", default_dtype),
+            "ours fp32": (ours, "ours", None),
+            "HF fp32": (hf, "hf", None),
+            "HF bf16": (hf, "hf", torch.bfloat16),
+        }, shape, data, args.warmup, args.repeats)
         ref = rows["HF fp32"]["tokens_per_s"]
         for label, r in rows.items():
             r["vs_HF_fp32"] = r["tokens_per_s"] / ref
@@ -237,9 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
                 kind = "ours" if label.startswith("ours") else "hf"
                 dtype = None if label.endswith("fp32") else (torch.bfloat16 if kind == "hf" else default_dtype)
                 r["peak_mib"] = peak_memory(kind, dtype, shape)
-        dec = {"ours": time_decoding("ours", shape, args.decode_tokens, max(1, args.repeats // 2)),
-               "HF": time_decoding("hf", shape, args.decode_tokens, max(1, args.repeats // 2))}
-        dec["ours"]["vs_HF"] = dec["ours"]["tokens_per_s"] / dec["HF"]["tokens_per_s"]
+        dec = time_decoding_rows(shape, args.decode_tokens, max(1, args.decode_repeats))
         results["shapes"][name] = {"shape": shape.__dict__, "train": rows, "decode": dec}
         print(f"\nshape {name}: {shape.n_layers} layers, {shape.n_heads} heads, {shape.d_model} wide, "
               f"block {shape.block}, batch {shape.batch}")
@@ -248,8 +254,9 @@ def main(argv: list[str] | None = None) -> dict:
             peak = r.get("peak_mib")
             shown = f"{peak:>10.0f}" if peak is not None else f"{'-':>10}"
             print(f"  train {label:<16}{r['tokens_per_s']:>12,.0f}{r['vs_HF_fp32']:>11.2f}x{shown}")
-        print(f"  decode ours (b=1)     {dec['ours']['tokens_per_s']:>12,.0f}{dec['ours']['vs_HF']:>11.2f}x "
-              f"(vs HF generate {dec['HF']['tokens_per_s']:,.0f})")
+        print(f"  {'decode, batch 1':<22}{'tokens/s':>12}{'vs HF':>12}")
+        for label, r in dec.items():
+            print(f"  decode {label:<15}{r['tokens_per_s']:>12,.0f}{r['vs_HF']:>11.2f}x")
     if args.accuracy_steps:
         acc = accuracy(SHAPES["A"], args.accuracy_steps)
         results["accuracy_shape_A"] = acc

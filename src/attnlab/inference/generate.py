@@ -67,6 +67,7 @@ def generate(
     pad_id: int = 0,
     seed: int | None = None,
     use_cache: bool = True,
+    fast: bool = True,
 ) -> list[list[int]]:
     """Continue each prompt by up to `max_new_tokens` tokens.
 
@@ -78,6 +79,8 @@ def generate(
         eos_id: stop a row when it produces this id (the id is kept in its output).
         seed: seed of the sampling generator (deterministic sampling).
         use_cache: reuse keys/values (the default); False recomputes the whole prefix each step.
+        fast: with the cache and unpadded prompts, use `FastGPTDecoder` where the model supports it (the
+            same tokens in far fewer framework calls); False forces the general forward.
 
     Returns:
         The new tokens of each row (prompts excluded).
@@ -101,21 +104,16 @@ def generate(
 
     was_training = model.training
     model.eval()
-    cache = model.new_cache(capacity=total) if cached else None
-    done = torch.zeros(b, dtype=torch.bool, device=device)
-    start, cur = 0, longest
     try:
+        step = _decoder(model, ids, mask, total, padded=padded, cached=cached, fast=fast, limit=limit)
+        done = torch.zeros(b, dtype=torch.bool, device=device)
+        cur = longest
         for _ in range(max_new_tokens):
-            if not cached:  # recompute, over the last `limit` tokens when the model is bounded
-                start = 0 if limit is None else max(0, cur - limit)
-            step_mask = mask[:, start if not cached else 0 : cur] if padded else None
-            logits = model(ids[:, start:cur], attention_mask=step_mask, cache=cache).logits[:, -1]
+            logits = step(cur)
             nxt = sample_next(logits, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
                               generator=generator)
             nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
             ids[:, cur] = nxt
-            if cached:
-                start = cur
             cur += 1
             if eos_id is not None:
                 done |= nxt == eos_id
@@ -130,6 +128,31 @@ def generate(
             new = new[: new.index(eos_id) + 1]
         out.append(new)
     return out
+
+
+def _decoder(model: nn.Module, ids: Tensor, mask: Tensor, total: int, *, padded: bool, cached: bool,
+             fast: bool, limit: int | None):
+    """A function cur -> (B, V) logits of the token after ids[:, :cur], called for cur = longest, longest+1...:
+    the low-overhead decoder where it applies, else the model's forward with or without a KV cache."""
+    from attnlab.inference.fast_decode import FastGPTDecoder
+
+    if cached and fast and not padded and FastGPTDecoder.supports(model):
+        decoder = FastGPTDecoder(model, ids.shape[0], total)
+        return lambda cur: decoder.step(ids[:, decoder.pos : cur])
+    cache = model.new_cache(capacity=total) if cached else None
+    fed = 0  # tokens already in the cache
+
+    def step(cur: int) -> Tensor:
+        nonlocal fed
+        if cached:
+            start = fed
+            fed = cur
+        else:  # recompute, over the last `limit` tokens when the model is bounded
+            start = 0 if limit is None else max(0, cur - limit)
+        step_mask = mask[:, start if not cached else 0 : cur] if padded else None
+        return model(ids[:, start:cur], attention_mask=step_mask, cache=cache).logits[:, -1]
+
+    return step
 
 
 # --------------------------------------------------------------------------------------------------

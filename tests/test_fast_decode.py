@@ -1,0 +1,74 @@
+"""The low-overhead decoder gives what the general forward gives: same logits, same tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.inference.fast_decode import FastGPTDecoder
+from attnlab.inference.generate import generate
+from attnlab.models.gpt import GPT, GPTConfig
+
+
+def _gpt(**overrides) -> GPT:
+    torch.manual_seed(0)
+    settings = dict(vocab_size=23, block_size=40, d_model=32, n_heads=4, n_layers=2)
+    model = GPT(GPTConfig(**{**settings, **overrides})).eval()
+    with torch.no_grad():  # non-zero biases and norm gains, so a missed term would show
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+SUPPORTED = [
+    {},
+    {"position": "sinusoidal", "activation": "gelu-tanh"},
+    {"position": "none", "activation": "relu", "bias": False},
+    {"tie_embeddings": False, "d_ff": 48},
+]
+
+
+@pytest.mark.parametrize("overrides", SUPPORTED)
+def test_step_logits_equal_the_full_forward(overrides):
+    model = _gpt(**overrides)
+    assert FastGPTDecoder.supports(model)
+    ids = torch.randint(0, 23, (3, 12), generator=torch.Generator().manual_seed(1))
+    full = model(ids).logits  # (B, T, V)
+    decoder = FastGPTDecoder(model, batch=3, capacity=12)
+    logits = [decoder.step(ids[:, :5])]  # the prompt at once, then one token at a time
+    logits += [decoder.step(ids[:, t : t + 1]) for t in range(5, 12)]
+    torch.testing.assert_close(torch.stack(logits, 1), full[:, 4:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", SUPPORTED)
+def test_generate_gives_the_same_tokens_fast_or_not(overrides):
+    model = _gpt(**overrides)
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8]]  # equal lengths: the fast path applies
+    for options in ({"greedy": True}, {"temperature": 0.8, "top_k": 5, "seed": 3}):
+        fast = generate(model, prompts, 20, **options)
+        general = generate(model, prompts, 20, fast=False, **options)
+        assert fast == general
+
+
+@pytest.mark.parametrize("overrides", [{"position": "rotary"}, {"position": "alibi"}, {"attention": "bilinear"},
+                                       {"attention": "synthesizer-dense"}, {"norm": "post"}])
+def test_other_configurations_take_the_general_path(overrides):
+    model = _gpt(**overrides)
+    assert not FastGPTDecoder.supports(model)
+    assert len(generate(model, [[1, 2, 3]], 5, greedy=True)[0]) == 5
+
+
+def test_decoder_refuses_misuse():
+    model = _gpt()
+    decoder = FastGPTDecoder(model, batch=1, capacity=6)
+    decoder.step(torch.tensor([[1, 2, 3]]))
+    with pytest.raises(ValueError, match="one token at a time"):
+        decoder.step(torch.tensor([[1, 2]]))
+    decoder.step(torch.tensor([[4]]))
+    decoder.step(torch.tensor([[5]]))
+    decoder.step(torch.tensor([[6]]))
+    with pytest.raises(ValueError, match="capacity"):
+        decoder.step(torch.tensor([[7]]))
+    with pytest.raises(ValueError, match="pre-norm GPT"):
+        FastGPTDecoder(_gpt(position="rotary"), batch=1, capacity=4)
