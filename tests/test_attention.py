@@ -499,3 +499,23 @@ def test_left_padded_batch_equals_unbatched(variant, position, causal, perturb):
     batched = run(x, keep)
     for b, n in enumerate(lengths):
         torch.testing.assert_close(batched[b, 8 - n:], run(x[b:b + 1, 8 - n:])[0], atol=ATOL, rtol=0)
+
+
+def test_fused_qkv_projection_equals_separate_projections():
+    """Self-attention with `dot` takes one fused QKV product; it must equal queries, keys and values
+    projected one by one (the path every other variant and cross-attention take)."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4)
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    fused_out, _ = mha(x, causal=True)
+    positions = torch.arange(5)[None]
+    q, k = mha.scores.queries(x, positions), mha.scores.keys(x, positions)
+    v = mha.v_proj(x).view(2, 5, 4, 4).transpose(1, 2)
+    ref, _ = attention(q, k, v, causal=True)
+    separate_out = mha.out_proj(ref.transpose(1, 2).reshape(2, 5, 16))
+    torch.testing.assert_close(fused_out, separate_out, atol=1e-6, rtol=1e-6)
+    fused_grad = torch.autograd.grad(fused_out.sum(), mha.scores.q_proj.weight)[0]
+    separate_grad = torch.autograd.grad(separate_out.sum(), mha.scores.q_proj.weight)[0]
+    torch.testing.assert_close(fused_grad, separate_grad, atol=1e-6, rtol=1e-6)
+    cross = MultiHeadAttention(16, 4, kv_dim=8)  # keys and values from a memory of another width
+    assert cross.scores.fused_qkv(cross.v_proj) is None

@@ -43,9 +43,7 @@ class FastGPTDecoder:
         self.layers = []
         for layer in model.blocks.layers:
             attn = layer.self_attn
-            projections = (attn.scores.q_proj, attn.scores.k_proj, attn.v_proj)
-            qkv_w = torch.cat([p.weight for p in projections])  # (3D, D)
-            qkv_b = torch.cat([p.bias for p in projections]) if attn.v_proj.bias is not None else None
+            qkv_w, qkv_b = attn.scores.fused_qkv(attn.v_proj)  # (3D, D), (3D,)
             self.layers.append((layer.attn_block.norm, qkv_w, qkv_b, attn.out_proj, layer.ff_block.norm,
                                 layer.ff.fc1, layer.ff.act, layer.ff.fc2))
         shape = (len(self.layers), batch, self.n_heads, capacity, self.head_dim)
@@ -62,7 +60,9 @@ class FastGPTDecoder:
         scheme = type(model.position)
         additive_only = (scheme.rotate_q is PositionScheme.rotate_q and scheme.rotate_k is PositionScheme.rotate_k
                          and scheme.score_bias is PositionScheme.score_bias)
-        return additive_only and all(type(layer.self_attn.scores) is DotScores for layer in model.blocks.layers)
+        return additive_only and all(type(layer.self_attn.scores) is DotScores
+                                     and layer.self_attn.scores.fused_qkv(layer.self_attn.v_proj) is not None
+                                     for layer in model.blocks.layers)
 
     @torch.no_grad()
     def step(self, ids: Tensor) -> Tensor:

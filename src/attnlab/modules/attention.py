@@ -374,14 +374,21 @@ class MultiHeadAttention(nn.Module):
         if positions is None:
             positions = torch.arange(past, past + t, device=x.device)[None, :]  # (1, T)
 
-        q = self.scores.queries(x, positions)  # (B, H, T, Dq)
+        fused = None if cross else self.scores.fused_qkv(self.v_proj)
+        if fused is not None:
+            # One product for queries, keys and values (fewer calls, one larger matmul).
+            qkv = F.linear(x, *fused).view(b, t, 3, self.n_heads, self.head_dim)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 × (B, H, T, Dh)
+        else:
+            q = self.scores.queries(x, positions)  # (B, H, T, Dq)
         if cross and cache is not None and cache.ready:
             k, v = cache.get()
         else:
             src = memory if cross else x
             src_pos = positions if not cross else torch.arange(src.shape[1], device=x.device)[None, :]
-            k = self.scores.keys(src, src_pos)  # (B, H, T_new, Dq)
-            v = split_heads(self.v_proj(src), self.n_heads)  # (B, H, T_new, Dh)
+            if fused is None:
+                k = self.scores.keys(src, src_pos)  # (B, H, T_new, Dq)
+                v = split_heads(self.v_proj(src), self.n_heads)  # (B, H, T_new, Dh)
             if position is not None and not cross:
                 k = position.rotate_k(k, src_pos)
             if cache is not None:

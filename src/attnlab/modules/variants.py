@@ -44,6 +44,12 @@ class ScoreVariant(nn.Module):
     def keys(self, y: Tensor, positions: Tensor) -> Tensor:  # (B, H, S, Dq)
         raise NotImplementedError
 
+    def fused_qkv(self, v_proj: nn.Linear) -> tuple[Tensor, Tensor | None] | None:
+        """For self-attention: (weight (3D, D), bias) of one projection giving [queries, keys, values] of
+        head width, equal to `queries`, `keys` and `v_proj` applied one by one; None where the variant's
+        queries and keys are not plain projections of the input."""
+        return None
+
 
 VARIANTS: Registry[type[ScoreVariant]] = Registry("attention variant")
 
@@ -89,6 +95,16 @@ class DotScores(ScoreVariant):
 
     def keys(self, y: Tensor, positions: Tensor) -> Tensor:
         return _split(self.k_proj(y), self.n_heads)
+
+    def fused_qkv(self, v_proj: nn.Linear) -> tuple[Tensor, Tensor | None] | None:
+        layers = (self.q_proj, self.k_proj, v_proj)
+        if self.k_proj.in_features != self.q_proj.in_features or v_proj.out_features != self.q_proj.out_features:
+            return None  # keys from a memory of another width: not self-attention
+        biases = [p.bias for p in layers]
+        if any(bias is None for bias in biases) and not all(bias is None for bias in biases):
+            return None
+        bias = None if biases[0] is None else torch.cat(biases)
+        return torch.cat([p.weight for p in layers]), bias
 
 
 @VARIANTS.register("bilinear")
