@@ -519,3 +519,32 @@ def test_fused_qkv_projection_equals_separate_projections():
     torch.testing.assert_close(fused_grad, separate_grad, atol=1e-6, rtol=1e-6)
     cross = MultiHeadAttention(16, 4, kv_dim=8)  # keys and values from a memory of another width
     assert cross.scores.fused_qkv(cross.v_proj) is None
+
+
+def test_blocked_causal_path_equals_the_full_product(monkeypatch):
+    """Long causal self-attention in half precision on CPU runs one block of queries at a time, each
+    seeing only the keys up to its end; it must equal the full masked product, values and gradients."""
+    import attnlab.modules.attention as core
+
+    monkeypatch.setattr(core, "CAUSAL_BLOCK", 4)
+    monkeypatch.setattr(core, "EXPLICIT_MAX_KEYS", 8)  # T = 10 keys: past the plain explicit path
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 10, 8, generator=g) for _ in range(3))
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        grads = []
+        outs = []
+        for blocked in (True, False):
+            leaves = [t.detach().to(dtype).clone().requires_grad_() for t in (q, k, v)]
+            out = core._blocked_causal_attention(*leaves, dropout=0.0, scale=8 ** -0.5) if blocked \
+                else attention(*leaves, causal=True, need_weights=True)[0]
+            out.float().pow(2).sum().backward()
+            outs.append(out.float())
+            grads.append([t.grad.float() for t in leaves])
+        torch.testing.assert_close(outs[0], outs[1], atol=tol, rtol=tol)
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+    # The dispatcher takes the blocked path for bf16 on CPU beyond EXPLICIT_MAX_KEYS; it agrees with SDPA.
+    qb, kb, vb = (t.bfloat16() for t in (q, k, v))
+    ours = attention(qb, kb, vb, causal=True)[0].float()
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(ours, ref, atol=3e-2, rtol=3e-2)
