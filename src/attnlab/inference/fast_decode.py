@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.modules.positions import PositionScheme
-from attnlab.modules.variants import DotScores
 
 
 class FastGPTDecoder:
@@ -44,8 +43,8 @@ class FastGPTDecoder:
         for layer in model.blocks.layers:
             attn = layer.self_attn
             qkv_w, qkv_b = attn.scores.fused_qkv(attn.v_proj)  # (3D, D), (3D,)
-            self.layers.append((layer.attn_block.norm, qkv_w, qkv_b, attn.out_proj, layer.ff_block.norm,
-                                layer.ff.fc1, layer.ff.act, layer.ff.fc2))
+            self.layers.append((layer.attn_block.norm, qkv_w, qkv_b, attn.scores.scale, attn.out_proj,
+                                layer.ff_block.norm, layer.ff.fc1, layer.ff.act, layer.ff.fc2))
         shape = (len(self.layers), batch, self.n_heads, capacity, self.head_dim)
         self.k = weight.new_empty(shape)
         self.v = weight.new_empty(shape)
@@ -60,8 +59,8 @@ class FastGPTDecoder:
         scheme = type(model.position)
         additive_only = (scheme.rotate_q is PositionScheme.rotate_q and scheme.rotate_k is PositionScheme.rotate_k
                          and scheme.score_bias is PositionScheme.score_bias)
-        return additive_only and all(type(layer.self_attn.scores) is DotScores
-                                     and layer.self_attn.scores.fused_qkv(layer.self_attn.v_proj) is not None
+        # A variant with a fused QKV projection declares its queries and keys plain projections of the input.
+        return additive_only and all(layer.self_attn.scores.fused_qkv(layer.self_attn.v_proj) is not None
                                      for layer in model.blocks.layers)
 
     @torch.no_grad()
@@ -78,13 +77,14 @@ class FastGPTDecoder:
         positions = torch.arange(start, end, device=ids.device)[None]  # (1, T)
         x = m.embed(ids, positions, m.position)  # (B, T, D)
         h_, dh = self.n_heads, self.head_dim
-        for i, (norm1, qkv_w, qkv_b, out, norm2, fc1, act, fc2) in enumerate(self.layers):
+        for i, (norm1, qkv_w, qkv_b, scale, out, norm2, fc1, act, fc2) in enumerate(self.layers):
             h = F.layer_norm(x, norm1.normalized_shape, norm1.weight, norm1.bias, norm1.eps)
             q, k, v = F.linear(h, qkv_w, qkv_b).view(b, t, 3, h_, dh).permute(2, 0, 3, 1, 4)  # 3 × (B, H, T, Dh)
             self.k[i, :, :, start:end] = k
             self.v[i, :, :, start:end] = v
             # A prompt starts at position 0, so the square causal mask is exact; one new token sees everything.
-            a = F.scaled_dot_product_attention(q, self.k[i, :, :, :end], self.v[i, :, :, :end], is_causal=t > 1)
+            a = F.scaled_dot_product_attention(q, self.k[i, :, :, :end], self.v[i, :, :, :end], is_causal=t > 1,
+                                               scale=scale)
             x = x + out(a.transpose(1, 2).reshape(b, t, h_ * dh))
             h = F.layer_norm(x, norm2.normalized_shape, norm2.weight, norm2.bias, norm2.eps)
             x = x + fc2(act(fc1(h)))
