@@ -14,11 +14,35 @@ Legend: B batch, T new tokens, S cached + new, D width, H heads, Dh head width, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.modules.positions import PositionScheme
+
+
+class _Layer(NamedTuple):
+    """One block's weights as plain tensors (pre-norm: norm1 → attention, norm2 → MLP)."""
+
+    norm1_w: Tensor
+    norm1_b: Tensor
+    norm1_eps: float
+    qkv_w: Tensor  # (3D, D)
+    qkv_b: Tensor | None
+    scale: float | None
+    out_w: Tensor
+    out_b: Tensor | None
+    norm2_w: Tensor
+    norm2_b: Tensor
+    norm2_eps: float
+    fc1_w: Tensor
+    fc1_b: Tensor | None
+    act: Callable[[Tensor], Tensor]
+    fc2_w: Tensor
+    fc2_b: Tensor | None
 
 
 class FastGPTDecoder:
@@ -43,11 +67,16 @@ class FastGPTDecoder:
         for layer in model.blocks.layers:
             attn = layer.self_attn
             qkv_w, qkv_b = attn.scores.fused_qkv(attn.v_proj)  # (3D, D), (3D,)
-            self.layers.append((layer.attn_block.norm, qkv_w, qkv_b, attn.scores.scale, attn.out_proj,
-                                layer.ff_block.norm, layer.ff.fc1, layer.ff.act, layer.ff.fc2))
+            norm1, norm2, ff = layer.attn_block.norm, layer.ff_block.norm, layer.ff
+            # Plain tensors and functions, not modules: a module call costs microseconds of Python per token.
+            self.layers.append(_Layer(norm1.weight, norm1.bias, norm1.eps, qkv_w, qkv_b, attn.scores.scale,
+                                      attn.out_proj.weight, attn.out_proj.bias, norm2.weight, norm2.bias, norm2.eps,
+                                      ff.fc1.weight, ff.fc1.bias, ff.act, ff.fc2.weight, ff.fc2.bias))
         shape = (len(self.layers), batch, self.n_heads, capacity, self.head_dim)
         self.k = weight.new_empty(shape)
         self.v = weight.new_empty(shape)
+        self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)  # per-layer views, taken once
+        self._width = (c.d_model,)
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -76,17 +105,17 @@ class FastGPTDecoder:
         m = self.model
         positions = torch.arange(start, end, device=ids.device)[None]  # (1, T)
         x = m.embed(ids, positions, m.position)  # (B, T, D)
-        h_, dh = self.n_heads, self.head_dim
-        for i, (norm1, qkv_w, qkv_b, scale, out, norm2, fc1, act, fc2) in enumerate(self.layers):
-            h = F.layer_norm(x, norm1.normalized_shape, norm1.weight, norm1.bias, norm1.eps)
-            q, k, v = F.linear(h, qkv_w, qkv_b).view(b, t, 3, h_, dh).permute(2, 0, 3, 1, 4)  # 3 × (B, H, T, Dh)
-            self.k[i, :, :, start:end] = k
-            self.v[i, :, :, start:end] = v
+        h_, dh, width = self.n_heads, self.head_dim, self._width
+        for p, k_cache, v_cache in zip(self.layers, self._k_layers, self._v_layers):
+            h = F.layer_norm(x, width, p.norm1_w, p.norm1_b, p.norm1_eps)
+            q, k, v = F.linear(h, p.qkv_w, p.qkv_b).view(b, t, 3, h_, dh).permute(2, 0, 3, 1, 4)  # 3 × (B, H, T, Dh)
+            k_cache[:, :, start:end] = k
+            v_cache[:, :, start:end] = v
             # A prompt starts at position 0, so the square causal mask is exact; one new token sees everything.
-            a = F.scaled_dot_product_attention(q, self.k[i, :, :, :end], self.v[i, :, :, :end], is_causal=t > 1,
-                                               scale=scale)
-            x = x + out(a.transpose(1, 2).reshape(b, t, h_ * dh))
-            h = F.layer_norm(x, norm2.normalized_shape, norm2.weight, norm2.bias, norm2.eps)
-            x = x + fc2(act(fc1(h)))
+            a = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], is_causal=t > 1,
+                                               scale=p.scale)
+            x = x + F.linear(a.transpose(1, 2).reshape(b, t, h_ * dh), p.out_w, p.out_b)
+            h = F.layer_norm(x, width, p.norm2_w, p.norm2_b, p.norm2_eps)
+            x = x + F.linear(p.act(F.linear(h, p.fc1_w, p.fc1_b)), p.fc2_w, p.fc2_b)
         self.pos = end
         return m.lm_head(m.blocks.norm(x[:, -1]))  # (B, V)
