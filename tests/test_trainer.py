@@ -244,15 +244,34 @@ def test_devices_and_precision():
         with pytest.raises(ConfigError, match="not available"):
             select_device("cuda")
     assert resolve_precision("fp32", "cpu") is None
-    assert resolve_precision("bf16", "cpu") is torch.bfloat16
     assert resolve_precision("auto", "cpu") == (torch.bfloat16 if cpu_has_bf16() else None)
     with pytest.raises(ConfigError):
         resolve_precision("fp8", "cpu")
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_forced_bf16_warns_only_on_a_cpu_without_bf16_instructions(monkeypatch, native):
+    import warnings
+
+    from attnlab.training import device
+
+    monkeypatch.setattr(device, "cpu_has_bf16", lambda: native)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert resolve_precision("bf16", "cpu") is torch.bfloat16
+        assert resolve_precision("auto", "cpu") == (torch.bfloat16 if native else None)
+    messages = [str(w.message) for w in caught]
+    assert bool(messages) != native
+    assert all("without bf16 instructions" in m for m in messages)
+
+
 def test_bf16_autocast_runs_on_cpu(tmp_path):
-    trainer = Trainer(tiny_model(), config(precision="bf16", steps=3), ToySource(), eval_source=ToySource(),
-                      out_dir=tmp_path)
+    import contextlib
+
+    expect = contextlib.nullcontext() if cpu_has_bf16() else pytest.warns(UserWarning, match="without bf16")
+    with expect:
+        trainer = Trainer(tiny_model(), config(precision="bf16", steps=3), ToySource(), eval_source=ToySource(),
+                          out_dir=tmp_path)
     assert trainer.dtype is torch.bfloat16
     summary = trainer.fit()
     assert math.isfinite(summary["final_train_loss"]) and math.isfinite(summary["final_eval_loss"])
