@@ -5,7 +5,8 @@
     python benchmarks/bench_attention.py --repeats 20 --json attention.json
 
 Rows: (batch, heads, T, head width) × dtype; columns: milliseconds per forward+backward for each
-implementation, and attnlab's ratio against SDPA and against the faster of the two peers.
+implementation, and attnlab's ratio against SDPA and against the faster of the two peers. The bf16 rows
+run only on a CPU with bf16 instructions (`--bf16 yes` forces them; elsewhere torch emulates bf16 slowly).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.modules.attention import attention
+from attnlab.training.device import cpu_has_bf16
 
 SHAPES = [
     (32, 4, 112, 32),  # the knowledge experiment's quick scale (block 128, trimmed batches)
@@ -65,12 +67,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--json", help="also write the rows to this JSON file")
+    p.add_argument("--bf16", choices=("auto", "yes", "no"), default="auto",
+                   help="run the bf16 rows: auto = only on a CPU with bf16 instructions")
     args = p.parse_args(argv)
+    dtypes = [torch.float32]
+    if args.bf16 == "yes" or (args.bf16 == "auto" and cpu_has_bf16()):
+        dtypes.append(torch.bfloat16)
+    else:
+        print("this CPU has no bf16 instructions: bf16 rows left out (--bf16 yes runs them, emulated and slow)")
     rows = []
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ms per causal forward+backward")
     print(f"{'shape (B,H,T,Dh)':<22}{'dtype':<7}{'SDPA':>9}{'plain':>9}{'attnlab':>9}{'vs SDPA':>9}{'vs best':>9}")
     for shape in SHAPES:
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in dtypes:
             fns = {"sdpa": sdpa, "plain": plain, "attnlab": ours}
             ms = {name: 1e3 * sec for name, sec in time_fns(fns, shape, dtype, args.repeats).items()}
             row = {"shape": list(shape), "dtype": str(dtype).replace("torch.", ""), **ms,

@@ -19,6 +19,10 @@ Rows:
     accuracy            : validation loss after the same steps, default (bf16) vs fp32 run
     peak MiB            : peak resident memory of a training step above the process's resident memory
                           once the model and data exist (each row in a fresh process, Linux /proc)
+
+On a CPU without bf16 instructions (e.g. AVX2 only) torch emulates bf16 matmuls 50-100x slower than fp32,
+so the bf16 rows (HF bf16, bf16 weights, accuracy) are left out there unless `--bf16 yes` asks for them;
+"ours default" is then fp32, as `precision = "auto"` gives on that CPU.
 """
 
 from __future__ import annotations
@@ -131,9 +135,9 @@ def time_training_rows(rows: dict, shape: Shape, data, warmup: int, repeats: int
 
 
 @torch.no_grad()
-def time_decoding_rows(shape: Shape, n_new: int, repeats: int) -> dict:
+def time_decoding_rows(shape: Shape, n_new: int, repeats: int, bf16: bool = True) -> dict:
     """Batch-1 greedy generation of `n_new` tokens after an 8-token prompt, KV cache, timed in turns:
-    attnlab's `generate` and HF's `generate` with fp32 weights, and attnlab with bf16 weights."""
+    attnlab's `generate` and HF's `generate` with fp32 weights, and (with `bf16`) attnlab with bf16 weights."""
     from attnlab.inference.generate import generate
 
     prompt = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(1))
@@ -145,6 +149,8 @@ def time_decoding_rows(shape: Shape, n_new: int, repeats: int) -> dict:
         "HF fp32": lambda: peer.generate(prompt, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
                                          pad_token_id=0),
     }
+    if not bf16:
+        del runs["ours bf16 weights"]
     for run in runs.values():
         run()
     times: dict[str, list[float]] = {label: [] for label in runs}
@@ -220,6 +226,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--accuracy-steps", type=int, default=300, help="0 skips the bf16-vs-fp32 accuracy row")
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory column")
+    p.add_argument("--bf16", choices=("auto", "yes", "no"), default="auto",
+                   help="run the bf16 rows: auto = only on a CPU with bf16 instructions")
     p.add_argument("--memory-row", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_row:
@@ -227,17 +235,23 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
 
     default_dtype = torch.bfloat16 if cpu_has_bf16() else None
+    bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and cpu_has_bf16())
+    if not bf16:
+        print("this CPU has no bf16 instructions: bf16 rows left out (--bf16 yes runs them, emulated and slow)")
     results: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(),
                      "cpu_bf16": cpu_has_bf16(), "shapes": {}}
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         data = make_data(shape, args.warmup + args.repeats)
-        rows = time_training_rows({
+        specs = {
             "ours default": (ours, "ours", default_dtype),
             "ours fp32": (ours, "ours", None),
             "HF fp32": (hf, "hf", None),
             "HF bf16": (hf, "hf", torch.bfloat16),
-        }, shape, data, args.warmup, args.repeats)
+        }
+        if not bf16:
+            del specs["HF bf16"]
+        rows = time_training_rows(specs, shape, data, args.warmup, args.repeats)
         ref = rows["HF fp32"]["tokens_per_s"]
         for label, r in rows.items():
             r["vs_HF_fp32"] = r["tokens_per_s"] / ref
@@ -245,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
                 kind = "ours" if label.startswith("ours") else "hf"
                 dtype = None if label.endswith("fp32") else (torch.bfloat16 if kind == "hf" else default_dtype)
                 r["peak_mib"] = peak_memory(kind, dtype, shape)
-        dec = time_decoding_rows(shape, args.decode_tokens, max(1, args.decode_repeats))
+        dec = time_decoding_rows(shape, args.decode_tokens, max(1, args.decode_repeats), bf16=bf16)
         results["shapes"][name] = {"shape": shape.__dict__, "train": rows, "decode": dec}
         print(f"\nshape {name}: {shape.n_layers} layers, {shape.n_heads} heads, {shape.d_model} wide, "
               f"block {shape.block}, batch {shape.batch}")
@@ -257,7 +271,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {'decode, batch 1':<22}{'tokens/s':>12}{'vs HF':>12}")
         for label, r in dec.items():
             print(f"  decode {label:<15}{r['tokens_per_s']:>12,.0f}{r['vs_HF']:>11.2f}x")
-    if args.accuracy_steps:
+    if args.accuracy_steps and bf16:
         acc = accuracy(SHAPES["A"], args.accuracy_steps)
         results["accuracy_shape_A"] = acc
         print(f"\nvalidation loss after {args.accuracy_steps} steps (shape A): fp32 {acc['fp32']:.4f}, "
