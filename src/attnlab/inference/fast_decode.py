@@ -30,7 +30,7 @@ class _Layer(NamedTuple):
     norm1_w: Tensor
     norm1_b: Tensor
     norm1_eps: float
-    qkv_w: Tensor  # (3D, D)
+    qkv_w: Tensor  # (D, 3D): weights are stored transposed (views), so each product is one addmm
     qkv_b: Tensor | None
     scale: float | None
     out_w: Tensor
@@ -69,14 +69,16 @@ class FastGPTDecoder:
             qkv_w, qkv_b = attn.scores.fused_qkv(attn.v_proj)  # (3D, D), (3D,)
             norm1, norm2, ff = layer.attn_block.norm, layer.ff_block.norm, layer.ff
             # Plain tensors and functions, not modules: a module call costs microseconds of Python per token.
-            self.layers.append(_Layer(norm1.weight, norm1.bias, norm1.eps, qkv_w, qkv_b, attn.scores.scale,
-                                      attn.out_proj.weight, attn.out_proj.bias, norm2.weight, norm2.bias, norm2.eps,
-                                      ff.fc1.weight, ff.fc1.bias, ff.act, ff.fc2.weight, ff.fc2.bias))
+            self.layers.append(_Layer(norm1.weight, norm1.bias, norm1.eps, qkv_w.t(), qkv_b, attn.scores.scale,
+                                      attn.out_proj.weight.t(), attn.out_proj.bias, norm2.weight, norm2.bias,
+                                      norm2.eps, ff.fc1.weight.t(), ff.fc1.bias, ff.act, ff.fc2.weight.t(),
+                                      ff.fc2.bias))
         shape = (len(self.layers), batch, self.n_heads, capacity, self.head_dim)
         self.k = weight.new_empty(shape)
         self.v = weight.new_empty(shape)
         self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)  # per-layer views, taken once
         self._width = (c.d_model,)
+        self._positions = torch.arange(capacity, device=weight.device)[None]  # sliced per step, not rebuilt
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -103,19 +105,23 @@ class FastGPTDecoder:
         if end > self.k.shape[3]:
             raise ValueError(f"the cache holds {self.k.shape[3]} positions; build the decoder with more capacity")
         m = self.model
-        positions = torch.arange(start, end, device=ids.device)[None]  # (1, T)
-        x = m.embed(ids, positions, m.position)  # (B, T, D)
+        x = m.embed(ids, self._positions[:, start:end], m.position).view(b * t, -1)  # (B·T, D): 2-D throughout
         h_, dh, width = self.n_heads, self.head_dim, self._width
         for p, k_cache, v_cache in zip(self.layers, self._k_layers, self._v_layers):
             h = F.layer_norm(x, width, p.norm1_w, p.norm1_b, p.norm1_eps)
-            q, k, v = F.linear(h, p.qkv_w, p.qkv_b).view(b, t, 3, h_, dh).permute(2, 0, 3, 1, 4)  # 3 × (B, H, T, Dh)
+            q, k, v = _affine(h, p.qkv_w, p.qkv_b).view(b, t, 3, h_, dh).permute(2, 0, 3, 1, 4)  # 3 × (B, H, T, Dh)
             k_cache[:, :, start:end] = k
             v_cache[:, :, start:end] = v
             # A prompt starts at position 0, so the square causal mask is exact; one new token sees everything.
             a = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], is_causal=t > 1,
                                                scale=p.scale)
-            x = x + F.linear(a.transpose(1, 2).reshape(b, t, h_ * dh), p.out_w, p.out_b)
+            x = x + _affine(a.transpose(1, 2).reshape(b * t, h_ * dh), p.out_w, p.out_b)
             h = F.layer_norm(x, width, p.norm2_w, p.norm2_b, p.norm2_eps)
-            x = x + F.linear(p.act(F.linear(h, p.fc1_w, p.fc1_b)), p.fc2_w, p.fc2_b)
+            x = x + _affine(p.act(_affine(h, p.fc1_w, p.fc1_b)), p.fc2_w, p.fc2_b)
         self.pos = end
-        return m.lm_head(m.blocks.norm(x[:, -1]))  # (B, V)
+        return m.lm_head(m.blocks.norm(x.view(b, t, -1)[:, -1]))  # (B, V)
+
+
+def _affine(x: Tensor, w_t: Tensor, b: Tensor | None) -> Tensor:
+    """x·w_t + b for 2-D x and a transposed weight view: one BLAS call, none of F.linear's reshapes."""
+    return torch.addmm(b, x, w_t) if b is not None else torch.mm(x, w_t)

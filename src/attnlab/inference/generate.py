@@ -112,7 +112,8 @@ def generate(
             logits = step(cur)
             nxt = sample_next(logits, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
                               generator=generator)
-            nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
+            if eos_id is not None:  # rows already finished get padding (without eos, none ever finishes)
+                nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
             ids[:, cur] = nxt
             cur += 1
             if eos_id is not None:
