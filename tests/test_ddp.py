@@ -35,7 +35,8 @@ def test_two_processes_match_one(tmp_path):
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                str(helper), str(tmp_path / "ddp")]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert proc.returncode == 0, (f"torchrun exited with {proc.returncode}\n--- stderr ---\n{proc.stderr[-6000:]}"
+                                  f"\n--- stdout ---\n{proc.stdout[-2000:]}")
 
     single = Trainer(tiny_model(), ddp_trainer_config(), ToySource(), eval_source=ToySource(),
                      out_dir=tmp_path / "single")
