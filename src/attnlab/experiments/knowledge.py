@@ -318,7 +318,7 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
         london_baseline,
     )
     from attnlab.models.gpt import GPT
-    from attnlab.training.device import select_device
+    from attnlab.training.device import cpu_has_bf16, resolve_precision, select_device
     from attnlab.training.trainer import seed_everything
 
     start = time.perf_counter()
@@ -336,9 +336,12 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     n_params = {v.name: parameter_count(settings, vocab.vocab_size, v) for v in rows}
     assignment_params = parameter_count(SCALES["full"], ASSIGNMENT_VOCAB, Variant("dot", True))
     dev_name = select_device(device)
+    precision = "bf16 autocast" if resolve_precision(settings.precision, dev_name) is not None else "fp32"
+    if precision == "fp32" and settings.precision == "auto" and dev_name.type == "cpu" and not cpu_has_bf16():
+        precision += ", as this CPU has no bf16 instructions"
     echo(f"knowledge access, scale {scale}: {len(data.corpus)} documents, {len(data.train)} fine-tuning and "
          f"{len(data.dev)} evaluation questions ({data.source} data), vocabulary {vocab.vocab_size}, "
-         f"device {dev_name.type}")
+         f"device {dev_name.type} ({precision})")
     echo(f"model: {settings.n_layers} layers, {settings.n_heads} heads, {settings.d_model} wide, block "
          f"{settings.block_size}: {n_params[rows[0].name]:,} parameters "
          f"(the assignment's model: {assignment_params:,} with its vocabulary of {ASSIGNMENT_VOCAB})")
@@ -402,7 +405,8 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
         "assignment_parameters": assignment_params,
         "wall_time_s": time.perf_counter() - start,
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "threads": torch.get_num_threads(), "device": dev_name.type, "torch": torch.__version__},
+                    "threads": torch.get_num_threads(), "device": dev_name.type, "torch": torch.__version__,
+                    "precision": precision, "cpu_bf16": cpu_has_bf16()},
     }
     _write_results(out, summary)
     echo("")
