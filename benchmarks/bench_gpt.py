@@ -20,9 +20,10 @@ Rows:
     peak MiB            : peak resident memory of a training step above the process's resident memory
                           once the model and data exist (each row in a fresh process, Linux /proc)
 
-On a CPU without bf16 instructions (e.g. AVX2 only) torch emulates bf16 matmuls 50-100x slower than fp32,
-so the bf16 rows (HF bf16, bf16 weights, accuracy) are left out there unless `--bf16 yes` asks for them;
-"ours default" is then fp32, as `precision = "auto"` gives on that CPU.
+On a CPU without bf16 instructions (e.g. AVX2 only) torch emulates bf16 matrix products 50-100x slower than
+fp32, so the bf16 training rows (HF bf16, accuracy) are left out there unless `--bf16 yes` asks for them;
+"ours default" is then fp32, as `precision = "auto"` gives on that CPU. Decoding with bf16 weights stays:
+torch's bf16 matrix-vector kernel does not need those instructions.
 """
 
 from __future__ import annotations
@@ -237,7 +238,8 @@ def main(argv: list[str] | None = None) -> dict:
     default_dtype = torch.bfloat16 if cpu_has_bf16() else None
     bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and cpu_has_bf16())
     if not bf16:
-        print("this CPU has no bf16 instructions: bf16 rows left out (--bf16 yes runs them, emulated and slow)")
+        print("this CPU has no bf16 instructions: bf16 training rows left out (--bf16 yes runs them, emulated "
+              "and slow)")
     results: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(),
                      "cpu_bf16": cpu_has_bf16(), "shapes": {}}
     for name in args.shapes.split(","):
@@ -259,7 +261,7 @@ def main(argv: list[str] | None = None) -> dict:
                 kind = "ours" if label.startswith("ours") else "hf"
                 dtype = None if label.endswith("fp32") else (torch.bfloat16 if kind == "hf" else default_dtype)
                 r["peak_mib"] = peak_memory(kind, dtype, shape)
-        dec = time_decoding_rows(shape, args.decode_tokens, max(1, args.decode_repeats), bf16=bf16)
+        dec = time_decoding_rows(shape, args.decode_tokens, max(1, args.decode_repeats))
         results["shapes"][name] = {"shape": shape.__dict__, "train": rows, "decode": dec}
         print(f"\nshape {name}: {shape.n_layers} layers, {shape.n_heads} heads, {shape.d_model} wide, "
               f"block {shape.block}, batch {shape.batch}")

@@ -59,6 +59,13 @@ def test_lm_train_generate_evaluate(tmp_path, capsys):
     code, greedy, _ = run_cli(capsys, "generate", str(out), "--prompt", "def ", "-n", "8", "--greedy",
                               "--device", "cpu")
     assert code == 0
+    for dtype in ("bf16", "fp16"):  # half-precision weights: same interface (tokens may differ by rounding)
+        code, half, err = run_cli(capsys, "generate", str(out), "--prompt", "def ", "-n", "8", "--greedy",
+                                  "--device", "cpu", "--dtype", dtype)
+        assert code == 0, err
+        assert half.startswith("def ")
+    code, _, err = run_cli(capsys, "generate", str(out), "--prompt", "def ", "--dtype", "int3", "--device", "cpu")
+    assert code == 2 and "dtype: unknown value 'int3'" in err and len(err.strip().splitlines()) == 1
 
     sample = tmp_path / "sample.txt"
     sample.write_text("The if statement is used for conditional execution.\n" * 4, encoding="utf-8")

@@ -71,12 +71,14 @@ def generate(
     seed: int | None = typer.Option(0, help="Seed of the sampler (same seed, same text)."),
     best: bool = typer.Option(False, "--best", help="Use the run's best/ checkpoint instead of the latest."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or mps."),
+    dtype: str = typer.Option("fp32", help="Weights: fp32 (as trained), bf16 or fp16 (half the memory read "
+                              "per token: faster decoding of wide models; results differ by rounding)."),
 ) -> None:
     """Generate text from a trained language model (with a KV cache), or translate with a seq2seq model."""
     from attnlab.inference.runs import generate_text, load_run
     from attnlab.training.device import select_device
 
-    run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint")
+    run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint", dtype=dtype)
     text = generate_text(run, prompt, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
                          top_k=top_k, top_p=top_p, seed=seed, beam_size=beam_size)
     print(text if run.family == "seq2seq" else prompt + text)

@@ -31,11 +31,27 @@ class LoadedRun:
     data: dict[str, Any]  # the run's [data] table ({} for a bare checkpoint folder)
 
 
-def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str = "checkpoint") -> LoadedRun:
+# Weight precisions for inference. Decoding one token reads every weight once, so halving the bytes can halve
+# the time where memory is the limit: batch-1 decoding of a 6-layer 384-wide GPT on 2 CPU cores ran 1.3x (AMD
+# Zen 5) and 2.2x (Zen 3) as fast with bf16 weights as with fp32 ones (torch's bf16/fp16 matrix-vector
+# kernels accumulate in fp32).
+WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def weight_dtype(name: str) -> torch.dtype:
+    if name not in WEIGHT_DTYPES:
+        raise ConfigError(f"dtype: unknown value {name!r}; choose one of: {', '.join(WEIGHT_DTYPES)}")
+    return WEIGHT_DTYPES[name]
+
+
+def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str = "checkpoint",
+             dtype: str = "fp32") -> LoadedRun:
     """Model (eval mode, on `device`) and tokenizer of a run folder or checkpoint folder.
 
     Args:
         which: "checkpoint" (the latest, the default) or "best" (the best evaluation) for a run folder.
+        dtype: precision of the weights, "fp32" (as trained, the default), "bf16" or "fp16" (half the memory,
+            and faster decoding where reading the weights is the limit; results differ from fp32 by rounding).
     """
     from attnlab.data.tokenizers import load_tokenizer
     from attnlab.training.checkpoint import find_checkpoint, load_model, read_config, read_trainer_state
@@ -47,7 +63,10 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(f"{folder} has no tokenizer.json; generate and evaluate need a run trained "
                               "by `attnlab train` (it saves the tokenizer beside the weights)")
+    torch_dtype = weight_dtype(dtype)
     model = load_model(folder, device)
+    if torch_dtype != torch.float32:
+        model = model.to(torch_dtype)
     tokenizer = load_tokenizer(folder)
     data: dict[str, Any] = {}
     for candidate in (path / "run.json", folder.parent / "run.json"):
