@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from attnlab.cli import main
+from cli_helpers import run_cli
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
 
@@ -41,13 +40,8 @@ def transcript(command: str) -> list[str]:
 
 
 def run(capsys, *argv: str) -> tuple[int, str]:
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out + out.err
+    code, out, err = run_cli(capsys, *argv)
+    return code, out + err
 
 
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
