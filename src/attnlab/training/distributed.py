@@ -95,8 +95,12 @@ def init_distributed(device: str = "auto") -> tuple[World, torch.device]:
 
 
 def shutdown() -> None:
-    """Leave the process group (safe to call when there is none)."""
+    """Leave the process group (safe to call when there is none), after the other processes are done with it."""
     if dist.is_available() and dist.is_initialized():
+        try:
+            dist.barrier()
+        except RuntimeError:  # a peer already gone: nothing left to wait for
+            pass
         dist.destroy_process_group()
 
 

@@ -44,7 +44,7 @@ from attnlab.training.device import (
     resolve_precision,
     wants_onednn_fp32,
 )
-from attnlab.training.distributed import all_gather_bytes, all_reduce_sum, init_distributed, wrap_ddp
+from attnlab.training.distributed import all_gather_bytes, all_reduce_sum, barrier, init_distributed, wrap_ddp
 from attnlab.training.logging import METRICS_FILE, PLOT_FILE, MetricsLog, Progress, plot_losses
 from attnlab.training.optim import SCHEDULES, build_optimizer, lr_at, set_lr
 
@@ -637,6 +637,9 @@ class Trainer:
             self.save()
         if self.world.is_main:
             self._plot()
+        # Every process leaves together, once the main one has written the checkpoint and the plot: a process
+        # that exits while another still works can make gloo abort that one ("Connection closed by peer").
+        barrier()
         wall = time.perf_counter() - self._fit_start
         seconds = self._totals.train_seconds
         return {
