@@ -55,8 +55,10 @@ class FastGPTDecoder:
         capacity: the most positions the cache will hold (prompt + new tokens).
     """
 
-    def __init__(self, model: nn.Module, batch: int, capacity: int):
-        if not self.supports(model):
+    def __init__(self, model: nn.Module, batch: int, capacity: int,
+                 _fused: list[tuple[Tensor, Tensor | None]] | None = None):
+        fused = _fused if _fused is not None else (_fused_layers(model) if _structure_supported(model) else None)
+        if fused is None:
             raise ValueError("FastGPTDecoder needs a pre-norm GPT with dot attention and additive positions")
         c = model.config
         self.model = model
@@ -64,9 +66,8 @@ class FastGPTDecoder:
         self.pos = 0
         weight = model.lm_head.weight
         self.layers = []
-        for layer in model.blocks.layers:
+        for layer, (qkv_w, qkv_b) in zip(model.blocks.layers, fused):  # (3D, D), (3D,)
             attn = layer.self_attn
-            qkv_w, qkv_b = attn.scores.fused_qkv(attn.v_proj)  # (3D, D), (3D,)
             norm1, norm2, ff = layer.attn_block.norm, layer.ff_block.norm, layer.ff
             # Plain tensors and functions, not modules: a module call costs microseconds of Python per token.
             self.layers.append(_Layer(norm1.weight, norm1.bias, norm1.eps, qkv_w.t(), qkv_b, attn.scores.scale,
@@ -83,16 +84,14 @@ class FastGPTDecoder:
     @staticmethod
     def supports(model: nn.Module) -> bool:
         """Whether `model` is a GPT this decoder reproduces exactly (checked by structure, not by name)."""
-        from attnlab.models.gpt import GPT
+        return _structure_supported(model) and _fused_layers(model) is not None
 
-        if not isinstance(model, GPT) or model.config.norm != "pre" or model.blocks.norm is None:
-            return False
-        scheme = type(model.position)
-        additive_only = (scheme.rotate_q is PositionScheme.rotate_q and scheme.rotate_k is PositionScheme.rotate_k
-                         and scheme.score_bias is PositionScheme.score_bias)
-        # A variant with a fused QKV projection declares its queries and keys plain projections of the input.
-        return additive_only and all(layer.self_attn.scores.fused_qkv(layer.self_attn.v_proj) is not None
-                                     for layer in model.blocks.layers)
+    @classmethod
+    def for_model(cls, model: nn.Module, batch: int, capacity: int) -> FastGPTDecoder | None:
+        """The decoder for `model`, or None where `supports` says no; the fused QKV weights are built once,
+        for the check and the decoder both."""
+        fused = _fused_layers(model) if _structure_supported(model) else None
+        return None if fused is None else cls(model, batch, capacity, _fused=fused)
 
     @torch.no_grad()
     def step(self, ids: Tensor) -> Tensor:
@@ -120,6 +119,29 @@ class FastGPTDecoder:
             x = x + _affine(p.act(_affine(h, p.fc1_w, p.fc1_b)), p.fc2_w, p.fc2_b)
         self.pos = end
         return m.lm_head(m.blocks.norm(x.view(b, t, -1)[:, -1]))  # (B, V)
+
+
+def _structure_supported(model: nn.Module) -> bool:
+    """A pre-norm GPT with a final norm and a position scheme that only adds to the embeddings."""
+    from attnlab.models.gpt import GPT
+
+    if not isinstance(model, GPT) or model.config.norm != "pre" or model.blocks.norm is None:
+        return False
+    scheme = type(model.position)
+    return (scheme.rotate_q is PositionScheme.rotate_q and scheme.rotate_k is PositionScheme.rotate_k
+            and scheme.score_bias is PositionScheme.score_bias)
+
+
+def _fused_layers(model: nn.Module) -> list[tuple[Tensor, Tensor | None]] | None:
+    """Each layer's fused QKV (weight, bias), or None if a layer's variant has none (a variant with a fused
+    QKV projection declares its queries and keys plain projections of the input)."""
+    fused = []
+    for layer in model.blocks.layers:
+        pair = layer.self_attn.scores.fused_qkv(layer.self_attn.v_proj)
+        if pair is None:
+            return None
+        fused.append(pair)
+    return fused
 
 
 def _affine(x: Tensor, w_t: Tensor, b: Tensor | None) -> Tensor:

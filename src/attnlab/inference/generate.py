@@ -137,8 +137,8 @@ def _decoder(model: nn.Module, ids: Tensor, mask: Tensor, total: int, *, padded:
     the low-overhead decoder where it applies, else the model's forward with or without a KV cache."""
     from attnlab.inference.fast_decode import FastGPTDecoder
 
-    if cached and fast and not padded and FastGPTDecoder.supports(model):
-        decoder = FastGPTDecoder(model, ids.shape[0], total)
+    decoder = FastGPTDecoder.for_model(model, ids.shape[0], total) if cached and fast and not padded else None
+    if decoder is not None:
         return lambda cur: decoder.step(ids[:, decoder.pos : cur])
     cache = model.new_cache(capacity=total) if cached else None
     fed = 0  # tokens already in the cache
