@@ -181,16 +181,15 @@ def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None,
 def _blocked_causal_attention(q: Tensor, k: Tensor, v: Tensor, *, dropout: float, scale: float) -> Tensor:
     """Causal self-attention (T = S) one block of CAUSAL_BLOCK queries at a time: block [i, e) attends to
     keys [0, e) only, so the fully masked part of the score matrix is never computed. Each block is the
-    explicit path (see `_explicit_attention`); the result equals it."""
+    explicit path with its causal mask bottom-right aligned (query i + j sees keys up to i + j), so the
+    result equals the full product."""
     t = q.shape[-2]
     blocks = []
     for i in range(0, t, CAUSAL_BLOCK):
         e = min(i + CAUSAL_BLOCK, t)
-        additive = _causal_additive(t, t, q.dtype, q.device)[i:e, :e]  # (block, e)
-        scores = _masked_scores(q[:, :, i:e], k[:, :, :e], scale, additive)
-        weights = torch.softmax(scores, dim=-1)
-        weights = F.dropout(weights, p=dropout) if dropout > 0 else weights
-        blocks.append(torch.matmul(weights, v[:, :, :e]))
+        out, _ = _explicit_attention(q[:, :, i:e], k[:, :, :e], v[:, :, :e], mask=None, bias=None, causal=True,
+                                     dropout=dropout, scale=scale, need_weights=False, may_hide_rows=False)
+        blocks.append(out)
     return torch.cat(blocks, dim=2)  # (B, H, T, Dv)
 
 
