@@ -98,7 +98,7 @@ def shutdown() -> None:
     """Leave the process group (safe to call when there is none), after the other processes are done with it."""
     if dist.is_available() and dist.is_initialized():
         try:
-            dist.barrier()
+            barrier()
         except RuntimeError:  # a peer already gone: nothing left to wait for
             pass
         dist.destroy_process_group()
