@@ -14,11 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+from turns import time_in_turns
 
 from attnlab.modules.attention import attention
 from attnlab.training.device import cpu_has_bf16
@@ -54,13 +53,7 @@ def time_fns(fns: dict, shape, dtype, repeats: int) -> dict[str, float]:
     for fn in fns.values():
         for _ in range(2):
             fn(q, k, v).backward(grad)
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn(q, k, v).backward(grad)
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return time_in_turns({name: lambda _, fn=fn: fn(q, k, v).backward(grad) for name, fn in fns.items()}, repeats)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -33,10 +33,10 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
+from turns import time_in_turns
 
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.training.device import cpu_has_bf16, fast_fp32_matmul, wants_onednn_fp32
@@ -125,20 +125,15 @@ def time_training_rows(rows: dict, shape: Shape, data, warmup: int, repeats: int
         steps[label] = train_step_fn(model, kind, dtype)
         for b in data[:warmup]:
             steps[label](b)
-    times: dict[str, list[float]] = {label: [] for label in rows}
-    for i in range(repeats):
-        for label, step in steps.items():
-            t0 = time.perf_counter()
-            step(data[(warmup + i) % len(data)])
-            times[label].append(time.perf_counter() - t0)
-    return {label: {"tokens_per_s": shape.batch * shape.block / statistics.median(ts),
-                    "step_s": statistics.median(ts)} for label, ts in times.items()}
+    medians = time_in_turns({label: lambda i, step=step: step(data[(warmup + i) % len(data)])
+                             for label, step in steps.items()}, repeats)
+    return {label: {"tokens_per_s": shape.batch * shape.block / sec, "step_s": sec} for label, sec in medians.items()}
 
 
 @torch.no_grad()
-def time_decoding_rows(shape: Shape, n_new: int, repeats: int, bf16: bool = True) -> dict:
+def time_decoding_rows(shape: Shape, n_new: int, repeats: int) -> dict:
     """Batch-1 greedy generation of `n_new` tokens after an 8-token prompt, KV cache, timed in turns:
-    attnlab's `generate` and HF's `generate` with fp32 weights, and (with `bf16`) attnlab with bf16 weights."""
+    attnlab's `generate` and HF's `generate` with fp32 weights, and attnlab with bf16 weights."""
     from attnlab.inference.generate import generate
 
     prompt = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(1))
@@ -150,17 +145,10 @@ def time_decoding_rows(shape: Shape, n_new: int, repeats: int, bf16: bool = True
         "HF fp32": lambda: peer.generate(prompt, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
                                          pad_token_id=0),
     }
-    if not bf16:
-        del runs["ours bf16 weights"]
     for run in runs.values():
         run()
-    times: dict[str, list[float]] = {label: [] for label in runs}
-    for _ in range(repeats):
-        for label, run in runs.items():
-            t0 = time.perf_counter()
-            run()
-            times[label].append(time.perf_counter() - t0)
-    out = {label: {"tokens_per_s": n_new / statistics.median(ts)} for label, ts in times.items()}
+    medians = time_in_turns({label: lambda _, run=run: run() for label, run in runs.items()}, repeats)
+    out = {label: {"tokens_per_s": n_new / sec} for label, sec in medians.items()}
     for r in out.values():
         r["vs_HF"] = r["tokens_per_s"] / out["HF fp32"]["tokens_per_s"]
     return out

@@ -12,6 +12,8 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def load(name: str):
+    if str(BENCH) not in sys.path:  # the scripts import their shared helper as `python benchmarks/x.py` does
+        sys.path.insert(0, str(BENCH))
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up there

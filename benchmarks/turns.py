@@ -1,0 +1,19 @@
+"""Timing in turns, shared by the benchmark scripts."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def time_in_turns(fns: dict[str, Callable[[int], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each function over `repeats` rounds; round i calls every function once, with i, in
+    turn, so that a slower or faster spell of a shared machine touches every function alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for i in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn(i)
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
