@@ -59,6 +59,33 @@ def test_other_configurations_take_the_general_path(overrides):
     assert len(generate(model, [[1, 2, 3]], 5, greedy=True)[0]) == 5
 
 
+@pytest.mark.parametrize("slices", [2, 3, 5])
+def test_column_sliced_products_give_the_same_logits(monkeypatch, slices):
+    """On a multi-core CPU, fp32 weights too large for the cache are multiplied in column slices (one per
+    thread); the logits stay those of the full forward. 5 divides no width here (32, 96, 128, 23): the
+    products fall back to the largest slice count that divides theirs."""
+    from attnlab.inference import fast_decode
+
+    monkeypatch.setattr(fast_decode, "_slices", lambda *args: slices)
+    model = _gpt()
+    ids = torch.randint(0, 23, (2, 10), generator=torch.Generator().manual_seed(2))
+    decoder = FastGPTDecoder(model, batch=2, capacity=10)
+    assert decoder.slices == slices
+    logits = [decoder.step(ids[:, :4])] + [decoder.step(ids[:, t : t + 1]) for t in range(4, 10)]
+    torch.testing.assert_close(torch.stack(logits, 1), model(ids).logits[:, 3:], atol=1e-5, rtol=1e-5)
+
+
+def test_slicing_is_chosen_for_fp32_weights_beyond_the_cache(monkeypatch):
+    from attnlab.inference import fast_decode
+
+    model = _gpt()
+    assert FastGPTDecoder(model, batch=1, capacity=4).slices == 1  # a tiny model sits in any cache
+    monkeypatch.setattr(fast_decode, "cpu_last_level_cache_bytes", lambda: 0)
+    expected = min(torch.get_num_threads(), 16) if torch.get_num_threads() > 1 else 1
+    assert FastGPTDecoder(model, batch=1, capacity=4).slices == expected
+    assert FastGPTDecoder(model.bfloat16(), batch=1, capacity=4).slices == 1  # half precision: threaded already
+
+
 def test_decoder_refuses_misuse():
     model = _gpt()
     decoder = FastGPTDecoder(model, batch=1, capacity=6)

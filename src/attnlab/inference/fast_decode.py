@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.modules.positions import PositionScheme
+from attnlab.training.device import cpu_last_level_cache_bytes
 
 
 class _Layer(NamedTuple):
@@ -30,7 +31,7 @@ class _Layer(NamedTuple):
     norm1_w: Tensor
     norm1_b: Tensor
     norm1_eps: float
-    qkv_w: Tensor  # (D, 3D): weights are stored transposed (views), so each product is one addmm
+    qkv_w: Tensor  # a `_weight`: a transposed view (D, 3D), or (S, D, 3D/S) slices on a multi-core CPU
     qkv_b: Tensor | None
     scale: float | None
     out_w: Tensor
@@ -65,15 +66,16 @@ class FastGPTDecoder:
         self.n_heads, self.head_dim = c.n_heads, c.d_model // c.n_heads
         self.pos = 0
         weight = model.lm_head.weight
+        self.slices = split = _slices(weight, fused, model.blocks.layers)
         self.layers = []
         for layer, (qkv_w, qkv_b) in zip(model.blocks.layers, fused):  # (3D, D), (3D,)
             attn = layer.self_attn
             norm1, norm2, ff = layer.attn_block.norm, layer.ff_block.norm, layer.ff
             # Plain tensors and functions, not modules: a module call costs microseconds of Python per token.
-            self.layers.append(_Layer(norm1.weight, norm1.bias, norm1.eps, qkv_w.t(), qkv_b, attn.scores.scale,
-                                      attn.out_proj.weight.t(), attn.out_proj.bias, norm2.weight, norm2.bias,
-                                      norm2.eps, ff.fc1.weight.t(), ff.fc1.bias, ff.act, ff.fc2.weight.t(),
-                                      ff.fc2.bias))
+            self.layers.append(_Layer(norm1.weight, norm1.bias, norm1.eps, *_weight(qkv_w, qkv_b, split),
+                                      attn.scores.scale, *_weight(attn.out_proj.weight, attn.out_proj.bias, split),
+                                      norm2.weight, norm2.bias, norm2.eps, *_weight(ff.fc1.weight, ff.fc1.bias, split),
+                                      ff.act, *_weight(ff.fc2.weight, ff.fc2.bias, split)))
         shape = (len(self.layers), batch, self.n_heads, capacity, self.head_dim)
         self.k = weight.new_empty(shape)
         self.v = weight.new_empty(shape)
@@ -144,6 +146,40 @@ def _fused_layers(model: nn.Module) -> list[tuple[Tensor, Tensor | None]] | None
     return fused
 
 
-def _affine(x: Tensor, w_t: Tensor, b: Tensor | None) -> Tensor:
-    """x·w_t + b for 2-D x and a transposed weight view: one BLAS call, none of F.linear's reshapes."""
-    return torch.addmm(b, x, w_t) if b is not None else torch.mm(x, w_t)
+def _slices(weight: Tensor, fused: list[tuple[Tensor, Tensor | None]], layers: nn.Module) -> int:
+    """How many column slices `_weight` cuts each weight into: one per CPU thread for fp32 weights too large
+    for the last-level cache, else one.
+
+    At batch 1 every product is a matrix-vector product, and the BLAS (MKL) runs it on one core. Where the
+    weights stream from memory, one core reads ~14 GB/s on a 2-core AMD EPYC (Zen 3) and both together
+    ~40; a batched product over S slices of the output columns is spread over the threads by torch: the six
+    layers of shape B (384 wide, 42 MB) took 1.9 ms per token instead of 3.4, and decoding ran 1.4x faster.
+    Where the weights sit in the cache (128 and 256 wide) slicing measured 0-20 % slower, the threads'
+    start-up outweighing the reads; half-precision matrix-vector products are threaded already."""
+    threads = torch.get_num_threads()
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or threads < 2:
+        return 1
+    size = sum(w.numel() * w.element_size() for w, _ in fused)
+    size += sum(p.numel() * p.element_size() for layer in layers
+                for p in (layer.self_attn.out_proj.weight, layer.ff.fc1.weight, layer.ff.fc2.weight))
+    return min(threads, 16) if size > cpu_last_level_cache_bytes() else 1
+
+
+def _weight(w: Tensor, b: Tensor | None, split: int) -> tuple[Tensor, Tensor | None]:
+    """A Linear's (out, in) weight and bias as `_affine` takes them: views, no copies. With one slice, the
+    transposed weight (in, out); with S, (S, in, out/S) over S column slices and the bias as (S, 1, out/S).
+    A width S does not divide takes the largest slice count below S that does."""
+    out = w.shape[0]
+    s = next(s for s in range(split, 0, -1) if out % s == 0)
+    if s == 1:
+        return w.t(), b
+    return w.view(s, out // s, -1).transpose(1, 2), (b.view(s, 1, out // s) if b is not None else None)
+
+
+def _affine(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    """x·wᵀ + b for 2-D x (M, in) and a weight from `_weight`: one BLAS call, none of F.linear's reshapes."""
+    if w.dim() == 2:
+        return torch.addmm(b, x, w) if b is not None else torch.mm(x, w)
+    xs = x.expand(w.shape[0], *x.shape)  # (S, M, in): the same rows for every slice, no copy
+    y = torch.baddbmm(b, xs, w) if b is not None else torch.bmm(xs, w)  # (S, M, out/S)
+    return y.transpose(0, 1).reshape(x.shape[0], -1)  # (M, out): a view when M = 1

@@ -74,6 +74,30 @@ def cpu_has_bf16() -> bool:
     return False
 
 
+DEFAULT_LAST_LEVEL_CACHE = 32 << 20  # where the OS does not say: a common L3 size of current desktop/server CPUs
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_last_level_cache_bytes() -> int:
+    """The size of the CPU's last-level cache as the OS reports it (Linux sysfs; elsewhere a 32 MiB guess)."""
+    import glob
+    import re
+
+    best = (0, 0)  # (level, bytes)
+    for folder in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(f"{folder}/level") as f:
+                level = int(f.read())
+            with open(f"{folder}/size") as f:
+                match = re.fullmatch(r"(\d+)([KMG]?)", f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if match:
+            size = int(match[1]) << {"": 0, "K": 10, "M": 20, "G": 30}[match[2]]
+            best = max(best, (level, size))
+    return best[1] or DEFAULT_LAST_LEVEL_CACHE
+
+
 def _cuda_bf16(device: torch.device) -> bool:
     try:
         return torch.cuda.is_bf16_supported()
