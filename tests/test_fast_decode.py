@@ -118,3 +118,15 @@ def test_half_precision_weights_decode_close_to_fp32(dtype, tol):
     # Logits of this model are ~0.2: bf16 rounding moved them by ~2e-3 here, fp16 by ~2e-4.
     torch.testing.assert_close(fast.float(), general, atol=tol, rtol=0)
     torch.testing.assert_close(fast.float(), reference, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("n", [16, 1536, 20000])
+def test_native_gelu_is_the_exact_gelu(n):
+    """The decoder's GELU for small inputs (torch's own kernel instead of oneDNN's) computes the same
+    function, and leaves oneDNN switched as it found it."""
+    from attnlab.inference.fast_decode import _native_gelu
+
+    x = torch.randn(3, n, generator=torch.Generator().manual_seed(0)) * 4
+    before = torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()
+    torch.testing.assert_close(_native_gelu(x), torch.nn.functional.gelu(x), atol=1e-6, rtol=1e-6)
+    assert (torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()) == before
