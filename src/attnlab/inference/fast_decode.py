@@ -82,7 +82,19 @@ class FastGPTDecoder:
         self.v = weight.new_empty(shape)
         self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)  # per-layer views, taken once
         self._width = (c.d_model,)
-        self._positions = torch.arange(capacity, device=weight.device)[None]  # sliced per step, not rebuilt
+        limit = getattr(model, "max_len", None)
+        if limit is not None and capacity > limit:
+            raise ValueError(f"capacity {capacity} is beyond the model's {limit} positions")
+        # The embedding of token i at position p is scale·E[i] + P[p] for the additive schemes accepted
+        # here: P is computed once for every position of the cache, and the model's embedding modules
+        # (four module calls per token) are not called.
+        with torch.no_grad():
+            zeros = weight.new_zeros(1, capacity, c.d_model)
+            positions = torch.arange(capacity, device=weight.device)[None]
+            self._position_table = model.position.embed(zeros, positions)[0]  # (capacity, D)
+        self._token_table, self._token_scale = model.embed.token.weight, model.embed.scale
+        final = model.blocks.norm
+        self._final = (final.weight, final.bias, final.eps, model.lm_head.weight, model.lm_head.bias)
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -106,22 +118,31 @@ class FastGPTDecoder:
             raise ValueError("after the prompt, feed one token at a time")
         if end > self.k.shape[3]:
             raise ValueError(f"the cache holds {self.k.shape[3]} positions; build the decoder with more capacity")
-        m = self.model
-        x = m.embed(ids, self._positions[:, start:end], m.position).view(b * t, -1)  # (B·T, D): 2-D throughout
+        x = F.embedding(ids, self._token_table)  # (B, T, D)
+        if self._token_scale != 1.0:
+            x = x * self._token_scale
+        x = (x + self._position_table[start:end]).view(b * t, -1)  # (B·T, D): 2-D throughout
         h_, dh, width = self.n_heads, self.head_dim, self._width
+        ln = torch.layer_norm  # F.layer_norm's Python wrapper costs a microsecond a call
         for p, k_cache, v_cache in zip(self.layers, self._k_layers, self._v_layers):
-            h = F.layer_norm(x, width, p.norm1_w, p.norm1_b, p.norm1_eps)
-            q, k, v = _affine(h, p.qkv_w, p.qkv_b).view(b, t, 3, h_, dh).permute(2, 0, 3, 1, 4)  # 3 × (B, H, T, Dh)
+            qkv = _affine(ln(x, width, p.norm1_w, p.norm1_b, p.norm1_eps), p.qkv_w, p.qkv_b)  # (B·T, 3D)
+            if t == 1:  # rows laid out (3, H, Dh): one view gives (B, H, 1, Dh) for each of q, k, v
+                q, k, v = qkv.view(b, 3, h_, 1, dh).unbind(1)
+            else:
+                q, k, v = qkv.view(b, t, 3, h_, dh).permute(2, 0, 3, 1, 4)  # 3 × (B, H, T, Dh)
             k_cache[:, :, start:end] = k
             v_cache[:, :, start:end] = v
             # A prompt starts at position 0, so the square causal mask is exact; one new token sees everything.
             a = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], is_causal=t > 1,
                                                scale=p.scale)
-            x = x + _affine(a.transpose(1, 2).reshape(b * t, h_ * dh), p.out_w, p.out_b)
-            h = F.layer_norm(x, width, p.norm2_w, p.norm2_b, p.norm2_eps)
+            a = a.reshape(b, -1) if t == 1 else a.transpose(1, 2).reshape(b * t, -1)  # (B·T, D)
+            x = x + _affine(a, p.out_w, p.out_b)
+            h = ln(x, width, p.norm2_w, p.norm2_b, p.norm2_eps)
             x = x + _affine(p.act(_affine(h, p.fc1_w, p.fc1_b)), p.fc2_w, p.fc2_b)
         self.pos = end
-        return m.lm_head(m.blocks.norm(x.view(b, t, -1)[:, -1]))  # (B, V)
+        norm_w, norm_b, eps, head_w, head_b = self._final
+        last = x if t == 1 else x.view(b, t, -1)[:, -1]
+        return F.linear(ln(last, width, norm_w, norm_b, eps), head_w, head_b)  # (B, V)
 
 
 def _structure_supported(model: nn.Module) -> bool:
@@ -131,7 +152,8 @@ def _structure_supported(model: nn.Module) -> bool:
     if not isinstance(model, GPT) or model.config.norm != "pre" or model.blocks.norm is None:
         return False
     scheme = type(model.position)
-    return (scheme.rotate_q is PositionScheme.rotate_q and scheme.rotate_k is PositionScheme.rotate_k
+    additive = scheme.embed is PositionScheme.embed or model.position.adds_to_embeddings
+    return additive and (scheme.rotate_q is PositionScheme.rotate_q and scheme.rotate_k is PositionScheme.rotate_k
             and scheme.score_bias is PositionScheme.score_bias)
 
 
