@@ -99,6 +99,8 @@ def test_decoder_refuses_misuse():
         decoder.step(torch.tensor([[7]]))
     with pytest.raises(ValueError, match="pre-norm GPT"):
         FastGPTDecoder(_gpt(position="rotary"), batch=1, capacity=4)
+    with pytest.raises(ValueError, match="beyond the model's 40 positions"):  # learned positions end at 40
+        FastGPTDecoder(model, batch=1, capacity=41)
 
 
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.bfloat16, 6e-3), (torch.float16, 1e-3)])
