@@ -123,10 +123,10 @@ def test_half_precision_weights_decode_close_to_fp32(dtype, tol):
 
 
 @pytest.mark.parametrize("n", [16, 1536, 20000])
-def test_native_gelu_is_the_exact_gelu(n):
-    """The decoder's GELU for small inputs (torch's own kernel instead of oneDNN's) computes the same
-    function, and leaves oneDNN switched as it found it."""
-    from attnlab.inference.fast_decode import _native_gelu
+def test_gelu_is_the_exact_gelu_at_every_size(n):
+    """attnlab's GELU takes torch's own kernel for small inputs, oneDNN's for large ones: the same function
+    either way, and oneDNN is left switched as it was found."""
+    from attnlab.modules.feedforward import gelu as _native_gelu
 
     x = torch.randn(3, n, generator=torch.Generator().manual_seed(0)) * 4
     before = torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()

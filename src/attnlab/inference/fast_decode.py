@@ -75,7 +75,7 @@ class FastGPTDecoder:
             self.layers.append(_Layer(norm1.weight, norm1.bias, norm1.eps, *_weight(qkv_w, qkv_b, split),
                                       attn.scores.scale, *_weight(attn.out_proj.weight, attn.out_proj.bias, split),
                                       norm2.weight, norm2.bias, norm2.eps, *_weight(ff.fc1.weight, ff.fc1.bias, split),
-                                      _small_input_activation(ff.act, weight),
+                                      ff.act,
                                       *_weight(ff.fc2.weight, ff.fc2.bias, split)))
         shape = (len(self.layers), batch, self.n_heads, capacity, self.head_dim)
         self.k = weight.new_empty(shape)
@@ -167,32 +167,6 @@ def _fused_layers(model: nn.Module) -> list[tuple[Tensor, Tensor | None]] | None
             return None
         fused.append(pair)
     return fused
-
-
-NATIVE_GELU_MAX = 8192  # elements: below this torch's own GELU kernel beat oneDNN's on the Zen 3 (above, slower)
-
-
-def _native_gelu(x: Tensor) -> Tensor:
-    """Exact GELU by torch's own kernel where the input is small.
-
-    On the CPU torch hands an fp32 exact GELU to oneDNN, which costs ~10 µs a call however small the input
-    (12 µs for 16 values on the Zen 3; 1.5 µs for torch's kernel, which gives the same function): a fifth
-    of the decoding step's non-matmul time at shape A. oneDNN stays for large inputs (training), where it
-    is faster."""
-    if x.numel() > NATIVE_GELU_MAX:
-        return F.gelu(x)
-    enabled = torch._C._get_mkldnn_enabled()
-    torch._C._set_mkldnn_enabled(False)
-    try:
-        return F.gelu(x)
-    finally:
-        torch._C._set_mkldnn_enabled(enabled)
-
-
-def _small_input_activation(act: Callable[[Tensor], Tensor], weight: Tensor) -> Callable[[Tensor], Tensor]:
-    """The activation the decoder calls: the exact GELU of fp32 CPU weights through `_native_gelu`."""
-    cpu_fp32 = weight.device.type == "cpu" and weight.dtype == torch.float32
-    return _native_gelu if act is F.gelu and cpu_fp32 else act
 
 
 def _slices(weight: Tensor, fused: list[tuple[Tensor, Tensor | None]], layers: nn.Module) -> int:
