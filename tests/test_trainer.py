@@ -309,3 +309,17 @@ def test_fast_fp32_matmul_is_exact_and_scoped():
     assert getattr(backend, "fp32_precision", None) == before
     with fast_fp32_matmul("cpu", enabled=False) as used:
         assert not used
+
+
+def test_last_level_cache_size_from_sysfs(tmp_path):
+    from attnlab.training.device import DEFAULT_LAST_LEVEL_CACHE, cpu_last_level_cache_bytes
+
+    for index, (level, size) in enumerate([(1, "32K"), (1, "32K"), (2, "512K"), (3, "32768K")]):
+        folder = tmp_path / "cache" / f"index{index}"
+        folder.mkdir(parents=True)
+        (folder / "level").write_text(f"{level}\n")
+        (folder / "size").write_text(f"{size}\n")
+    assert cpu_last_level_cache_bytes(str(tmp_path / "cache")) == 32 << 20
+    (tmp_path / "cache" / "index3" / "size").write_text("garbage\n")  # unreadable: the next level down
+    assert cpu_last_level_cache_bytes.__wrapped__(str(tmp_path / "cache")) == 512 << 10
+    assert cpu_last_level_cache_bytes(str(tmp_path / "none")) == DEFAULT_LAST_LEVEL_CACHE

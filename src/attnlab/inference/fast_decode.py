@@ -72,11 +72,10 @@ class FastGPTDecoder:
             attn = layer.self_attn
             norm1, norm2, ff = layer.attn_block.norm, layer.ff_block.norm, layer.ff
             # Plain tensors and functions, not modules: a module call costs microseconds of Python per token.
-            self.layers.append(_Layer(norm1.weight, norm1.bias, norm1.eps, *_weight(qkv_w, qkv_b, split),
-                                      attn.scores.scale, *_weight(attn.out_proj.weight, attn.out_proj.bias, split),
-                                      norm2.weight, norm2.bias, norm2.eps, *_weight(ff.fc1.weight, ff.fc1.bias, split),
-                                      ff.act,
-                                      *_weight(ff.fc2.weight, ff.fc2.bias, split)))
+            self.layers.append(_Layer(
+                norm1.weight, norm1.bias, norm1.eps, *_weight(qkv_w, qkv_b, split), attn.scores.scale,
+                *_weight(attn.out_proj.weight, attn.out_proj.bias, split), norm2.weight, norm2.bias, norm2.eps,
+                *_weight(ff.fc1.weight, ff.fc1.bias, split), ff.act, *_weight(ff.fc2.weight, ff.fc2.bias, split)))
         shape = (len(self.layers), batch, self.n_heads, capacity, self.head_dim)
         self.k = weight.new_empty(shape)
         self.v = weight.new_empty(shape)
@@ -153,7 +152,7 @@ def _structure_supported(model: nn.Module) -> bool:
         return False
     scheme = type(model.position)
     additive = scheme.embed is PositionScheme.embed or model.position.adds_to_embeddings
-    return additive and (scheme.rotate_q is PositionScheme.rotate_q and scheme.rotate_k is PositionScheme.rotate_k
+    return (additive and scheme.rotate_q is PositionScheme.rotate_q and scheme.rotate_k is PositionScheme.rotate_k
             and scheme.score_bias is PositionScheme.score_bias)
 
 

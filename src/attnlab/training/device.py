@@ -77,14 +77,14 @@ def cpu_has_bf16() -> bool:
 DEFAULT_LAST_LEVEL_CACHE = 32 << 20  # where the OS does not say: a common L3 size of current desktop/server CPUs
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_last_level_cache_bytes() -> int:
+@functools.lru_cache(maxsize=4)
+def cpu_last_level_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
     """The size of the CPU's last-level cache as the OS reports it (Linux sysfs; elsewhere a 32 MiB guess)."""
     import glob
     import re
 
     best = (0, 0)  # (level, bytes)
-    for folder in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+    for folder in glob.glob(f"{sysfs}/index*"):
         try:
             with open(f"{folder}/level") as f:
                 level = int(f.read())
