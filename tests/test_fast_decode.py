@@ -26,6 +26,9 @@ SUPPORTED = [
     {"position": "sinusoidal", "activation": "gelu-tanh"},
     {"position": "none", "activation": "relu", "bias": False},
     {"tie_embeddings": False, "d_ff": 48},
+    {"position": "rotary"},
+    {"position": "alibi"},
+    {"position": "t5-bias", "activation": "relu"},
 ]
 
 
@@ -51,7 +54,8 @@ def test_generate_gives_the_same_tokens_fast_or_not(overrides):
         assert fast == general
 
 
-@pytest.mark.parametrize("overrides", [{"position": "rotary"}, {"position": "alibi"}, {"attention": "bilinear"},
+@pytest.mark.parametrize("overrides", [{"position": "relative"}, {"attention": "bilinear"},
+                                       {"attention": "bilinear", "position": "alibi"},
                                        {"attention": "synthesizer-dense"}, {"norm": "post"}])
 def test_other_configurations_take_the_general_path(overrides):
     model = _gpt(**overrides)
@@ -98,7 +102,7 @@ def test_decoder_refuses_misuse():
     with pytest.raises(ValueError, match="capacity"):
         decoder.step(torch.tensor([[7]]))
     with pytest.raises(ValueError, match="pre-norm GPT"):
-        FastGPTDecoder(_gpt(position="rotary"), batch=1, capacity=4)
+        FastGPTDecoder(_gpt(position="relative"), batch=1, capacity=4)
     with pytest.raises(ValueError, match="beyond the model's 40 positions"):  # learned positions end at 40
         FastGPTDecoder(model, batch=1, capacity=41)
 

@@ -3,11 +3,13 @@ fraction of the framework calls.
 
 Decoding one token at batch 1 is dominated by per-call overhead, not arithmetic: the general forward
 (variants, position hooks, masks, module calls) issues ~600 ATen calls per token for a 4-layer model.
-For the configuration most GPTs use (dot-product attention, a position scheme that only adds to the
-embeddings, pre-norm blocks) and unpadded prompts, `FastGPTDecoder` runs each layer as a dozen
-functional calls: one fused QKV product over weights concatenated once, writes into a preallocated cache,
-the fused attention kernel, and the MLP. `generate` picks it automatically where it applies; anything
-else (rotary, relative biases, Synthesizer, post-norm, padded batches) takes the general path.
+For the configurations most GPTs use (dot-product attention; learned, sinusoidal, rotary, ALiBi, T5-bias
+or no positions; pre-norm blocks) and unpadded prompts, `FastGPTDecoder` runs each layer as a dozen
+functional calls: one fused QKV product over weights concatenated once, a rotation of queries and keys
+together from tables computed once, writes into a preallocated cache, the fused attention kernel (with a
+score bias computed once per token for all layers), and the MLP. `generate` picks it automatically where
+it applies; anything else (Shaw relative keys, which read the queries; bilinear or Synthesizer attention;
+post-norm; padded batches) takes the general path.
 
 Legend: B batch, T new tokens, S cached + new, D width, H heads, Dh head width, V vocabulary.
 """
@@ -21,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.modules.positions import PositionScheme
+from attnlab.modules.attention import attention
+from attnlab.modules.positions import PositionScheme, RotaryPosition
 from attnlab.training.device import cpu_last_level_cache_bytes
 
 
@@ -94,6 +97,10 @@ class FastGPTDecoder:
         self._token_table, self._token_scale = model.embed.token.weight, model.embed.scale
         final = model.blocks.norm
         self._final = (final.weight, final.bias, final.eps, model.lm_head.weight, model.lm_head.bias)
+        self._positions = positions
+        self._rotary = _rotary_tables(model.position, capacity, weight.dtype, weight.device)
+        scheme = type(model.position)
+        self._bias_scheme = model.position if scheme.score_bias is not PositionScheme.score_bias else None
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -123,17 +130,39 @@ class FastGPTDecoder:
         x = (x + self._position_table[start:end]).view(b * t, -1)  # (B·T, D): 2-D throughout
         h_, dh, width = self.n_heads, self.head_dim, self._width
         ln = torch.layer_norm  # F.layer_norm's Python wrapper costs a microsecond a call
+        if self._rotary is not None:
+            cos, sin, half = self._rotary
+            cos, sin = cos[start:end], sin[start:end]  # (T, Dh)
+        bias = mask = None
         for p, k_cache, v_cache in zip(self.layers, self._k_layers, self._v_layers):
             qkv = _affine(ln(x, width, p.norm1_w, p.norm1_b, p.norm1_eps), p.qkv_w, p.qkv_b)  # (B·T, 3D)
-            if t == 1:  # rows laid out (3, H, Dh): one view gives (B, H, 1, Dh) for each of q, k, v
-                q, k, v = qkv.view(b, 3, h_, 1, dh).unbind(1)
+            if t == 1:  # rows laid out (3, H, Dh): one view gives (B, 3, H, 1, Dh)
+                qkv = qkv.view(b, 3, h_, 1, dh).transpose(0, 1)  # (3, B, H, 1, Dh)
             else:
-                q, k, v = qkv.view(b, t, 3, h_, dh).permute(2, 0, 3, 1, 4)  # 3 × (B, H, T, Dh)
+                qkv = qkv.view(b, t, 3, h_, dh).permute(2, 0, 3, 1, 4)  # (3, B, H, T, Dh)
+            if self._rotary is not None:
+                # Queries and keys rotated together. The scheme computes x·cos + cat(-x₂, x₁)·sin; here
+                # roll(x)·sin with the sign folded into sin, which is the same numbers (a sign flip is exact).
+                qk = qkv[:2]
+                q, k = (qk * cos + qk.roll(half, -1) * sin).unbind(0)
+                v = qkv[2]
+            else:
+                q, k, v = qkv
             k_cache[:, :, start:end] = k
             v_cache[:, :, start:end] = v
-            # A prompt starts at position 0, so the square causal mask is exact; one new token sees everything.
-            a = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], is_causal=t > 1,
-                                               scale=p.scale)
+            k_all, v_all = k_cache[:, :, :end], v_cache[:, :, :end]
+            if self._bias_scheme is not None and bias is None:
+                # The same bias for every layer (schemes without query_bias do not read the queries).
+                bias = self._bias_scheme.score_bias(q, self._positions[:, start:end], self._positions[:, :end],
+                                                    h_)
+                mask = bias.to(q.dtype)
+            if bias is None:
+                # A prompt starts at position 0, so the square causal mask is exact; one new token sees all.
+                a = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=t > 1, scale=p.scale)
+            elif t == 1:
+                a = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=p.scale)
+            else:  # the prompt: the causal mask and the bias folded together as the general forward does
+                a, _ = attention(q, k_all, v_all, bias=bias, causal=True, scale=p.scale)
             a = a.reshape(b, -1) if t == 1 else a.transpose(1, 2).reshape(b * t, -1)  # (B·T, D)
             x = x + _affine(a, p.out_w, p.out_b)
             h = ln(x, width, p.norm2_w, p.norm2_b, p.norm2_eps)
@@ -150,10 +179,28 @@ def _structure_supported(model: nn.Module) -> bool:
 
     if not isinstance(model, GPT) or model.config.norm != "pre" or model.blocks.norm is None:
         return False
-    scheme = type(model.position)
-    additive = scheme.embed is PositionScheme.embed or model.position.adds_to_embeddings
-    return (additive and scheme.rotate_q is PositionScheme.rotate_q and scheme.rotate_k is PositionScheme.rotate_k
-            and scheme.score_bias is PositionScheme.score_bias)
+    position = model.position
+    scheme = type(position)
+    additive = scheme.embed is PositionScheme.embed or position.adds_to_embeddings
+    rotation = isinstance(position, RotaryPosition) or (scheme.rotate_q is PositionScheme.rotate_q
+                                                        and scheme.rotate_k is PositionScheme.rotate_k)
+    bias = scheme.score_bias is PositionScheme.score_bias or not position.query_bias
+    return additive and rotation and bias
+
+
+def _rotary_tables(position: nn.Module, capacity: int, dtype: torch.dtype,
+                   device: torch.device) -> tuple[Tensor, Tensor, int] | None:
+    """(cos, signed sin, half) over every position of the cache for a rotary scheme, in the weights' dtype:
+    the scheme's own tables (or its angles beyond them), sin negated on the first half of the channels."""
+    if not isinstance(position, RotaryPosition):
+        return None
+    if capacity <= position.cos.shape[0]:
+        cos, sin = position.cos[:capacity], position.sin[:capacity]
+    else:
+        cos, sin = position._angles(torch.arange(capacity, device=device))
+    half = cos.shape[-1] // 2
+    sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+    return cos.to(dtype), sin.to(dtype), half
 
 
 def _fused_layers(model: nn.Module) -> list[tuple[Tensor, Tensor | None]] | None:
