@@ -54,6 +54,33 @@ def test_generate_gives_the_same_tokens_fast_or_not(overrides):
         assert fast == general
 
 
+@pytest.mark.parametrize("overrides", SUPPORTED)
+def test_padded_rows_give_the_logits_of_the_general_forward(overrides):
+    """Left-padded rows of different lengths: each row counts positions over its real tokens and never
+    attends to padding, exactly as the general forward with an attention mask."""
+    model = _gpt(**overrides)
+    ids = torch.randint(1, 23, (3, 12), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[0, :3] = 0  # 3 pads, then 2 prompt tokens
+    mask[2, :1] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    full = model(ids, attention_mask=mask).logits  # (B, T, V)
+    decoder = FastGPTDecoder(model, batch=3, capacity=12, mask=mask)
+    logits = [decoder.step(ids[:, :5])] + [decoder.step(ids[:, t : t + 1]) for t in range(5, 12)]
+    torch.testing.assert_close(torch.stack(logits, 1), full[:, 4:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", SUPPORTED)
+def test_prompts_of_different_lengths_give_the_same_tokens_fast_or_not(overrides):
+    model = _gpt(**overrides)
+    prompts = [[1, 2, 3, 4, 5, 6], [7], [8, 9, 10]]
+    for options in ({"greedy": True}, {"temperature": 0.8, "top_k": 5, "seed": 3}, {"greedy": True, "eos_id": 4}):
+        fast = generate(model, prompts, 15, **options)
+        assert fast == generate(model, prompts, 15, fast=False, **options)
+        if options.get("greedy"):  # and each row as it would be alone
+            assert fast == [generate(model, [p], 15, **options)[0] for p in prompts]
+
+
 @pytest.mark.parametrize("overrides", [{"position": "relative"}, {"attention": "bilinear"},
                                        {"attention": "bilinear", "position": "alibi"},
                                        {"attention": "synthesizer-dense"}, {"norm": "post"}])
@@ -105,6 +132,8 @@ def test_decoder_refuses_misuse():
         FastGPTDecoder(_gpt(position="relative"), batch=1, capacity=4)
     with pytest.raises(ValueError, match="beyond the model's 40 positions"):  # learned positions end at 40
         FastGPTDecoder(model, batch=1, capacity=41)
+    with pytest.raises(ValueError, match="mask must be"):
+        FastGPTDecoder(model, batch=2, capacity=6, mask=torch.ones(2, 5))
 
 
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.bfloat16, 6e-3), (torch.float16, 1e-3)])

@@ -4,12 +4,13 @@ fraction of the framework calls.
 Decoding one token at batch 1 is dominated by per-call overhead, not arithmetic: the general forward
 (variants, position hooks, masks, module calls) issues ~600 ATen calls per token for a 4-layer model.
 For the configurations most GPTs use (dot-product attention; learned, sinusoidal, rotary, ALiBi, T5-bias
-or no positions; pre-norm blocks) and unpadded prompts, `FastGPTDecoder` runs each layer as a dozen
+or no positions; pre-norm blocks), `FastGPTDecoder` runs each layer as a dozen
 functional calls: one fused QKV product over weights concatenated once, a rotation of queries and keys
 together from tables computed once, writes into a preallocated cache, the fused attention kernel (with a
 score bias computed once per token for all layers), and the MLP. `generate` picks it automatically where
 it applies; anything else (Shaw relative keys, which read the queries; bilinear or Synthesizer attention;
-post-norm; padded batches) takes the general path.
+post-norm) takes the general path. Prompts of different lengths (left-padded, with a mask) count positions
+over real tokens and mask the padding, as the general forward does.
 
 Legend: B batch, T new tokens, S cached + new, D width, H heads, Dh head width, V vocabulary.
 """
@@ -55,11 +56,13 @@ class FastGPTDecoder:
 
     Args:
         model: the GPT, in eval mode.
-        batch: rows decoded together (all of the same length: no padding).
+        batch: rows decoded together.
         capacity: the most positions the cache will hold (prompt + new tokens).
+        mask: for rows of different lengths, a (batch, capacity) 1/0 mask of real tokens over every position
+            the cache will hold (left padding: zeros first); None when every row is real from position 0.
     """
 
-    def __init__(self, model: nn.Module, batch: int, capacity: int,
+    def __init__(self, model: nn.Module, batch: int, capacity: int, mask: Tensor | None = None,
                  _fused: list[tuple[Tensor, Tensor | None]] | None = None):
         fused = _fused if _fused is not None else (_fused_layers(model) if _structure_supported(model) else None)
         if fused is None:
@@ -97,7 +100,15 @@ class FastGPTDecoder:
         self._token_table, self._token_scale = model.embed.token.weight, model.embed.scale
         final = model.blocks.norm
         self._final = (final.weight, final.bias, final.eps, model.lm_head.weight, model.lm_head.bias)
-        self._positions = positions
+        self._positions = positions  # (1, capacity)
+        self._keep = None
+        if mask is not None:
+            from attnlab.models.common import positions_from_mask
+
+            if mask.shape != (batch, capacity):
+                raise ValueError(f"mask must be (batch, capacity) = ({batch}, {capacity}), got {tuple(mask.shape)}")
+            self._positions = positions_from_mask(mask)  # (B, capacity): each row counts its real tokens
+            self._keep = mask.bool()[:, None, None, :]  # (B, 1, 1, capacity)
         self._rotary = _rotary_tables(model.position, capacity, weight.dtype, weight.device)
         scheme = type(model.position)
         self._bias_scheme = model.position if scheme.score_bias is not PositionScheme.score_bias else None
@@ -108,11 +119,12 @@ class FastGPTDecoder:
         return _structure_supported(model) and _fused_layers(model) is not None
 
     @classmethod
-    def for_model(cls, model: nn.Module, batch: int, capacity: int) -> FastGPTDecoder | None:
+    def for_model(cls, model: nn.Module, batch: int, capacity: int,
+                  mask: Tensor | None = None) -> FastGPTDecoder | None:
         """The decoder for `model`, or None where `supports` says no; the fused QKV weights are built once,
         for the check and the decoder both."""
         fused = _fused_layers(model) if _structure_supported(model) else None
-        return None if fused is None else cls(model, batch, capacity, _fused=fused)
+        return None if fused is None else cls(model, batch, capacity, mask, _fused=fused)
 
     @torch.no_grad()
     def step(self, ids: Tensor) -> Tensor:
@@ -127,12 +139,18 @@ class FastGPTDecoder:
         x = F.embedding(ids, self._token_table)  # (B, T, D)
         if self._token_scale != 1.0:
             x = x * self._token_scale
-        x = (x + self._position_table[start:end]).view(b * t, -1)  # (B·T, D): 2-D throughout
+        rows = self._positions[:, start:end]  # (1|B, T)
+        pe = self._position_table[start:end] if self._keep is None else self._position_table[rows]  # (T|B·T, D)
+        x = (x + pe).view(b * t, -1)  # (B·T, D): 2-D throughout
         h_, dh, width = self.n_heads, self.head_dim, self._width
         ln = torch.layer_norm  # F.layer_norm's Python wrapper costs a microsecond a call
         if self._rotary is not None:
             cos, sin, half = self._rotary
-            cos, sin = cos[start:end], sin[start:end]  # (T, Dh)
+            if self._keep is None:
+                cos, sin = cos[start:end], sin[start:end]  # (T, Dh)
+            else:
+                cos, sin = cos[rows][:, None], sin[rows][:, None]  # (B, 1, T, Dh): each row's own positions
+        keep = None if self._keep is None else self._keep[..., :end]  # (B, 1, 1, S)
         bias = mask = None
         for p, k_cache, v_cache in zip(self.layers, self._k_layers, self._v_layers):
             qkv = _affine(ln(x, width, p.norm1_w, p.norm1_b, p.norm1_eps), p.qkv_w, p.qkv_b)  # (B·T, 3D)
@@ -153,16 +171,15 @@ class FastGPTDecoder:
             k_all, v_all = k_cache[:, :, :end], v_cache[:, :, :end]
             if self._bias_scheme is not None and bias is None:
                 # The same bias for every layer (schemes without query_bias do not read the queries).
-                bias = self._bias_scheme.score_bias(q, self._positions[:, start:end], self._positions[:, :end],
-                                                    h_)
+                bias = self._bias_scheme.score_bias(q, rows, self._positions[:, :end], h_)
                 mask = bias.to(q.dtype)
-            if bias is None:
+            if bias is None and keep is None:
                 # A prompt starts at position 0, so the square causal mask is exact; one new token sees all.
                 a = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=t > 1, scale=p.scale)
-            elif t == 1:
+            elif t == 1 and keep is None:
                 a = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=p.scale)
-            else:  # the prompt: the causal mask and the bias folded together as the general forward does
-                a, _ = attention(q, k_all, v_all, bias=bias, causal=True, scale=p.scale)
+            else:  # a prompt with a bias, or padding: masks and bias folded together as the general forward does
+                a, _ = attention(q, k_all, v_all, mask=keep, bias=bias, causal=t > 1, scale=p.scale)
             a = a.reshape(b, -1) if t == 1 else a.transpose(1, 2).reshape(b * t, -1)  # (B·T, D)
             x = x + _affine(a, p.out_w, p.out_b)
             h = ln(x, width, p.norm2_w, p.norm2_b, p.norm2_eps)

@@ -79,7 +79,7 @@ def generate(
         eos_id: stop a row when it produces this id (the id is kept in its output).
         seed: seed of the sampling generator (deterministic sampling).
         use_cache: reuse keys/values (the default); False recomputes the whole prefix each step.
-        fast: with the cache and unpadded prompts, use `FastGPTDecoder` where the model supports it (the
+        fast: with the cache, use `FastGPTDecoder` where the model supports it (the
             same tokens in far fewer framework calls); False forces the general forward.
 
     Returns:
@@ -137,7 +137,8 @@ def _decoder(model: nn.Module, ids: Tensor, mask: Tensor, total: int, *, padded:
     the low-overhead decoder where it applies, else the model's forward with or without a KV cache."""
     from attnlab.inference.fast_decode import FastGPTDecoder
 
-    decoder = FastGPTDecoder.for_model(model, ids.shape[0], total) if cached and fast and not padded else None
+    decoder = FastGPTDecoder.for_model(model, ids.shape[0], total, mask if padded else None) if cached and fast \
+        else None
     if decoder is not None:
         return lambda cur: decoder.step(ids[:, decoder.pos : cur])
     cache = model.new_cache(capacity=total) if cached else None
