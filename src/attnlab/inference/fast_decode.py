@@ -66,7 +66,8 @@ class FastGPTDecoder:
                  _fused: list[tuple[Tensor, Tensor | None]] | None = None):
         fused = _fused if _fused is not None else (_fused_layers(model) if _structure_supported(model) else None)
         if fused is None:
-            raise ValueError("FastGPTDecoder needs a pre-norm GPT with dot attention and additive positions")
+            raise ValueError("FastGPTDecoder needs a pre-norm GPT with dot attention and learned, sinusoidal, "
+                             "rotary, ALiBi, T5-bias or no positions")
         c = model.config
         self.model = model
         self.n_heads, self.head_dim = c.n_heads, c.d_model // c.n_heads
@@ -151,7 +152,7 @@ class FastGPTDecoder:
             else:
                 cos, sin = cos[rows][:, None], sin[rows][:, None]  # (B, 1, T, Dh): each row's own positions
         keep = None if self._keep is None else self._keep[..., :end]  # (B, 1, 1, S)
-        bias = mask = None
+        bias = bias_mask = None
         for p, k_cache, v_cache in zip(self.layers, self._k_layers, self._v_layers):
             qkv = _affine(ln(x, width, p.norm1_w, p.norm1_b, p.norm1_eps), p.qkv_w, p.qkv_b)  # (B·T, 3D)
             if t == 1:  # rows laid out (3, H, Dh): one view gives (B, 3, H, 1, Dh)
@@ -172,12 +173,12 @@ class FastGPTDecoder:
             if self._bias_scheme is not None and bias is None:
                 # The same bias for every layer (schemes without query_bias do not read the queries).
                 bias = self._bias_scheme.score_bias(q, rows, self._positions[:, :end], h_)
-                mask = bias.to(q.dtype)
+                bias_mask = bias.to(q.dtype)
             if bias is None and keep is None:
                 # A prompt starts at position 0, so the square causal mask is exact; one new token sees all.
                 a = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=t > 1, scale=p.scale)
             elif t == 1 and keep is None:
-                a = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=p.scale)
+                a = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=bias_mask, scale=p.scale)
             else:  # a prompt with a bias, or padding: masks and bias folded together as the general forward does
                 a, _ = attention(q, k_all, v_all, mask=keep, bias=bias, causal=t > 1, scale=p.scale)
             a = a.reshape(b, -1) if t == 1 else a.transpose(1, 2).reshape(b * t, -1)  # (B·T, D)
@@ -191,7 +192,8 @@ class FastGPTDecoder:
 
 
 def _structure_supported(model: nn.Module) -> bool:
-    """A pre-norm GPT with a final norm and a position scheme that only adds to the embeddings."""
+    """A pre-norm GPT with a final norm, and a position scheme that adds to the embeddings, rotates queries
+    and keys as rotary does, or adds a score bias that does not read the queries."""
     from attnlab.models.gpt import GPT
 
     if not isinstance(model, GPT) or model.config.norm != "pre" or model.blocks.norm is None:
