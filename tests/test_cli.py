@@ -49,6 +49,13 @@ def test_lm_train_generate_evaluate(tmp_path, capsys):
     code, greedy, _ = run_cli(capsys, "generate", str(out), "--prompt", "def ", "-n", "8", "--greedy",
                               "--device", "cpu")
     assert code == 0
+    # Several prompts of different lengths: one batch, each text as it would be alone (greedy).
+    code, other, _ = run_cli(capsys, "generate", str(out), "--prompt", "class Foo:", "-n", "8", "--greedy",
+                             "--device", "cpu")
+    code, both, err = run_cli(capsys, "generate", str(out), "--prompt", "def ", "--prompt", "class Foo:", "-n", "8",
+                              "--greedy", "--device", "cpu")
+    assert code == 0, err
+    assert both == greedy.rstrip("\n") + "\n\n" + other
     for dtype in ("bf16", "fp16"):  # half-precision weights: same interface (tokens may differ by rounding)
         code, half, err = run_cli(capsys, "generate", str(out), "--prompt", "def ", "-n", "8", "--greedy",
                                   "--device", "cpu", "--dtype", dtype)

@@ -61,7 +61,8 @@ def train(
 @app.command()
 def generate(
     run_dir: str = typer.Argument(..., help="A run folder written by `attnlab train` (or a checkpoint folder)."),
-    prompt: str = typer.Option(..., "--prompt", "-p", help="The text to continue (or to translate)."),
+    prompt: list[str] = typer.Option(..., "--prompt", "-p", help="The text to continue (or to translate); "
+                                     "repeat for several, decoded as one batch and printed in order."),
     max_new_tokens: int = typer.Option(200, "--max-new-tokens", "-n", help="How many tokens to add."),
     temperature: float = typer.Option(0.8, help="Sampling temperature (ignored with --greedy)."),
     top_k: int | None = typer.Option(None, "--top-k", help="Sample among the k most likely tokens."),
@@ -75,13 +76,14 @@ def generate(
                               "per token: faster decoding of wide models; results differ by rounding)."),
 ) -> None:
     """Generate text from a trained language model (with a KV cache), or translate with a seq2seq model."""
-    from attnlab.inference.runs import generate_text, load_run
+    from attnlab.inference.runs import generate_texts, load_run
     from attnlab.training.device import select_device
 
     run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint", dtype=dtype)
-    text = generate_text(run, prompt, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
-                         top_k=top_k, top_p=top_p, seed=seed, beam_size=beam_size)
-    print(text if run.family == "seq2seq" else prompt + text)
+    texts = generate_texts(run, prompt, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
+                           top_k=top_k, top_p=top_p, seed=seed, beam_size=beam_size)
+    shown = texts if run.family == "seq2seq" else [p + text for p, text in zip(prompt, texts)]
+    print("\n\n".join(shown))  # several prompts: one blank line between their texts
 
 
 @app.command()

@@ -99,22 +99,38 @@ def generate_text(run: LoadedRun, prompt: str, *, max_new_tokens: int = 200, gre
                   temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                   seed: int | None = None, beam_size: int = 1) -> str:
     """Continue `prompt` with a language model, or translate it with a seq2seq model."""
+    return generate_texts(run, [prompt], max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
+                          top_k=top_k, top_p=top_p, seed=seed, beam_size=beam_size)[0]
+
+
+def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 200, greedy: bool = False,
+                   temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                   seed: int | None = None, beam_size: int = 1) -> list[str]:
+    """Continue each prompt with a language model (one batch: prompts of different lengths are padded, and
+    greedy decoding gives each the text it would get alone; sampling draws for all rows at once, so a seed
+    reproduces the texts of the same list of prompts), or translate each with a seq2seq model."""
     from attnlab.inference.generate import beam_search, generate, greedy_translate
 
     tok, model = run.tokenizer, run.model
     device = next(model.parameters()).device
-    ids = _encode_prompt(tok, prompt)
+    if not prompts:
+        raise ConfigError("give at least one prompt")
+    encoded = [_encode_prompt(tok, prompt) for prompt in prompts]
     if run.family == "seq2seq":
-        src = torch.tensor([ids], device=device)
-        out = (beam_search(model, src, beam_size=beam_size, max_len=max_new_tokens) if beam_size > 1
-               else greedy_translate(model, src, max_len=max_new_tokens))
-        return tok.decode(out[0], skip_special_tokens=True)
+        texts = []
+        for ids in encoded:
+            src = torch.tensor([ids], device=device)
+            out = (beam_search(model, src, beam_size=beam_size, max_len=max_new_tokens) if beam_size > 1
+                   else greedy_translate(model, src, max_len=max_new_tokens))
+            texts.append(tok.decode(out[0], skip_special_tokens=True))
+        return texts
     if run.family not in LM_FAMILIES and not (run.family == "encoder" and model.config.head == "lm"):
         raise ConfigError(f"a {run.family!r} model with this head does not generate text; "
                           "use `attnlab evaluate` for classifiers")
-    new = generate(model, [ids], max_new_tokens, greedy=greedy, temperature=temperature, top_k=top_k,
-                   top_p=top_p, eos_id=tok.eos_id, seed=seed, use_cache=hasattr(model, "new_cache"))
-    return tok.decode(new[0], skip_special_tokens=True)
+    new = generate(model, encoded, max_new_tokens, greedy=greedy, temperature=temperature, top_k=top_k,
+                   top_p=top_p, eos_id=tok.eos_id, pad_id=tok.pad_id if tok.pad_id is not None else 0, seed=seed,
+                   use_cache=hasattr(model, "new_cache"))
+    return [tok.decode(ids, skip_special_tokens=True) for ids in new]
 
 
 @torch.no_grad()
