@@ -69,7 +69,6 @@ class FastGPTDecoder:
             raise ValueError("FastGPTDecoder needs a pre-norm GPT with dot attention and learned, sinusoidal, "
                              "rotary, ALiBi, T5-bias or no positions")
         c = model.config
-        self.model = model
         self.n_heads, self.head_dim = c.n_heads, c.d_model // c.n_heads
         self.pos = 0
         weight = model.lm_head.weight
@@ -210,13 +209,10 @@ def _structure_supported(model: nn.Module) -> bool:
 def _rotary_tables(position: nn.Module, capacity: int, dtype: torch.dtype,
                    device: torch.device) -> tuple[Tensor, Tensor, int] | None:
     """(cos, signed sin, half) over every position of the cache for a rotary scheme, in the weights' dtype:
-    the scheme's own tables (or its angles beyond them), sin negated on the first half of the channels."""
+    the scheme's own angles, sin negated on the first half of the channels."""
     if not isinstance(position, RotaryPosition):
         return None
-    if capacity <= position.cos.shape[0]:
-        cos, sin = position.cos[:capacity], position.sin[:capacity]
-    else:
-        cos, sin = position._angles(torch.arange(capacity, device=device))
+    cos, sin = position.angles_at(torch.arange(capacity, device=device))  # (capacity, Dh)
     half = cos.shape[-1] // 2
     sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
     return cos.to(dtype), sin.to(dtype), half

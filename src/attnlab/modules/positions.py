@@ -163,11 +163,14 @@ class RotaryPosition(PositionScheme):
         ang = torch.cat([ang, ang], dim=-1)  # (..., Dh)
         return ang.cos().float(), ang.sin().float()
 
-    def _rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+    def angles_at(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """(cos, sin) of shape positions.shape + (Dh,), float32: from the tables, or computed beyond them."""
         if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
-            cos, sin = self._angles(positions)
-        else:
-            cos, sin = self.cos[positions], self.sin[positions]  # (B|1, T, Dh)
+            return self._angles(positions)
+        return self.cos[positions], self.sin[positions]
+
+    def _rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        cos, sin = self.angles_at(positions)  # (B|1, T, Dh)
         cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)  # (B|1, 1, T, Dh)
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
