@@ -32,8 +32,8 @@ class LoadedRun:
 
 
 # Weight precisions for inference. Decoding one token reads every weight once, so halving the bytes can halve
-# the time where memory is the limit: batch-1 decoding of a 6-layer 384-wide GPT on 2 CPU cores ran 1.3x (AMD
-# Zen 5) and 2.2x (Zen 3) as fast with bf16 weights as with fp32 ones (torch's bf16/fp16 matrix-vector
+# the time where memory is the limit: batch-1 decoding of a 6-layer 384-wide GPT on 2 CPU cores ran 1.2-1.4x
+# as fast with bf16 weights as with fp32 ones on an AMD Zen 5 and a Zen 3 (torch's bf16/fp16 matrix-vector
 # kernels accumulate in fp32).
 WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
