@@ -63,6 +63,8 @@ def test_lm_train_generate_evaluate(tmp_path, capsys):
         assert half.startswith("def ")
     code, _, err = run_cli(capsys, "generate", str(out), "--prompt", "def ", "--dtype", "int3", "--device", "cpu")
     assert code == 2 and "dtype: unknown value 'int3'" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(capsys, "generate", str(out), "--prompt", "def ", "--beam-size", "3", "--device", "cpu")
+    assert code == 2 and "--beam-size is for translation models" in err
 
     sample = tmp_path / "sample.txt"
     sample.write_text("The if statement is used for conditional execution.\n" * 4, encoding="utf-8")
@@ -106,9 +108,12 @@ def test_classification_train_and_evaluate(tmp_path, capsys):
 
 
 def test_translation_train_generate_evaluate(tmp_path, capsys):
+    """A tiny Transformer learns to reverse four 5-word sentences: its greedy and beam translations then
+    score BLEU 100 (sentences of at least four words: BLEU counts 4-grams), and generate translates."""
     src = tmp_path / "train.src"
     tgt = tmp_path / "train.tgt"
-    pairs = [("a b c", "c b a"), ("b c", "c b"), ("c a", "a c"), ("a b", "b a")] * 4
+    sentences = ["a b c d e", "b c d e a", "c a e b d", "e d b a c"]
+    pairs = [(s, " ".join(reversed(s.split()))) for s in sentences] * 4
     src.write_text("\n".join(s for s, _ in pairs) + "\n", encoding="utf-8")
     tgt.write_text("\n".join(t for _, t in pairs) + "\n", encoding="utf-8")
     out = tmp_path / "mt"
@@ -117,17 +122,27 @@ def test_translation_train_generate_evaluate(tmp_path, capsys):
                            "--set", f"data.tgt_path={json.dumps(str(tgt))}", "--set", "data.tokenizer=word",
                            "--set", "data.vocab_size=100", "--set", "model.d_model=16", "--set", "model.d_ff=32",
                            "--set", "model.n_heads=2", "--set", "model.n_encoder_layers=1",
-                           "--set", "model.n_decoder_layers=1", "--set", "train.steps=6",
-                           "--set", "train.batch_size=8", "--set", "train.warmup_steps=2",
+                           "--set", "model.n_decoder_layers=1", "--set", "model.dropout=0.0",
+                           "--set", "model.label_smoothing=0.0", "--set", "train.steps=200",
+                           "--set", "train.batch_size=8", "--set", "train.schedule=constant", "--set", "train.lr=3e-3",
+                           "--set", "train.warmup_steps=2",
                            "--set", f"train.out_dir={json.dumps(str(out))}", *TINY)
     assert code == 0, err
-    code, stdout, err = run_cli(capsys, "evaluate", str(out), "--data", str(src), "--target", str(tgt), "--json",
-                                "--device", "cpu")
-    assert code == 0, err
-    metrics = json.loads(stdout)
-    assert metrics["loss"] > 0 and "perplexity" in metrics
-    code, stdout, err = run_cli(capsys, "generate", str(out), "--prompt", "a b", "-n", "5", "--device", "cpu")
-    assert code == 0, err
+    for beam in ("1", "3"):
+        code, stdout, err = run_cli(capsys, "evaluate", str(out), "--data", str(src), "--target", str(tgt),
+                                    "--json", "--beam-size", beam, "--device", "cpu")
+        assert code == 0, err
+        metrics = json.loads(stdout)
+        assert metrics["loss"] < 0.2 and metrics["tokens"] == 16 * 6  # 5 words + eos per reference
+        assert metrics["bleu"] == pytest.approx(100.0)
+    for beam in ("1", "3"):
+        code, stdout, err = run_cli(capsys, "generate", str(out), "--prompt", "c a e b d", "--prompt", "a b c d e",
+                                    "-n", "8", "--beam-size", beam, "--device", "cpu")
+        assert code == 0, err
+        assert stdout.strip() == "d b e a c\n\ne d c b a"
+    code, _, err = run_cli(capsys, "evaluate", str(out), "--data", str(src), "--target", str(tgt), "--beam-size", "0",
+                           "--device", "cpu")
+    assert code == 2 and "--beam-size must be at least 1" in err
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -93,6 +93,7 @@ def evaluate(
                              "with the training columns; translation: source sentences."),
     target: str | None = typer.Option(None, "--target", help="Translation: the reference sentences."),
     batch_size: int = typer.Option(32, "--batch-size"),
+    beam_size: int = typer.Option(1, "--beam-size", help="Translation: beam search width for BLEU (1: greedy)."),
     best: bool = typer.Option(False, "--best", help="Use the run's best/ checkpoint instead of the latest."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or mps."),
@@ -104,7 +105,7 @@ def evaluate(
     from attnlab.training.device import select_device
 
     run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint")
-    metrics = evaluate_file(run, data, target=target, batch_size=batch_size)
+    metrics = evaluate_file(run, data, target=target, batch_size=batch_size, beam_size=beam_size)
     if as_json:
         print(json.dumps(metrics))
         return

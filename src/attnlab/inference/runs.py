@@ -115,6 +115,8 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
     device = next(model.parameters()).device
     if not prompts:
         raise ConfigError("give at least one prompt")
+    if beam_size < 1:
+        raise ConfigError(f"--beam-size must be at least 1, got {beam_size}")
     encoded = [_encode_prompt(tok, prompt) for prompt in prompts]
     if run.family == "seq2seq":
         texts = []
@@ -127,6 +129,9 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
     if run.family not in LM_FAMILIES and not (run.family == "encoder" and model.config.head == "lm"):
         raise ConfigError(f"a {run.family!r} model with this head does not generate text; "
                           "use `attnlab evaluate` for classifiers")
+    if beam_size != 1:
+        raise ConfigError("--beam-size is for translation models; language models take --greedy or sampling "
+                          "options")
     new = generate(model, encoded, max_new_tokens, greedy=greedy, temperature=temperature, top_k=top_k,
                    top_p=top_p, eos_id=tok.eos_id, pad_id=tok.pad_id if tok.pad_id is not None else 0, seed=seed,
                    use_cache=hasattr(model, "new_cache"))
@@ -135,20 +140,24 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
 
 @torch.no_grad()
 def evaluate_file(run: LoadedRun, data: str | Path, *, target: str | Path | None = None,
-                  batch_size: int = 32) -> dict[str, float]:
+                  batch_size: int = 32, beam_size: int = 1) -> dict[str, float]:
     """Score a file with the run's model.
 
     Language models: `data` is a UTF-8 text; returns loss (nats per token), perplexity and tokens.
     Classifiers: `data` is a TSV/CSV/JSONL file with the run's text and label columns; returns loss,
     accuracy (%) and examples. Seq2seq: `data` holds source sentences and `target` their references,
-    one per line; returns loss and perplexity of the references and BLEU of greedy translations
-    (when sacrebleu is installed).
+    one per line; returns loss and perplexity of the references and the BLEU (sacrebleu's corpus BLEU) of
+    the model's translations, greedy or by beam search with `beam_size` > 1.
     """
     model, tok = run.model, run.tokenizer
     if batch_size < 1:
         raise ConfigError(f"batch_size must be positive, got {batch_size}")
+    if beam_size < 1:
+        raise ConfigError(f"--beam-size must be at least 1, got {beam_size}")
     if run.family == "seq2seq":
-        return _evaluate_translation(run, data, target, batch_size)
+        return _evaluate_translation(run, data, target, batch_size, beam_size)
+    if beam_size != 1:
+        raise ConfigError("--beam-size is for translation models")
     if target is not None:
         raise ConfigError("--target is only for translation models (the reference translations)")
     head = getattr(model.config, "head", None) or getattr(model.config, "heads", None)
@@ -219,10 +228,12 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int) 
 
 
 def _evaluate_translation(run: LoadedRun, data: str | Path, target: str | Path | None,
-                          batch_size: int) -> dict[str, float]:
+                          batch_size: int, beam_size: int) -> dict[str, float]:
+    import sacrebleu
+
     from attnlab.data.sources import ParallelTextSource
     from attnlab.data.text_files import read_lines
-    from attnlab.inference.generate import greedy_translate
+    from attnlab.inference.generate import beam_search, greedy_translate
 
     if target is None:
         raise ConfigError("a translation model needs --target REFERENCES (one translation per line of --data)")
@@ -234,15 +245,13 @@ def _evaluate_translation(run: LoadedRun, data: str | Path, target: str | Path |
     loss_sum, n, _, _ = _accumulate(model, source.iter_batches(batch_size), device)
     loss = loss_sum / max(n, 1)
     out = {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": float(n)}
-    try:
-        import sacrebleu
-    except ImportError:
-        return out
     hyps: list[str] = []
     for batch in source.iter_batches(batch_size):
         src = batch["src_ids"].to(device)
         mask = batch.get("src_mask")
-        ids = greedy_translate(model, src, None if mask is None else mask.to(device), max_len=max_length)
+        mask = None if mask is None else mask.to(device)
+        ids = (beam_search(model, src, mask, beam_size=beam_size, max_len=max_length) if beam_size > 1
+               else greedy_translate(model, src, mask, max_len=max_length))
         hyps.extend(tok.decode(i, skip_special_tokens=True) for i in ids)
     refs = read_lines(target)
     out["bleu"] = float(sacrebleu.corpus_bleu(hyps, [refs[: len(hyps)]]).score)
