@@ -1,11 +1,13 @@
-"""Parity with HF transformers' GPT-2: converted weights give the same logits and greedy text."""
+"""Parity with HF transformers' GPT-2: converted weights give the same logits and greedy text, from a state
+dict or from a folder saved by `save_pretrained`; what the converter cannot reproduce is refused."""
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
-from attnlab.convert.gpt2 import gpt_from_hf  # noqa: E402
+from attnlab.convert import gpt2_from_hf, gpt_from_hf, load_hf_gpt2  # noqa: E402
+from attnlab.errors import CheckpointError  # noqa: E402
 from attnlab.inference.generate import generate  # noqa: E402
 
 
@@ -56,3 +58,47 @@ def test_loss_matches(pair):
         expected = hf(ids, labels=ids).loss  # HF shifts internally
         got = ours(ids[:, :-1], labels=labels).loss
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_load_hf_gpt2_from_a_saved_folder(tmp_path, tied):
+    torch.manual_seed(1)
+    cfg = transformers.GPT2Config(vocab_size=61, n_positions=32, n_embd=24, n_layer=2, n_head=3, n_inner=40,
+                                  activation_function="gelu", tie_word_embeddings=tied)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    hf.save_pretrained(tmp_path)  # safetensors; a tied output weight is not stored
+    ours = load_hf_gpt2(tmp_path)
+    assert not ours.training and ours.config.d_ff == 40 and ours.config.activation == "gelu"
+    assert (ours.lm_head.weight is ours.embed.token.weight) == tied
+    ids = torch.randint(0, 61, (2, 15), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_converter_errors(tmp_path, pair):
+    hf, _ = pair
+    state, config = hf.state_dict(), hf.config.to_dict()
+    with pytest.raises(CheckpointError, match="unknown keys.*h.0.attn.adapter"):
+        gpt2_from_hf({**state, "transformer.h.0.attn.adapter.weight": torch.zeros(1)}, config)
+    with pytest.raises(CheckpointError, match="lacks: h.1.mlp.c_fc.bias"):
+        gpt2_from_hf({k: v for k, v in state.items() if k != "transformer.h.1.mlp.c_fc.bias"}, config)
+    with pytest.raises(CheckpointError, match="lacks: lm_head.weight"):  # untied, without its output layer
+        untied = {**config, "tie_word_embeddings": False}
+        gpt2_from_hf({k: v for k, v in state.items() if k != "lm_head.weight"}, untied)
+    with pytest.raises(CheckpointError, match="scale_attn_by_inverse_layer_idx"):
+        gpt2_from_hf(state, {**config, "scale_attn_by_inverse_layer_idx": True})
+    with pytest.raises(CheckpointError, match="activation 'swish'"):
+        gpt2_from_hf(state, {**config, "activation_function": "swish"})
+    with pytest.raises(CheckpointError, match="lacks n_embd"):
+        gpt2_from_hf(state, {k: v for k, v in config.items() if k != "n_embd"})
+    with pytest.raises(CheckpointError, match="not 'gpt2'"):
+        gpt2_from_hf(state, {**config, "model_type": "gpt_neo"})
+    with pytest.raises(CheckpointError, match="no config.json"):
+        load_hf_gpt2(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="pytorch_model.bin is not read"):
+        load_hf_gpt2(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(CheckpointError, match="cannot read GPT-2 weights"):
+        load_hf_gpt2(tmp_path)

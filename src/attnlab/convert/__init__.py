@@ -1,6 +1,7 @@
 """Converters from other libraries' checkpoints to attnlab models.
 
-Imported lazily: `from attnlab.convert import load_hf_bert` loads only the BERT converter.
+Imported lazily: `from attnlab.convert import load_hf_bert` loads only the BERT converter, `load_hf_gpt2`
+only the GPT-2 one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ _EXPORTS = {
     "bert_from_hf": "attnlab.convert.bert",
     "bert_config_from_hf": "attnlab.convert.bert",
     "load_hf_bert": "attnlab.convert.bert",
+    "gpt2_config": "attnlab.convert.gpt2",
+    "gpt2_from_hf": "attnlab.convert.gpt2",
+    "gpt_from_hf": "attnlab.convert.gpt2",
+    "load_hf_gpt2": "attnlab.convert.gpt2",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -18,23 +18,60 @@ from attnlab.models.gpt import GPT, GPTConfig
 _ACTIVATIONS = {"gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu": "gelu", "relu": "relu"}
 
 
+_LAYER_KEYS = ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+               "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+               "mlp.c_proj.weight", "mlp.c_proj.bias")
+_BUFFERS = ("attn.bias", "attn.masked_bias")  # the causal mask and its fill value, stored by older versions
+
+
 def gpt2_config(hf_config: dict) -> GPTConfig:
+    """Our `GPTConfig` for a HF GPT-2 config dict; CheckpointError for what our GPT does not compute."""
+    missing = [k for k in ("vocab_size", "n_positions", "n_embd", "n_head", "n_layer") if k not in hf_config]
+    if missing:
+        raise CheckpointError(f"the GPT-2 config lacks {', '.join(missing)}")
+    if hf_config.get("model_type", "gpt2") != "gpt2":
+        raise CheckpointError(f"model_type is {hf_config['model_type']!r}, not 'gpt2'")
     act = hf_config.get("activation_function", "gelu_new")
     if act not in _ACTIVATIONS:
         raise CheckpointError(f"GPT-2 activation {act!r} is not supported; known: {', '.join(_ACTIVATIONS)}")
+    # Attention-score scalings other than 1/sqrt(head_dim) would give other numbers without an error.
+    if not hf_config.get("scale_attn_weights", True) or hf_config.get("scale_attn_by_inverse_layer_idx", False):
+        raise CheckpointError("GPT-2 attention scaled other than by 1/sqrt(head_dim) (scale_attn_weights false "
+                              "or scale_attn_by_inverse_layer_idx true) is not supported")
     d = hf_config["n_embd"]
     return GPTConfig(
         vocab_size=hf_config["vocab_size"], block_size=hf_config["n_positions"], d_model=d,
         n_heads=hf_config["n_head"], n_layers=hf_config["n_layer"], d_ff=hf_config.get("n_inner") or 4 * d,
         activation=_ACTIVATIONS[act], layer_norm_eps=hf_config.get("layer_norm_epsilon", 1e-5),
-        dropout=0.0, attention_dropout=0.0, position="learned", norm="pre", tie_embeddings=True,
+        dropout=0.0, attention_dropout=0.0, position="learned", norm="pre",
+        tie_embeddings=hf_config.get("tie_word_embeddings", True),
     )
 
 
 def gpt2_from_hf(state_dict: dict[str, Tensor], hf_config: dict) -> tuple[GPTConfig, dict[str, Tensor]]:
-    """HF `GPT2LMHeadModel`/`GPT2Model` state dict -> (our config, our state dict)."""
+    """HF `GPT2LMHeadModel`/`GPT2Model` state dict and config -> (our config, our state dict).
+
+    A tied output layer (whose weight safetensors files omit) takes the token embedding matrix.
+
+    Raises:
+        CheckpointError: keys this converter does not know, keys our model needs that are missing, or
+            settings our GPT does not compute.
+    """
     sd = {k.removeprefix("transformer."): v for k, v in state_dict.items()}
     config = gpt2_config(hf_config)
+    known = {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias", "lm_head.weight"}
+    known |= {f"h.{i}.{name}" for i in range(config.n_layers) for name in _LAYER_KEYS + _BUFFERS}
+    unknown = sorted(set(sd) - known)
+    if unknown:
+        raise CheckpointError(f"unknown keys in the GPT-2 checkpoint: {', '.join(unknown[:8])}"
+                              + (" ..." if len(unknown) > 8 else ""))
+    needed = known - {"lm_head.weight"} - {f"h.{i}.{b}" for i in range(config.n_layers) for b in _BUFFERS}
+    if not config.tie_embeddings:
+        needed.add("lm_head.weight")
+    missing = sorted(needed - set(sd))
+    if missing:
+        raise CheckpointError(f"the GPT-2 checkpoint lacks: {', '.join(missing[:8])}"
+                              + (" ..." if len(missing) > 8 else ""))
     d = config.d_model
     out: dict[str, Tensor] = {
         "embed.token.weight": sd["wte.weight"],
@@ -60,30 +97,39 @@ def gpt2_from_hf(state_dict: dict[str, Tensor], hf_config: dict) -> tuple[GPTCon
             ours + "ff.fc2.weight": sd[h + "mlp.c_proj.weight"].t(),
             ours + "ff.fc2.bias": sd[h + "mlp.c_proj.bias"],
         })
-    out["lm_head.weight"] = out["embed.token.weight"]
+    out["lm_head.weight"] = out["embed.token.weight"] if config.tie_embeddings else sd["lm_head.weight"]
     return config, {k: v.contiguous() for k, v in out.items()}
 
 
 def gpt_from_hf(state_dict: dict[str, Tensor], hf_config: dict) -> GPT:
+    """An attnlab `GPT` (eval mode, the weights' dtype) from a HF GPT-2 state dict and config."""
     config, sd = gpt2_from_hf(state_dict, hf_config)
-    model = GPT(config)
+    model = GPT(config).to(next(iter(sd.values())).dtype)
     model.load_state_dict(sd, strict=True)
-    return model
+    return model.eval()
 
 
 def load_hf_gpt2(model_dir: str | Path) -> GPT:
-    """Load a local HF GPT-2 folder (`config.json` + `model.safetensors`; never a pickle)."""
+    """Load a local HF GPT-2 folder (`config.json` + `model.safetensors`; a pickled `pytorch_model.bin` is
+    never read) as an attnlab `GPT` in eval mode.
+
+    Raises:
+        CheckpointError: a file is missing or unreadable, or the folder does not hold a GPT-2 we compute.
+    """
     from safetensors.torch import load_file
 
     folder = Path(model_dir)
-    cfg_path, weights = folder / "config.json", folder / "model.safetensors"
-    for p in (cfg_path, weights):
-        if not p.is_file():
-            raise CheckpointError(f"{p} not found; a GPT-2 folder needs config.json and model.safetensors")
+    config_path, weights_path = folder / "config.json", folder / "model.safetensors"
+    if not config_path.is_file():
+        raise CheckpointError(f"{folder}: no config.json")
+    if not weights_path.is_file():
+        hint = " (pytorch_model.bin is not read: convert it to safetensors)" \
+            if (folder / "pytorch_model.bin").exists() else ""
+        raise CheckpointError(f"{folder}: no model.safetensors{hint}")
     try:
-        hf_config = json.loads(cfg_path.read_text())
-        state = load_file(str(weights))
-    except (json.JSONDecodeError, OSError, Exception) as e:  # safetensors raises its own error types
+        hf_config = json.loads(config_path.read_text(encoding="utf-8"))
+        state = load_file(str(weights_path))
+    except Exception as e:  # JSON, OS and safetensors' own error types
         raise CheckpointError(f"cannot read GPT-2 weights from {folder}: {e}") from None
     with torch.no_grad():
         return gpt_from_hf(state, hf_config)
