@@ -39,12 +39,7 @@ def register_preset(name: str, family: str, make: Callable[[], Config]) -> None:
 
 def _load_families() -> None:
     # Importing the family modules registers them (and their presets).
-    from attnlab.models import bert, encoder, transformer  # noqa: F401
-
-    try:  # families added by later work register themselves the same way
-        from attnlab.models import gpt  # noqa: F401
-    except ImportError:
-        pass
+    from attnlab.models import bert, encoder, gpt, transformer  # noqa: F401
 
 
 def get_preset(name: str) -> tuple[str, Config]:
