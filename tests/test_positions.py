@@ -316,3 +316,22 @@ def test_every_registered_scheme_builds():
     for name in expected:
         scheme = build_position(name, d_model=16, n_heads=4, max_len=8, causal=False)
         assert scheme.embed(x, torch.arange(4)[None, :]).shape == x.shape
+
+
+@pytest.mark.parametrize("name", sorted(POSITIONS.names()))
+def test_no_float64_tensor_moves_with_the_model(name):
+    """MPS has no float64: a scheme holding a float64 parameter or buffer could not be moved there. The
+    float64 frequencies of the sinusoidal and rotary schemes stay on the CPU, and what they compute beyond
+    their tables comes back as float32 on the positions' device."""
+    scheme = build_position(name, d_model=16, n_heads=4, max_len=8, causal=True)
+    tensors = list(scheme.parameters()) + list(scheme.buffers())
+    assert all(t.dtype != torch.float64 for t in tensors), [t.dtype for t in tensors]
+    beyond = torch.arange(6, 12)[None]
+    if name == "rotary":
+        cos, sin = scheme.angles_at(beyond[0])
+        assert cos.dtype == sin.dtype == torch.float32
+        torch.testing.assert_close(cos, build_position(name, d_model=16, n_heads=4, max_len=16, causal=True).cos[6:12])
+    if name == "sinusoidal":
+        pe = scheme.embed(torch.zeros(1, 6, 16), beyond)
+        assert pe.dtype == torch.float32
+        torch.testing.assert_close(pe[0], sinusoidal_table(torch.arange(6, 12), 16))

@@ -78,10 +78,11 @@ def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> Tensor:
 
 
 def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
-    """PE[p, 2m] = sin(p·ω_m), PE[p, 2m+1] = cos(p·ω_m); shape positions.shape + (d_model,)."""
-    angles = positions.to(torch.float64)[..., None] * sinusoidal_frequencies(d_model, base)
+    """PE[p, 2m] = sin(p·ω_m), PE[p, 2m+1] = cos(p·ω_m); shape positions.shape + (d_model,), float32 on
+    the positions' device (computed in float64 on the CPU: MPS has no float64)."""
+    angles = positions.detach().to("cpu", torch.float64)[..., None] * sinusoidal_frequencies(d_model, base)
     pe = torch.stack([angles.sin(), angles.cos()], dim=-1)  # (..., d/2, 2)
-    return pe.flatten(-2).float()
+    return pe.flatten(-2).float().to(positions.device)
 
 
 def sinusoidal_rotation(k: int, d_model: int, base: float = 10000.0) -> Tensor:
@@ -152,16 +153,17 @@ class RotaryPosition(PositionScheme):
         self.head_dim = d_model // n_heads
         if self.head_dim % 2:
             raise ConfigError(f"rotary positions need an even head width, got {self.head_dim}")
-        inv_freq = base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # A float64 CPU tensor, not a buffer: `.to(device)` leaves it on the CPU (MPS has no float64), where
+        # angles beyond the tables are computed.
+        self.inv_freq = base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
         cos, sin = self._angles(torch.arange(max_len))
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
     def _angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        ang = positions.to(torch.float64)[..., None] * self.inv_freq.to(positions.device)
+        ang = positions.detach().to("cpu", torch.float64)[..., None] * self.inv_freq
         ang = torch.cat([ang, ang], dim=-1)  # (..., Dh)
-        return ang.cos().float(), ang.sin().float()
+        return ang.cos().float().to(positions.device), ang.sin().float().to(positions.device)
 
     def angles_at(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """(cos, sin) of shape positions.shape + (Dh,), float32: from the tables, or computed beyond them."""

@@ -391,7 +391,9 @@ class Trainer:
             self.model.eval()
             try:
                 if self.eval_source is not None:
-                    sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+                    # float64 sums where the device has them (MPS does not)
+                    acc = torch.float32 if self.device.type == "mps" else torch.float64
+                    sums = torch.zeros(2, dtype=acc, device=self.device)
                     token_level = False
                     batch_size = cfg.micro_batch_size or cfg.batch_size // self.world.size
                     for i, batch in enumerate(self.eval_source.iter_batches(batch_size)):
@@ -406,7 +408,7 @@ class Trainer:
                             raise DataError("the model returned no loss for an evaluation batch; "
                                             "the evaluation source must provide 'labels'")
                         n = out.n_targets if out.n_targets is not None else count_targets(batch)
-                        sums[0] += out.loss.double() * n
+                        sums[0] += out.loss.to(acc) * n
                         sums[1] += n
                     all_reduce_sum(sums)
                     loss = (sums[0] / sums[1]).item() if sums[1] > 0 else math.nan
