@@ -109,8 +109,10 @@ def evaluate(
     if as_json:
         print(json.dumps(metrics))
         return
+    width = max(11, *map(len, metrics))
     for key, value in metrics.items():
-        print(f"{key:>11}  {int(value) if key in ('tokens', 'examples') else round(value, 4)}")
+        counts = ("tokens", "examples", "masked_tokens", "sentence_pairs")
+        print(f"{key:>{width}}  {int(value) if key in counts else round(value, 4)}")
 
 
 run_app = typer.Typer(help="Run a reproducible experiment end to end (results table, plots, checkpoints).",

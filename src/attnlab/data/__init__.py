@@ -25,6 +25,7 @@ _EXPORTS = {
         "read_classification_file",
         "read_lines",
         "read_text",
+        "split_documents",
     ],
     "corpus": ["TokenFile", "build_token_file", "pydoc_corpus"],
     "sources": [

@@ -81,6 +81,19 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
     return split_lines(read_text(path))
 
 
+def split_documents(text: str) -> list[list[str]]:
+    """BERT's pre-training text layout: documents separated by blank lines, one sentence (or segment) per
+    line. Returns each document's non-blank lines, stripped; documents without any are dropped."""
+    documents: list[list[str]] = [[]]
+    for line in split_lines(text):
+        line = line.strip()
+        if line:
+            documents[-1].append(line)
+        elif documents[-1]:
+            documents.append([])
+    return [doc for doc in documents if doc]
+
+
 def iter_text_blocks(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTES) -> Iterator[str]:
     """The file's text in blocks of about `block_bytes`, each ending at a line end (except the last).
 

@@ -128,7 +128,7 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
         return texts
     if run.family not in LM_FAMILIES and not (run.family == "encoder" and model.config.head == "lm"):
         raise ConfigError(f"a {run.family!r} model with this head does not generate text; "
-                          "use `attnlab evaluate` for classifiers")
+                          "`attnlab evaluate` scores it on a file")
     if beam_size != 1:
         raise ConfigError("--beam-size is for translation models; language models take --greedy or sampling "
                           "options")
@@ -165,6 +165,8 @@ def evaluate_file(run: LoadedRun, data: str | Path, *, target: str | Path | None
         return _evaluate_lm(model, tok, data, batch_size)
     if head == "classification":
         return _evaluate_classification(run, data, batch_size)
+    if run.family == "bert" and head == "pretraining":
+        return _evaluate_pretraining(run, data, batch_size)
     raise ConfigError(f"cannot evaluate a {run.family!r} model with head {head!r} on a file; "
                       "evaluate supports language models, classifiers and translation models")
 
@@ -202,6 +204,31 @@ def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int) 
     loss_sum, n, _, _ = _accumulate(model, source.iter_batches(batch_size), _device(model))
     loss = loss_sum / max(n, 1)
     return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": float(n)}
+
+
+def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> dict[str, float]:
+    """BERT pre-training objectives on a text of documents (blank-line separated, a sentence per line),
+    masked and paired with a fixed seed: the same numbers every time."""
+    from attnlab.data.text_files import read_text, split_documents
+    from attnlab.training.recipe import DataConfig, pretraining_accuracy, sentence_pair_source
+
+    model, tok = run.model, run.tokenizer
+    known = set(DataConfig.field_names())
+    settings = DataConfig.from_dict({k: v for k, v in run.data.items() if k in known}, where="data")
+    source = sentence_pair_source(split_documents(read_text(data)), tok, model.config, settings, batch_size, 0)
+    device = _device(model)
+    loss_sum = mlm_sum = 0.0
+    n = 0
+    for batch in source.iter_batches(batch_size):
+        batch = {k: v.to(device) for k, v in batch.items()}
+        out = model(**batch)
+        loss_sum += float(out.loss) * int(out.n_targets)
+        mlm_sum += float(out.extra["mlm_loss"]) * int(out.n_targets)
+        n += int(out.n_targets)
+    mlm = mlm_sum / max(n, 1)
+    return {"loss": loss_sum / max(n, 1), "mlm_loss": mlm, "perplexity": math.exp(min(mlm, 700.0)),
+            **pretraining_accuracy(model, source), "masked_tokens": float(n),
+            "sentence_pairs": float(len(source.pairs))}
 
 
 def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int) -> dict[str, float]:

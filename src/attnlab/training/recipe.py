@@ -6,7 +6,7 @@
     position = "rotary"
 
     [data]
-    task = "lm"                # lm | classification | translation
+    task = "lm"                # lm | classification | translation | mlm
     path = "my_text.txt"       # omitted: the embedded corpus (Python's own pydoc help texts)
     tokenizer = "char"
 
@@ -37,8 +37,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-TASKS = ("lm", "classification", "translation")
-TASK_FAMILIES = {"lm": ("gpt", "encoder"), "classification": ("encoder", "bert"), "translation": ("seq2seq",)}
+TASKS = ("lm", "classification", "translation", "mlm")
+TASK_FAMILIES = {"lm": ("gpt", "encoder"), "classification": ("encoder", "bert"), "translation": ("seq2seq",),
+                 "mlm": ("bert",)}
 TOKENIZER_KINDS = ("char", "word", "bpe", "wordpiece")
 
 
@@ -47,18 +48,22 @@ class DataConfig(Config):
     """Where the data comes from and how it becomes batches.
 
     Attributes:
-        task: lm (next-token prediction), classification, or translation.
-        path: lm: a UTF-8 text file (default: the embedded pydoc corpus); classification: the training
-            TSV/CSV/JSONL file.
-        eval_path: held-out file (lm: default the last `val_fraction` of the text; classification:
-            required for evaluation).
+        task: lm (next-token prediction), classification, translation, or mlm (BERT pre-training: masked
+            LM on sentence pairs, with next-sentence prediction where the model has that head).
+        path: lm and mlm: a UTF-8 text file (default: the embedded pydoc corpus; for mlm, documents
+            separated by blank lines, one sentence per line); classification: the training TSV/CSV/JSONL
+            file.
+        eval_path: held-out file (lm, mlm: default the last `val_fraction` of the text or documents;
+            classification: required for evaluation).
         src_path, tgt_path, eval_src_path, eval_tgt_path: translation: one sentence per line.
         text_column, label_column: classification columns (names, or 0-based indices as strings).
         tokenizer: char | word | bpe | wordpiece, trained on the training text.
         vocab_size: tokenizer vocabulary (needed for bpe/wordpiece; default: every char/word).
         block_size: lm window length (default: the model's block_size).
-        max_length: longest classification/translation sequence.
-        val_fraction: lm: share of the text kept for validation when no eval_path is given.
+        max_length: longest classification/translation sequence, or mlm sentence pair.
+        val_fraction: lm, mlm: share of the text kept for validation when no eval_path is given.
+        mask_prob: mlm: share of the tokens masked (of those, 80 % become the mask token, 10 % a random
+            token, 10 % stay).
     """
 
     task: str = "lm"
@@ -75,6 +80,7 @@ class DataConfig(Config):
     block_size: int | None = None
     max_length: int = 128
     val_fraction: float = 0.1
+    mask_prob: float = 0.15
 
     def __post_init__(self):
         check_choice("data.task", self.task, TASKS)
@@ -82,6 +88,8 @@ class DataConfig(Config):
         check_positive("data.max_length", self.max_length)
         if not 0 <= self.val_fraction < 1:
             raise ConfigError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
+        if not 0 < self.mask_prob <= 1:
+            raise ConfigError(f"data.mask_prob must be in (0, 1], got {self.mask_prob}")
         if self.task == "translation" and not (self.src_path and self.tgt_path):
             raise ConfigError("data.task = 'translation' needs data.src_path and data.tgt_path")
         if self.task == "classification" and not self.path:
@@ -142,6 +150,8 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     for item in overrides or []:
         (section, key), value = parse_override(item)
         raw.setdefault(section, {})[key] = value
+        if path is None and section == "model" and key == "family":
+            raw["model"].pop("preset", None)  # another family than the default run's preset: start from it
     for section in raw:
         if section not in SECTIONS:
             close = difflib.get_close_matches(section, SECTIONS, n=1)
@@ -234,7 +244,7 @@ class Prepared:
 def prepare(run: RunConfig) -> Prepared:
     """Tokenize the data, build the sources and the model (sized to the tokenizer)."""
     return {"lm": _prepare_lm, "classification": _prepare_classification,
-            "translation": _prepare_translation}[run.data.task](run)
+            "translation": _prepare_translation, "mlm": _prepare_mlm}[run.data.task](run)
 
 
 def _prepare_lm(run: RunConfig) -> Prepared:
@@ -328,6 +338,74 @@ def _prepare_translation(run: RunConfig) -> Prepared:
                           pad_id=tokenizer.pad_id or 0, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
                           max_len=max(d.max_length + 2, 16))
     return Prepared(build_model(config), tokenizer, train_source, eval_source)
+
+
+def _prepare_mlm(run: RunConfig) -> Prepared:
+    from attnlab.data.corpus import pydoc_corpus
+    from attnlab.data.text_files import read_text, split_documents
+    from attnlab.data.tokenizers import train_tokenizer
+    from attnlab.models.registry import build_model
+
+    d, t = run.data, run.train
+    documents = split_documents(read_text(d.path) if d.path else pydoc_corpus())
+    if d.eval_path:
+        eval_documents = split_documents(read_text(d.eval_path))
+    else:
+        n_eval = int(len(documents) * d.val_fraction)
+        cut = len(documents) - n_eval if n_eval >= 2 else len(documents)
+        documents, eval_documents = documents[:cut], documents[cut:]
+    tokenizer = train_tokenizer(d.tokenizer, [line for doc in documents for line in doc], d.vocab_size)
+    config = model_config(run.model, vocab_size=tokenizer.vocab_size, max_len=max(d.max_length, 8),
+                          pad_id=tokenizer.pad_id or 0, heads="pretraining")
+    if config.heads != "pretraining":
+        raise ConfigError(f"data.task = 'mlm' trains the pre-training heads; model.heads is {config.heads!r}: "
+                          "remove it or set it to 'pretraining'")
+    if config.max_len < d.max_length:
+        raise ConfigError(f"data.max_length {d.max_length} is beyond the model's {config.max_len} positions; "
+                          "lower data.max_length or raise model.max_len")
+    train_source = sentence_pair_source(documents, tokenizer, config, d, t.batch_size, t.seed)
+    eval_source = sentence_pair_source(eval_documents, tokenizer, config, d, t.batch_size, t.seed) \
+        if eval_documents else None
+    metrics_fn = (lambda m: pretraining_accuracy(m, eval_source)) if eval_source is not None else None
+    return Prepared(build_model(config), tokenizer, train_source, eval_source, metrics_fn,
+                    info={"documents": len(documents), "sentence_pairs": len(train_source.pairs)})
+
+
+def sentence_pair_source(documents, tokenizer, config, data: DataConfig, batch_size: int, seed: int):
+    """BERT pre-training batches of `documents` (lists of sentences): `[CLS] A [SEP] B [SEP]` masked 80/10/10,
+    B a random sentence of another document half the time when the model predicts the next sentence, else
+    always A's successor (the "no NSP" ablation sees the same pairs without the task)."""
+    from attnlab.data.sources import BertSource, MaskSpec, NSPPairs
+
+    pairs = NSPPairs(documents, tokenizer, max_length=data.max_length,
+                     random_next_prob=0.5 if config.nsp else 0.0)
+    return BertSource(pairs, batch_size, MaskSpec.from_tokenizer(tokenizer, mask_prob=data.mask_prob), seed=seed)
+
+
+def pretraining_accuracy(model, source) -> dict[str, float]:
+    """Accuracy (%) of the masked-token predictions and, with an NSP head, of next-sentence prediction, over
+    a source's evaluation batches."""
+    import torch
+
+    model_was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    hits = torch.zeros(4, dtype=torch.long)  # masked right, masked, next right, pairs
+    with torch.no_grad():
+        for batch in source.iter_batches():
+            batch = {k: v.to(device) for k, v in batch.items()}
+            out = model(**batch)
+            picked = batch["labels"] != -100
+            hits[0] += int((out.logits.argmax(-1)[picked] == batch["labels"][picked]).sum())
+            hits[1] += int(picked.sum())
+            if "nsp_logits" in out.extra:
+                hits[2] += int((out.extra["nsp_logits"].argmax(-1) == batch["next_sentence_label"]).sum())
+                hits[3] += batch["next_sentence_label"].numel()
+    model.train(model_was_training)
+    metrics = {"mlm_accuracy": 100.0 * int(hits[0]) / max(int(hits[1]), 1)}
+    if int(hits[3]):
+        metrics["nsp_accuracy"] = 100.0 * int(hits[2]) / int(hits[3])
+    return metrics
 
 
 def classification_accuracy(model, source) -> float:

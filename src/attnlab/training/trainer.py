@@ -393,7 +393,7 @@ class Trainer:
                 if self.eval_source is not None:
                     # float64 sums where the device has them (MPS does not)
                     acc = torch.float32 if self.device.type == "mps" else torch.float64
-                    sums = torch.zeros(2, dtype=acc, device=self.device)
+                    sums = torch.zeros(3, dtype=acc, device=self.device)  # loss·n, n, token loss·n
                     token_level = False
                     batch_size = cfg.micro_batch_size or cfg.batch_size // self.world.size
                     for i, batch in enumerate(self.eval_source.iter_batches(batch_size)):
@@ -410,11 +410,14 @@ class Trainer:
                         n = out.n_targets if out.n_targets is not None else count_targets(batch)
                         sums[0] += out.loss.to(acc) * n
                         sums[1] += n
+                        # Perplexity is of the token loss alone: BERT's loss adds next-sentence prediction.
+                        sums[2] += out.extra.get("mlm_loss", out.loss).to(acc) * n
                     all_reduce_sum(sums)
                     loss = (sums[0] / sums[1]).item() if sums[1] > 0 else math.nan
                     metrics["loss"] = loss
                     if token_level:
-                        metrics["perplexity"] = math.inf if loss > 700 else math.exp(loss)
+                        token_loss = (sums[2] / sums[1]).item() if sums[1] > 0 else math.nan
+                        metrics["perplexity"] = math.inf if token_loss > 700 else math.exp(token_loss)
                 if self.metrics_fn is not None:
                     for key, value in self.metrics_fn(self.model).items():
                         metrics[key] = float(value)

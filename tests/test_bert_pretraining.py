@@ -1,0 +1,121 @@
+"""BERT pre-training from a config (`data.task = "mlm"`): documents split at blank lines, masked-LM and
+next-sentence objectives learnt on a corpus where both are learnable, perplexity of the masked tokens
+alone, the "no NSP" ablation, and the command line end to end (train, evaluate)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from cli_helpers import run_cli
+
+from attnlab.data.text_files import split_documents
+from attnlab.errors import ConfigError
+from attnlab.training.recipe import load_run_config, prepare, pretraining_accuracy
+from attnlab.training.trainer import Trainer
+
+TINY = ["train.progress=false", "train.precision=fp32", "train.device=cpu"]
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "bert-mlm.toml"
+
+
+def test_split_documents():
+    text = "a b.\r\nc d.\n\n\n  \ne f.\n   g h.  \n\n"
+    assert split_documents(text) == [["a b.", "c d."], ["e f.", "g h."]]
+    assert split_documents("\n\n") == []
+    assert split_documents("one line") == [["one line"]]
+
+
+def corpus(n_docs: int = 12, n_sentences: int = 4) -> str:
+    """Each document repeats its own topic word in every sentence, between words that depend on the
+    sentence's place: a masked topic word is predictable from the rest of the pair, and B follows A
+    exactly when both carry the same topic word (and B's place word is the next one)."""
+    places = ["first", "second", "third", "fourth", "fifth"]
+    docs = []
+    for d in range(n_docs):
+        topic = f"topic{d}"
+        docs.append("\n".join(f"the {places[i]} line about {topic} is here" for i in range(n_sentences)))
+    return "\n\n".join(docs) + "\n"
+
+
+def _config(tmp_path, *extra: str):
+    path = tmp_path / "docs.txt"
+    path.write_text(corpus(), encoding="utf-8")
+    eval_path = tmp_path / "eval.txt"
+    eval_path.write_text(corpus(), encoding="utf-8")  # the same documents: the test is of learning at all
+    return load_run_config(None, [
+        "model.family=bert", "model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.d_ff=128",
+        "model.dropout=0.0", "model.attention_dropout=0.0", "data.task=mlm", "data.tokenizer=word",
+        f"data.path={json.dumps(str(path))}", f"data.eval_path={json.dumps(str(eval_path))}",
+        "data.max_length=24", "train.steps=700", "train.batch_size=16", "train.lr=1e-3", "train.warmup_steps=10",
+        f"train.out_dir={json.dumps(str(tmp_path / 'run'))}", *TINY, *extra])
+
+
+def test_both_objectives_are_learnt_and_perplexity_is_of_the_masked_tokens(tmp_path):
+    run = _config(tmp_path)
+    prep = prepare(run)
+    assert prep.info == {"documents": 12, "sentence_pairs": 36}
+    before = pretraining_accuracy(prep.model, prep.eval_source)
+    trainer = Trainer(prep.model, run.train, prep.train_source, eval_source=prep.eval_source,
+                      tokenizer=prep.tokenizer, out_dir=run.train.out_dir, metrics_fn=prep.metrics_fn)
+    trainer.fit()
+    after = trainer.evaluate()
+    assert after["mlm_accuracy"] > max(60.0, before["mlm_accuracy"] + 30)
+    assert after["nsp_accuracy"] > 80.0  # 36 pairs, 64 % of one class: a constant guess stays below
+    # The evaluation loss adds the NSP loss; perplexity is exp of the masked-LM loss alone.
+    mlm_sum = n = 0.0
+    with torch.no_grad():
+        prep.model.eval()
+        for batch in prep.eval_source.iter_batches():
+            out = prep.model(**batch)
+            mlm_sum += float(out.extra["mlm_loss"]) * int(out.n_targets)
+            n += int(out.n_targets)
+    assert after["perplexity"] == pytest.approx(math.exp(mlm_sum / n), rel=1e-5)
+    assert after["loss"] > mlm_sum / n
+
+
+def test_without_nsp_the_same_pairs_train_the_masked_lm_only(tmp_path):
+    run = _config(tmp_path, "model.nsp=false", "train.steps=2")
+    prep = prepare(run)
+    assert prep.model.nsp is None
+    batch = prep.train_source.batch(0)
+    assert bool((batch["next_sentence_label"] == 0).all())  # B is always A's successor
+    metrics = pretraining_accuracy(prep.model, prep.eval_source)
+    assert set(metrics) == {"mlm_accuracy"}
+
+
+def test_mlm_needs_bert_and_its_pretraining_heads(tmp_path):
+    with pytest.raises(ConfigError, match="needs a model of family bert"):
+        load_run_config(None, ["data.task=mlm"])
+    # Without a config file, naming another family drops the default run's GPT preset.
+    assert load_run_config(None, ["data.task=mlm", "model.family=bert"]).model == {"family": "bert"}
+    with pytest.raises(ConfigError, match="model.heads is 'classification'"):
+        prepare(_config(tmp_path, "model.heads=classification"))
+    with pytest.raises(ConfigError, match="mask_prob"):
+        _config(tmp_path, "data.mask_prob=0")
+
+
+def test_command_line_train_and_evaluate(tmp_path, capsys):
+    docs = tmp_path / "docs.txt"
+    docs.write_text(corpus(), encoding="utf-8")
+    out = tmp_path / "bert"
+    sets = [f"data.path={json.dumps(str(docs))}", "data.tokenizer=word", "data.vocab_size=100",
+            "data.max_length=24", "train.steps=4", "train.eval_every=2", "model.d_model=16", "model.d_ff=32",
+            "model.n_layers=1", f"train.out_dir={json.dumps(str(out))}", "data.val_fraction=0.25", *TINY]
+    code, stdout, err = run_cli(capsys, "train", str(CONFIG), *[a for s in sets for a in ("--set", s)])
+    assert code == 0, err
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in logged if "eval_loss" in r]
+    assert evals and {"eval_mlm_accuracy", "eval_nsp_accuracy", "eval_perplexity"} <= set(evals[-1])
+    code, stdout, err = run_cli(capsys, "evaluate", str(out), "--data", str(docs), "--json", "--device", "cpu")
+    assert code == 0, err
+    metrics = json.loads(stdout)
+    assert metrics["sentence_pairs"] == 36 and metrics["masked_tokens"] > 0
+    assert metrics["perplexity"] == pytest.approx(math.exp(metrics["mlm_loss"]), rel=1e-6)
+    assert metrics["loss"] > metrics["mlm_loss"] and 0 <= metrics["nsp_accuracy"] <= 100
+    again = json.loads(run_cli(capsys, "evaluate", str(out), "--data", str(docs), "--json", "--device", "cpu")[1])
+    assert again == metrics  # masking and pairing are seeded
+    code, _, err = run_cli(capsys, "generate", str(out), "--prompt", "the", "--device", "cpu")
+    assert code == 2 and "does not generate" in err
