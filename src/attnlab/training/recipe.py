@@ -147,18 +147,20 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
             raise ConfigError(f"{p}: not UTF-8 text; save the config as UTF-8") from None
     else:
         raw = default_run()
-    for item in overrides or []:
-        (section, key), value = parse_override(item)
+    parsed = [parse_override(item) for item in overrides or []]
+    if any(section == "model" and key == "init_from" for (section, key), _ in parsed):
+        raw["model"] = {}  # the architecture is the pretrained run's: only --set model.* values change it
+    for (section, key), value in parsed:
         raw.setdefault(section, {})[key] = value
         if path is None and section == "model" and key == "family":
-            raw["model"].pop("preset", None)  # another family than the default run's preset: start from it
+            raw["model"].pop("preset", None)  # the default run's GPT preset gives way to the family asked for
     for section in raw:
         if section not in SECTIONS:
             close = difflib.get_close_matches(section, SECTIONS, n=1)
             hint = f" (did you mean [{close[0]}]?)" if close else ""
             raise ConfigError(f"unknown config section [{section}]{hint}; sections: {', '.join(SECTIONS)}")
     model = dict(raw.get("model", {}))
-    if "family" not in model and "preset" not in model:
+    if not {"family", "preset", "init_from"} & set(model):
         model["family"] = "gpt"
     data = DataConfig.from_dict(raw.get("data", {}), where="data")
     train = TrainerConfig.from_dict(raw.get("train", {}), where="train")
@@ -186,6 +188,15 @@ def _validate_model_keys(model: dict[str, Any]) -> str:
 
     _load_families()
     family = model.get("family")
+    if "init_from" in model:
+        if "preset" in model:
+            raise ConfigError("model.init_from and model.preset both give the architecture; keep one")
+        from attnlab.training.checkpoint import read_config
+
+        saved = read_config(model["init_from"])["family"]
+        if family is not None and family != saved:
+            raise ConfigError(f"model.init_from holds a {saved!r} model, not {family!r}; drop model.family")
+        family = saved
     if "preset" in model:
         preset_family, _ = get_preset(model["preset"])
         if family is not None and family != preset_family:
@@ -195,7 +206,7 @@ def _validate_model_keys(model: dict[str, Any]) -> str:
     cls = FAMILIES.get(family).config_cls
     names = cls.field_names()
     for key in model:
-        if key in ("family", "preset"):
+        if key in ("family", "preset", "init_from"):
             continue
         if key not in names:
             close = difflib.get_close_matches(key, names, n=1)
@@ -211,7 +222,19 @@ def model_config(model: dict[str, Any], **derived: Any) -> Config:
 
     table = dict(model)
     preset = table.pop("preset", None)
-    if preset is not None:
+    init_from = table.pop("init_from", None)
+    if init_from is not None:
+        from attnlab.training.checkpoint import read_config
+
+        saved = read_config(init_from)
+        values = {**saved, **table}
+        family = values.pop("family")
+        if family == "encoder" and values.get("causal") is None:
+            # Keep the mask the encoder was trained with (its features differ without it), as with_head does.
+            values["causal"] = saved.get("head", "lm") == "lm"
+        # The pretrained weights fix the architecture: only what the task decides (the head) may change.
+        derived = {k: v for k, v in derived.items() if k in INIT_FROM_DERIVED}
+    elif preset is not None:
         family, base = get_preset(preset)
         table.pop("family", None)
         values = {**base.to_dict(), **table}
@@ -229,6 +252,78 @@ def model_config(model: dict[str, Any], **derived: Any) -> Config:
 # ------------------------------------------------------------------------------------------------
 # Preparing a run
 # ------------------------------------------------------------------------------------------------
+
+INIT_FROM_DERIVED = ("head", "heads", "n_classes")  # task-imposed model settings that init_from allows
+# Weights of each family's output heads: re-initialised when a run starts from a model with another head.
+HEAD_PREFIXES = {"encoder": ("head.",), "bert": ("classifier.", "mlm.", "nsp."), "gpt": ("lm_head.",),
+                 "seq2seq": ("lm_head.",)}
+OPTIONAL_PREFIXES = {"bert": ("pooler.",)}  # taken from the checkpoint when it has them, else new
+
+
+def _tokenizer(run: RunConfig, texts: Any, **options: Any):
+    """The tokenizer of the pretrained run named by model.init_from (its vocabulary is the weights'), else
+    one trained on `texts` as the [data] table says."""
+    from attnlab.data.tokenizers import load_tokenizer, train_tokenizer
+
+    if "init_from" in run.model:
+        from attnlab.training.checkpoint import find_checkpoint
+
+        return load_tokenizer(find_checkpoint(run.model["init_from"]))
+    return train_tokenizer(run.data.tokenizer, texts, run.data.vocab_size, **options)
+
+
+def _build(run: RunConfig, config: Config):
+    """The model for `config`, with the weights of model.init_from where it names a pretrained run."""
+    from attnlab.models.registry import build_model
+
+    limit = getattr(config, "max_len", None)
+    if "init_from" in run.model and run.data.task != "lm" and limit is not None and limit < run.data.max_length:
+        raise ConfigError(f"data.max_length {run.data.max_length} is beyond the {limit} positions of the model "
+                          f"in model.init_from; set data.max_length to at most {limit}")
+    model = build_model(config)
+    if "init_from" in run.model:
+        init_from_pretrained(model, run.model["init_from"])
+    return model
+
+
+def init_from_pretrained(model, path: str | Path) -> dict[str, list[str]]:
+    """Copy into `model` the weights of the checkpoint at `path` (a run or checkpoint folder of the same
+    family): every weight but the output head's when the head differs (the pretrain-then-finetune step),
+    every weight when it is the same. Returns {"loaded": names, "new": names}.
+
+    Raises:
+        CheckpointError: another family, or a body weight missing or of another shape.
+    """
+    import torch
+
+    from attnlab.errors import CheckpointError
+    from attnlab.models.registry import config_to_dict
+    from attnlab.training.checkpoint import find_checkpoint, load_model
+
+    folder = find_checkpoint(path)
+    pretrained = load_model(folder, "cpu")
+    family = config_to_dict(model.config)["family"]
+    saved_family = config_to_dict(pretrained.config)["family"]
+    if saved_family != family:
+        raise CheckpointError(f"{folder} holds a {saved_family!r} model; this run trains a {family!r} one")
+    saved, ours = pretrained.state_dict(), model.state_dict()
+    heads, optional = HEAD_PREFIXES.get(family, ()), OPTIONAL_PREFIXES.get(family, ())
+    same_head = all(k in saved and saved[k].shape == v.shape for k, v in ours.items() if k.startswith(heads)) \
+        and not any(k.startswith(heads) and k not in ours for k in saved)
+    loaded, new = {}, []
+    for key, value in ours.items():
+        if (key.startswith(heads) and not same_head) or (key.startswith(optional) and key not in saved):
+            new.append(key)
+        elif key not in saved or saved[key].shape != value.shape:
+            what = "lacks it" if key not in saved else f"has {tuple(saved[key].shape)}, not {tuple(value.shape)}"
+            raise CheckpointError(f"{folder} does not fit this model: weight {key!r}: the checkpoint {what}; "
+                                  "start from a run of the same architecture")
+        else:
+            loaded[key] = saved[key]
+    with torch.no_grad():
+        model.load_state_dict(loaded, strict=False)
+    return {"loaded": list(loaded), "new": new}
+
 
 
 @dataclass
@@ -251,8 +346,6 @@ def _prepare_lm(run: RunConfig) -> Prepared:
     from attnlab.data.corpus import TokenFile, build_token_file, pydoc_corpus
     from attnlab.data.sources import CausalLMSource
     from attnlab.data.text_files import read_text
-    from attnlab.data.tokenizers import train_tokenizer
-    from attnlab.models.registry import build_model
 
     d, t = run.data, run.train
     text = read_text(d.path) if d.path else pydoc_corpus()
@@ -263,8 +356,7 @@ def _prepare_lm(run: RunConfig) -> Prepared:
     specials = {"pad": None, "unk": None, "mask": None, "cls": None, "sep": None, "bos": None, "eos": None} \
         if d.tokenizer == "char" else None
     options = {"specials": specials} if specials is not None else {}
-    tokenizer = train_tokenizer(d.tokenizer, [text] + ([eval_text] if eval_text and d.tokenizer == "char"
-                                                       else []), d.vocab_size, **options)
+    tokenizer = _tokenizer(run, [text] + ([eval_text] if eval_text and d.tokenizer == "char" else []), **options)
     data_dir = Path(t.out_dir) / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     train_tokens = build_token_file(text, tokenizer, data_dir / "train.bin")
@@ -279,7 +371,7 @@ def _prepare_lm(run: RunConfig) -> Prepared:
         val_tokens = build_token_file(eval_text, tokenizer, data_dir / "val.bin")
         if len(val_tokens) > block + 1:
             eval_source = CausalLMSource(TokenFile(data_dir / "val.bin"), block, t.batch_size, seed=t.seed)
-    model = build_model(config)
+    model = _build(run, config)
     return Prepared(model, tokenizer, train_source, eval_source,
                     info={"train_tokens": len(train_tokens), "block_size": block})
 
@@ -292,12 +384,10 @@ def parse_column(c: str | None) -> str | int | None:
 def _prepare_classification(run: RunConfig) -> Prepared:
     from attnlab.data.sources import ClassificationSource
     from attnlab.data.text_files import read_classification_file
-    from attnlab.data.tokenizers import train_tokenizer
-    from attnlab.models.registry import build_model
 
     d, t = run.data, run.train
     train_data = read_classification_file(d.path, parse_column(d.text_column), parse_column(d.label_column))
-    tokenizer = train_tokenizer(d.tokenizer, train_data.texts, d.vocab_size)
+    tokenizer = _tokenizer(run, train_data.texts)
     prefix = [tokenizer.cls_id] if tokenizer.cls_id is not None else []
     train_source = ClassificationSource(train_data, tokenizer, t.batch_size, max_length=d.max_length,
                                         seed=t.seed, prefix_ids=prefix)
@@ -311,7 +401,7 @@ def _prepare_classification(run: RunConfig) -> Prepared:
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, n_classes=train_source.num_labels,
                           max_len=max(d.max_length, 8), head="classification", heads="classification",
                           pad_id=tokenizer.pad_id or 0)
-    model = build_model(config)
+    model = _build(run, config)
     metrics_fn = (lambda m: {"accuracy": classification_accuracy(m, eval_source)}) if eval_source else None
     return Prepared(model, tokenizer, train_source, eval_source, metrics_fn,
                     info={"labels": train_source.label_names})
@@ -320,13 +410,11 @@ def _prepare_classification(run: RunConfig) -> Prepared:
 def _prepare_translation(run: RunConfig) -> Prepared:
     from attnlab.data.sources import ParallelTextSource
     from attnlab.data.text_files import read_lines
-    from attnlab.data.tokenizers import train_tokenizer
-    from attnlab.models.registry import build_model
 
     d, t = run.data, run.train
     src_lines, tgt_lines = read_lines(d.src_path), read_lines(d.tgt_path)
     # One tokenizer for both sides, so the paper's shared embeddings apply.
-    tokenizer = train_tokenizer(d.tokenizer, src_lines + tgt_lines, d.vocab_size)
+    tokenizer = _tokenizer(run, src_lines + tgt_lines)
     train_source = ParallelTextSource(src_lines, tgt_lines, tokenizer, tokenizer, t.batch_size,
                                       max_src_length=d.max_length, max_tgt_length=d.max_length, seed=t.seed)
     eval_source = None
@@ -337,14 +425,12 @@ def _prepare_translation(run: RunConfig) -> Prepared:
     config = model_config(run.model, src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size,
                           pad_id=tokenizer.pad_id or 0, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
                           max_len=max(d.max_length + 2, 16))
-    return Prepared(build_model(config), tokenizer, train_source, eval_source)
+    return Prepared(_build(run, config), tokenizer, train_source, eval_source)
 
 
 def _prepare_mlm(run: RunConfig) -> Prepared:
     from attnlab.data.corpus import pydoc_corpus
     from attnlab.data.text_files import read_text, split_documents
-    from attnlab.data.tokenizers import train_tokenizer
-    from attnlab.models.registry import build_model
 
     d, t = run.data, run.train
     documents = split_documents(read_text(d.path) if d.path else pydoc_corpus())
@@ -354,7 +440,7 @@ def _prepare_mlm(run: RunConfig) -> Prepared:
         n_eval = int(len(documents) * d.val_fraction)
         cut = len(documents) - n_eval if n_eval >= 2 else len(documents)
         documents, eval_documents = documents[:cut], documents[cut:]
-    tokenizer = train_tokenizer(d.tokenizer, [line for doc in documents for line in doc], d.vocab_size)
+    tokenizer = _tokenizer(run, [line for doc in documents for line in doc])
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, max_len=max(d.max_length, 8),
                           pad_id=tokenizer.pad_id or 0, heads="pretraining")
     if config.heads != "pretraining":
@@ -367,7 +453,7 @@ def _prepare_mlm(run: RunConfig) -> Prepared:
     eval_source = sentence_pair_source(eval_documents, tokenizer, config, d, t.batch_size, t.seed) \
         if eval_documents else None
     metrics_fn = (lambda m: pretraining_accuracy(m, eval_source)) if eval_source is not None else None
-    return Prepared(build_model(config), tokenizer, train_source, eval_source, metrics_fn,
+    return Prepared(_build(run, config), tokenizer, train_source, eval_source, metrics_fn,
                     info={"documents": len(documents), "sentence_pairs": len(train_source.pairs)})
 
 

@@ -1,0 +1,131 @@
+"""Pretrain, then fine-tune from the command line: `model.init_from` starts a run from another run's weights
+and tokenizer. The body is copied exactly, a head of another kind starts fresh, the same head is kept
+(continued training), and what cannot fit is refused with one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from cli_helpers import run_cli
+
+from attnlab.data.tokenizers import load_tokenizer
+from attnlab.errors import CheckpointError, ConfigError
+from attnlab.training.checkpoint import find_checkpoint, load_model
+from attnlab.training.recipe import load_run_config, prepare, train_run
+
+TINY = ["train.progress=false", "train.precision=fp32", "train.device=cpu", "train.steps=2", "train.batch_size=4"]
+
+
+def _q(path) -> str:
+    return json.dumps(str(path))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("init_from")
+    docs = "\n\n".join("\n".join(f"the {w} line of story {d} is {'good' if d % 2 else 'bad'}"
+                                 for w in ("first", "second", "third")) for d in range(8)) + "\n"
+    (root / "docs.txt").write_text(docs, encoding="utf-8")
+    rows = ["text\tlabel"] + [f"story {d} is {'good' if d % 2 else 'bad'}\t{'pos' if d % 2 else 'neg'}"
+                              for d in range(16)]
+    (root / "cls.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def bert_run(files):
+    out = files / "bert"
+    train_run(load_run_config(None, [
+        "model.family=bert", "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.d_ff=32",
+        "data.task=mlm", "data.tokenizer=word", f"data.path={_q(files / 'docs.txt')}", "data.max_length=24",
+        f"train.out_dir={_q(out)}", *TINY]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def encoder_run(files):
+    out = files / "encoder"
+    train_run(load_run_config(None, [
+        "model.family=encoder", "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.d_ff=32",
+        "model.head=lm", "data.tokenizer=word", f"data.path={_q(files / 'docs.txt')}", "data.block_size=8",
+        f"train.out_dir={_q(out)}", *TINY]))
+    return out
+
+
+def _classify(files, init_from, *extra: str):
+    return load_run_config(None, [
+        f"model.init_from={_q(init_from)}", "data.task=classification", f"data.path={_q(files / 'cls.tsv')}",
+        f"data.eval_path={_q(files / 'cls.tsv')}", "data.max_length=16",
+        f"train.out_dir={_q(files / 'cls')}", *TINY, *extra])
+
+
+@pytest.mark.parametrize("kind", ["bert", "encoder"])
+def test_fine_tuning_copies_the_body_and_starts_a_new_head(files, bert_run, encoder_run, kind):
+    source = bert_run if kind == "bert" else encoder_run
+    pretrained = load_model(source)
+    prep = prepare(_classify(files, source))
+    model = prep.model
+    head = ("classifier.",) if kind == "bert" else ("head.",)
+    saved, ours = pretrained.state_dict(), model.state_dict()
+    body = [k for k in ours if not k.startswith(head)]
+    assert body and all(torch.equal(ours[k], saved[k]) for k in body)  # pooler included for BERT
+    assert ours[f"{head[0]}{'weight' if kind == 'bert' else 'proj.weight'}"].shape[0] == 2  # two classes
+    assert model.config.d_model == 16 and model.config.n_layers == 1  # the architecture of the checkpoint
+    if kind == "encoder":  # trained under the causal mask of its LM head, it keeps that mask
+        assert model.config.is_causal
+    assert prep.tokenizer.vocab() == load_tokenizer(find_checkpoint(source)).vocab()  # the weights' vocabulary
+
+
+def test_the_same_head_is_kept_for_continued_training(files, bert_run):
+    prep = prepare(load_run_config(None, [
+        f"model.init_from={_q(bert_run)}", "data.task=mlm", f"data.path={_q(files / 'docs.txt')}",
+        "data.max_length=24", f"train.out_dir={_q(files / 'again')}", *TINY]))
+    saved = load_model(bert_run).state_dict()
+    assert all(torch.equal(v, saved[k]) for k, v in prep.model.state_dict().items())
+
+
+def test_command_line_pretrain_then_fine_tune(files, bert_run, capsys):
+    out = files / "cli-cls"
+    args = ["train", "--set", f"model.init_from={_q(bert_run)}", "--set", "data.task=classification",
+            "--set", f"data.path={_q(files / 'cls.tsv')}", "--set", f"data.eval_path={_q(files / 'cls.tsv')}",
+            "--set", "data.max_length=16", "--set", f"train.out_dir={_q(out)}"]
+    for item in TINY:
+        args += ["--set", item]
+    code, stdout, err = run_cli(capsys, *args)
+    assert code == 0, err
+    code, stdout, err = run_cli(capsys, "evaluate", str(out), "--data", str(files / "cls.tsv"), "--json",
+                                "--device", "cpu")
+    assert code == 0, err
+    assert json.loads(stdout)["examples"] == 16
+
+
+def test_what_cannot_fit_is_refused(files, bert_run, encoder_run):
+    with pytest.raises(CheckpointError, match="weight 'embeddings.token.weight'"):  # another width
+        prepare(_classify(files, bert_run, "model.d_model=32"))
+    with pytest.raises(ConfigError, match="init_from and model.preset"):
+        _classify(files, bert_run, "model.preset=bert-tiny")
+    with pytest.raises(ConfigError, match="holds a 'bert' model, not 'encoder'"):
+        _classify(files, bert_run, "model.family=encoder")
+    with pytest.raises(ConfigError, match="needs a model of family bert, not 'encoder'"):
+        load_run_config(None, [f"model.init_from={_q(encoder_run)}", "data.task=mlm"])
+    with pytest.raises(ConfigError, match="beyond the 24 positions"):
+        prepare(_classify(files, bert_run, "data.max_length=40"))
+    with pytest.raises(CheckpointError, match="does not exist"):
+        _classify(files, files / "nowhere")
+
+
+def test_set_init_from_on_a_config_file_takes_the_pretrained_architecture(files, bert_run):
+    """`--set model.init_from=RUN` on a config written for training from scratch (here with a preset and a
+    max_len of its own) replaces the file's [model] table: the architecture is the pretrained run's."""
+    from pathlib import Path
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "encoder-classify.toml"
+    run = load_run_config(config, [f"model.init_from={_q(bert_run)}", "model.dropout=0.0",
+                                   f"data.path={_q(files / 'cls.tsv')}", "data.text_column=text",
+                                   "data.label_column=label", "data.eval_path=''", "data.max_length=16",
+                                   f"train.out_dir={_q(files / 'from-file')}", *TINY])
+    assert run.model == {"init_from": str(bert_run), "dropout": 0.0}
+    prep = prepare(run)
+    assert prep.model.config.d_model == 16 and prep.model.config.heads == "classification"
