@@ -155,3 +155,10 @@ def test_all_minilm_l6_v2_matches_hf(monkeypatch):
         got = ours(**x).logits
     real = x["attention_mask"].bool()
     torch.testing.assert_close(got[real], expected[real], atol=1e-4, rtol=0)
+
+
+def test_unreadable_config_is_one_checkpoint_error(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="cannot read BERT weights"):
+        load_hf_bert(tmp_path)

@@ -12,7 +12,6 @@ checkpoints converted from TensorFlow (`LayerNorm.gamma` / `beta`). The heads pr
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -174,20 +173,13 @@ def load_hf_bert(model_dir: str | Path) -> BertModel:
         CheckpointError: the folder lacks either file (a folder with only `pytorch_model.bin` must be
             re-saved with `save_pretrained(..., safe_serialization=True)` first) or does not hold BERT.
     """
-    from safetensors.torch import load_file
+    from attnlab.convert.hf_folder import read_hf_folder
 
+    hf_config, state_dict = read_hf_folder(model_dir, "BERT")
     folder = Path(model_dir)
-    config_path, weights_path = folder / "config.json", folder / "model.safetensors"
-    if not config_path.is_file():
-        raise CheckpointError(f"{folder}: no config.json")
-    if not weights_path.is_file():
-        hint = " (pytorch_model.bin is not read: convert it to safetensors)" \
-            if (folder / "pytorch_model.bin").exists() else ""
-        raise CheckpointError(f"{folder}: no model.safetensors{hint}")
-    hf_config = json.loads(config_path.read_text(encoding="utf-8"))
     if hf_config.get("model_type", "bert") != "bert":
         raise CheckpointError(f"{folder}: model_type is {hf_config.get('model_type')!r}, not 'bert'")
-    config, state = bert_from_hf(load_file(str(weights_path)), hf_config)
+    config, state = bert_from_hf(state_dict, hf_config)
     model = BertModel(config)
     dtype = next(iter(state.values())).dtype
     model.to(dtype)

@@ -6,7 +6,6 @@ GPT-2 stores its projections as `Conv1D` (y = x·W + b, W of shape (in, out)), t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -116,20 +115,8 @@ def load_hf_gpt2(model_dir: str | Path) -> GPT:
     Raises:
         CheckpointError: a file is missing or unreadable, or the folder does not hold a GPT-2 we compute.
     """
-    from safetensors.torch import load_file
+    from attnlab.convert.hf_folder import read_hf_folder
 
-    folder = Path(model_dir)
-    config_path, weights_path = folder / "config.json", folder / "model.safetensors"
-    if not config_path.is_file():
-        raise CheckpointError(f"{folder}: no config.json")
-    if not weights_path.is_file():
-        hint = " (pytorch_model.bin is not read: convert it to safetensors)" \
-            if (folder / "pytorch_model.bin").exists() else ""
-        raise CheckpointError(f"{folder}: no model.safetensors{hint}")
-    try:
-        hf_config = json.loads(config_path.read_text(encoding="utf-8"))
-        state = load_file(str(weights_path))
-    except Exception as e:  # JSON, OS and safetensors' own error types
-        raise CheckpointError(f"cannot read GPT-2 weights from {folder}: {e}") from None
+    hf_config, state = read_hf_folder(model_dir, "GPT-2")
     with torch.no_grad():
         return gpt_from_hf(state, hf_config)
