@@ -116,6 +116,8 @@ def test_a_padded_batch_gives_each_source_its_own_translation(decode):
     assert run(src, mask) == run(torch.tensor([long]), None) + run(torch.tensor([short]), None)
 
 
-def test_beam_size_below_one_is_refused():
+def test_beam_size_below_one_and_negative_length_penalty_are_refused():
     with pytest.raises(ConfigError, match="beam_size"):
         beam_search(_model(0), _sources(0), beam_size=0)
+    with pytest.raises(ConfigError, match="length_penalty"):
+        beam_search(_model(0), _sources(0), length_penalty=-0.5)

@@ -198,6 +198,8 @@ def beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = Non
     """
     if beam_size < 1:
         raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
+    if length_penalty < 0:  # the early stop bounds a live beam's best score assuming α ≥ 0
+        raise ConfigError(f"length_penalty must be >= 0, got {length_penalty}")
     model.eval()
     return [_beam_one(model, src_ids[i : i + 1], None if src_mask is None else src_mask[i : i + 1],
                       beam_size, max_len, length_penalty) for i in range(src_ids.shape[0])]
