@@ -129,3 +129,18 @@ def test_set_init_from_on_a_config_file_takes_the_pretrained_architecture(files,
     assert run.model == {"init_from": str(bert_run), "dropout": 0.0}
     prep = prepare(run)
     assert prep.model.config.d_model == 16 and prep.model.config.heads == "classification"
+
+
+def test_a_head_the_new_model_shares_is_kept(files, bert_run):
+    """Continued pre-training without next-sentence prediction keeps the masked-LM head (and the pooler);
+    only what the checkpoint lacks would be new."""
+    from attnlab.training.recipe import init_from_pretrained
+
+    run = load_run_config(None, [
+        f"model.init_from={_q(bert_run)}", "model.nsp=false", "data.task=mlm", f"data.path={_q(files / 'docs.txt')}",
+        "data.max_length=24", f"train.out_dir={_q(files / 'no-nsp')}", *TINY])
+    model = prepare(run).model
+    assert model.nsp is None
+    saved = load_model(bert_run).state_dict()
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    assert init_from_pretrained(model, bert_run)["new"] == []

@@ -307,12 +307,19 @@ def init_from_pretrained(model, path: str | Path) -> dict[str, list[str]]:
     if saved_family != family:
         raise CheckpointError(f"{folder} holds a {saved_family!r} model; this run trains a {family!r} one")
     saved, ours = pretrained.state_dict(), model.state_dict()
-    heads, optional = HEAD_PREFIXES.get(family, ()), OPTIONAL_PREFIXES.get(family, ())
-    same_head = all(k in saved and saved[k].shape == v.shape for k, v in ours.items() if k.startswith(heads)) \
-        and not any(k.startswith(heads) and k not in ours for k in saved)
+    modules = HEAD_PREFIXES.get(family, ()) + OPTIONAL_PREFIXES.get(family, ())
+    # Another kind of head ("lm" -> "classification", pre-training heads -> classifier): every head is new.
+    head_kind = [getattr(c, name, None) for c in (model.config, pretrained.config) for name in ("head", "heads")]
+    head_changed = head_kind[:2] != head_kind[2:]
+
+    def fits(module: str) -> bool:  # a head module is taken whole from the checkpoint, or not at all
+        keys = [k for k in ours if k.startswith(module)]
+        return all(k in saved and saved[k].shape == ours[k].shape for k in keys)
+
     loaded, new = {}, []
     for key, value in ours.items():
-        if (key.startswith(heads) and not same_head) or (key.startswith(optional) and key not in saved):
+        module = next((m for m in modules if key.startswith(m)), None)
+        if module is not None and ((head_changed and module in HEAD_PREFIXES.get(family, ())) or not fits(module)):
             new.append(key)
         elif key not in saved or saved[key].shape != value.shape:
             what = "lacks it" if key not in saved else f"has {tuple(saved[key].shape)}, not {tuple(value.shape)}"
@@ -323,7 +330,6 @@ def init_from_pretrained(model, path: str | Path) -> dict[str, list[str]]:
     with torch.no_grad():
         model.load_state_dict(loaded, strict=False)
     return {"loaded": list(loaded), "new": new}
-
 
 
 @dataclass
