@@ -343,7 +343,11 @@ class Prepared:
 
 
 def prepare(run: RunConfig) -> Prepared:
-    """Tokenize the data, build the sources and the model (sized to the tokenizer)."""
+    """Tokenize the data, build the sources and the model (sized to the tokenizer). The model's initial
+    weights are a function of train.seed: the same seed, the same run, in any process."""
+    from attnlab.training.trainer import seed_everything
+
+    seed_everything(run.train.seed)
     return {"lm": _prepare_lm, "classification": _prepare_classification,
             "translation": _prepare_translation, "mlm": _prepare_mlm}[run.data.task](run)
 
