@@ -288,8 +288,9 @@ def _build(run: RunConfig, config: Config):
 
 def init_from_pretrained(model, path: str | Path) -> dict[str, list[str]]:
     """Copy into `model` the weights of the checkpoint at `path` (a run or checkpoint folder of the same
-    family): every weight but the output head's when the head differs (the pretrain-then-finetune step),
-    every weight when it is the same. Returns {"loaded": names, "new": names}.
+    family). The body must all be there; each head module (and BERT's pooler) is taken whole when the model
+    keeps the same kind of head and the checkpoint has it with the same shapes, else it starts fresh (the
+    pretrain-then-finetune step). Returns {"loaded": names, "new": names}.
 
     Raises:
         CheckpointError: another family, or a body weight missing or of another shape.
