@@ -110,8 +110,8 @@ def evaluate(
         print(json.dumps(metrics))
         return
     width = max(11, *map(len, metrics))
+    counts = ("tokens", "examples", "masked_tokens", "sentence_pairs")
     for key, value in metrics.items():
-        counts = ("tokens", "examples", "masked_tokens", "sentence_pairs")
         print(f"{key:>{width}}  {int(value) if key in counts else round(value, 4)}")
 
 

@@ -210,24 +210,15 @@ def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> 
     """BERT pre-training objectives on a text of documents (blank-line separated, a sentence per line),
     masked and paired with a fixed seed: the same numbers every time."""
     from attnlab.data.text_files import read_text, split_documents
-    from attnlab.training.recipe import DataConfig, pretraining_accuracy, sentence_pair_source
+    from attnlab.training.recipe import DataConfig, pretraining_metrics, sentence_pair_source
 
     model, tok = run.model, run.tokenizer
     known = set(DataConfig.field_names())
     settings = DataConfig.from_dict({k: v for k, v in run.data.items() if k in known}, where="data")
     source = sentence_pair_source(split_documents(read_text(data)), tok, model.config, settings, batch_size, 0)
-    device = _device(model)
-    loss_sum = mlm_sum = 0.0
-    n = 0
-    for batch in source.iter_batches(batch_size):
-        batch = {k: v.to(device) for k, v in batch.items()}
-        out = model(**batch)
-        loss_sum += float(out.loss) * int(out.n_targets)
-        mlm_sum += float(out.extra["mlm_loss"]) * int(out.n_targets)
-        n += int(out.n_targets)
-    mlm = mlm_sum / max(n, 1)
-    return {"loss": loss_sum / max(n, 1), "mlm_loss": mlm, "perplexity": math.exp(min(mlm, 700.0)),
-            **pretraining_accuracy(model, source), "masked_tokens": float(n),
+    m = pretraining_metrics(model, source)
+    return {"loss": m["loss"], "mlm_loss": m["mlm_loss"], "perplexity": math.exp(min(m["mlm_loss"], 700.0)),
+            **{k: v for k, v in m.items() if k.endswith("_accuracy")}, "masked_tokens": m["masked_tokens"],
             "sentence_pairs": float(len(source.pairs))}
 
 

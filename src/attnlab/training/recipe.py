@@ -308,7 +308,8 @@ def init_from_pretrained(model, path: str | Path) -> dict[str, list[str]]:
     if saved_family != family:
         raise CheckpointError(f"{folder} holds a {saved_family!r} model; this run trains a {family!r} one")
     saved, ours = pretrained.state_dict(), model.state_dict()
-    modules = HEAD_PREFIXES.get(family, ()) + OPTIONAL_PREFIXES.get(family, ())
+    heads = HEAD_PREFIXES.get(family, ())
+    modules = heads + OPTIONAL_PREFIXES.get(family, ())
     # Another kind of head ("lm" -> "classification", pre-training heads -> classifier): every head is new.
     head_kind = [getattr(c, name, None) for c in (model.config, pretrained.config) for name in ("head", "heads")]
     head_changed = head_kind[:2] != head_kind[2:]
@@ -320,7 +321,7 @@ def init_from_pretrained(model, path: str | Path) -> dict[str, list[str]]:
     loaded, new = {}, []
     for key, value in ours.items():
         module = next((m for m in modules if key.startswith(m)), None)
-        if module is not None and ((head_changed and module in HEAD_PREFIXES.get(family, ())) or not fits(module)):
+        if module is not None and ((head_changed and module in heads) or not fits(module)):
             new.append(key)
         elif key not in saved or saved[key].shape != value.shape:
             what = "lacks it" if key not in saved else f"has {tuple(saved[key].shape)}, not {tuple(value.shape)}"
@@ -479,30 +480,41 @@ def sentence_pair_source(documents, tokenizer, config, data: DataConfig, batch_s
     return BertSource(pairs, batch_size, MaskSpec.from_tokenizer(tokenizer, mask_prob=data.mask_prob), seed=seed)
 
 
-def pretraining_accuracy(model, source) -> dict[str, float]:
-    """Accuracy (%) of the masked-token predictions and, with an NSP head, of next-sentence prediction, over
-    a source's evaluation batches."""
+def pretraining_metrics(model, source) -> dict[str, float]:
+    """One pass over a source's evaluation batches: mean loss and masked-LM loss per masked token, the number
+    of masked tokens, and the accuracy (%) of the masked-token predictions and, with an NSP head, of
+    next-sentence prediction."""
     import torch
 
     model_was_training = model.training
     model.eval()
     device = next(model.parameters()).device
+    loss_sum = mlm_sum = 0.0
     hits = torch.zeros(4, dtype=torch.long)  # masked right, masked, next right, pairs
     with torch.no_grad():
         for batch in source.iter_batches():
             batch = {k: v.to(device) for k, v in batch.items()}
             out = model(**batch)
             picked = batch["labels"] != -100
+            loss_sum += float(out.loss) * int(out.n_targets)
+            mlm_sum += float(out.extra["mlm_loss"]) * int(out.n_targets)
             hits[0] += int((out.logits.argmax(-1)[picked] == batch["labels"][picked]).sum())
             hits[1] += int(picked.sum())
             if "nsp_logits" in out.extra:
                 hits[2] += int((out.extra["nsp_logits"].argmax(-1) == batch["next_sentence_label"]).sum())
                 hits[3] += batch["next_sentence_label"].numel()
     model.train(model_was_training)
-    metrics = {"mlm_accuracy": 100.0 * int(hits[0]) / max(int(hits[1]), 1)}
+    n = int(hits[1])
+    metrics = {"loss": loss_sum / max(n, 1), "mlm_loss": mlm_sum / max(n, 1), "masked_tokens": float(n),
+               "mlm_accuracy": 100.0 * int(hits[0]) / max(n, 1)}
     if int(hits[3]):
         metrics["nsp_accuracy"] = 100.0 * int(hits[2]) / int(hits[3])
     return metrics
+
+
+def pretraining_accuracy(model, source) -> dict[str, float]:
+    """The accuracies of `pretraining_metrics` (the trainer computes the losses itself)."""
+    return {k: v for k, v in pretraining_metrics(model, source).items() if k.endswith("_accuracy")}
 
 
 def classification_accuracy(model, source) -> float:
