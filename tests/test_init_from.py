@@ -34,24 +34,23 @@ def files(tmp_path_factory):
     return root
 
 
+def _pretrain(files, name: str, *sets: str):
+    """A 2-step run of a tiny model of family `name` on the documents, in files/name."""
+    train_run(load_run_config(None, [
+        f"model.family={name}", "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.d_ff=32",
+        "data.tokenizer=word", f"data.path={_q(files / 'docs.txt')}", f"train.out_dir={_q(files / name)}",
+        *sets, *TINY]))
+    return files / name
+
+
 @pytest.fixture(scope="module")
 def bert_run(files):
-    out = files / "bert"
-    train_run(load_run_config(None, [
-        "model.family=bert", "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.d_ff=32",
-        "data.task=mlm", "data.tokenizer=word", f"data.path={_q(files / 'docs.txt')}", "data.max_length=24",
-        f"train.out_dir={_q(out)}", *TINY]))
-    return out
+    return _pretrain(files, "bert", "data.task=mlm", "data.max_length=24")
 
 
 @pytest.fixture(scope="module")
 def encoder_run(files):
-    out = files / "encoder"
-    train_run(load_run_config(None, [
-        "model.family=encoder", "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.d_ff=32",
-        "model.head=lm", "data.tokenizer=word", f"data.path={_q(files / 'docs.txt')}", "data.block_size=8",
-        f"train.out_dir={_q(out)}", *TINY]))
-    return out
+    return _pretrain(files, "encoder", "model.head=lm", "data.block_size=8")
 
 
 def _classify(files, init_from, *extra: str):
