@@ -59,7 +59,7 @@ def test_both_objectives_are_learnt_and_perplexity_is_of_the_masked_tokens(tmp_p
     assert prep.info == {"documents": 12, "sentence_pairs": 36}
     before = pretraining_accuracy(prep.model, prep.eval_source)
     trainer = Trainer(prep.model, run.train, prep.train_source, eval_source=prep.eval_source,
-                      tokenizer=prep.tokenizer, out_dir=run.train.out_dir, metrics_fn=prep.metrics_fn)
+                      tokenizer=prep.tokenizer, out_dir=run.train.out_dir, eval_counts=prep.eval_counts)
     trainer.fit()
     after = trainer.evaluate()
     assert after["mlm_accuracy"] > max(60.0, before["mlm_accuracy"] + 30)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from training_helpers import ToySource, ddp_trainer_config, tiny_model
+from training_helpers import ToySource, ddp_trainer_config, tiny_model, token_accuracy_counts
 
 from attnlab.training import Trainer, load_model
 
@@ -39,7 +39,7 @@ def test_two_processes_match_one(tmp_path):
                                   f"\n--- stdout ---\n{proc.stdout[-2000:]}")
 
     single = Trainer(tiny_model(), ddp_trainer_config(), ToySource(), eval_source=ToySource(),
-                     out_dir=tmp_path / "single")
+                     eval_counts=token_accuracy_counts, out_dir=tmp_path / "single")
     single.fit()
 
     distributed = load_model(tmp_path / "ddp")
@@ -50,9 +50,12 @@ def test_two_processes_match_one(tmp_path):
         return [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
 
     ddp_log, single_log = records("ddp"), records("single")
+    # eval_counts metrics are summed over the processes, also one that only the second process sees
+    assert single_log[-1]["eval_one_ignored"] == pytest.approx(2 / 4)
+    assert ddp_log[-1]["eval_one_ignored"] == pytest.approx(2 / 4) and "eval_token_accuracy" in ddp_log[-1]
     assert [r["step"] for r in ddp_log] == [r["step"] for r in single_log]
     for a, b in zip(ddp_log, single_log):
-        for key in ("loss", "eval_loss"):
+        for key in ("loss", "eval_loss", "eval_token_accuracy", "eval_one_ignored"):
             if key in b:
                 assert a[key] == pytest.approx(b[key], abs=1e-5)
     assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == [

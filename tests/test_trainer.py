@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from training_helpers import ToySource, tiny_model
+from training_helpers import ToySource, tiny_model, token_accuracy_counts
 
 from attnlab.errors import ConfigError, DataError
 from attnlab.training import (
@@ -145,6 +145,30 @@ def test_fit_writes_metrics_plot_and_checkpoints(tmp_path):
     loaded = load_model(tmp_path)
     for k, v in trainer.model.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v)
+
+
+@pytest.mark.parametrize("eval_batches", [0, 2])
+def test_eval_counts_come_from_the_loss_pass(tmp_path, eval_batches):
+    model = tiny_model()
+    trainer = Trainer(model, config(micro_batch_size=4, eval_batches=eval_batches), ToySource(),
+                      eval_source=ToySource(), eval_counts=token_accuracy_counts, out_dir=tmp_path)
+    calls = []
+    model.register_forward_hook(lambda *args: calls.append(1))
+    metrics = trainer.evaluate()
+    batches = list(ToySource().iter_batches(4))[:eval_batches or None]
+    assert len(calls) == len(batches)  # one forward pass per batch gives the loss and the counts
+    hits = targets = one = rows = 0
+    with torch.no_grad():
+        for batch in batches:
+            picked = batch["labels"] != -100
+            hits += int((model(**batch).logits.argmax(-1)[picked] == batch["labels"][picked]).sum())
+            targets += int(picked.sum())
+            ignored_one = (~picked).sum(dim=1) == 1
+            if ignored_one.any():
+                one, rows = one + int(ignored_one.sum()), rows + len(ignored_one)
+    assert metrics["token_accuracy"] == pytest.approx(100.0 * hits / targets)
+    assert metrics["one_ignored"] == pytest.approx(one / rows)
+    assert set(metrics) == {"loss", "perplexity", "token_accuracy", "one_ignored"}
 
 
 def test_early_stopping(tmp_path):

@@ -62,6 +62,19 @@ if "test-tiny-lm" not in FAMILIES:
     register_family("test-tiny-lm", TinyLMConfig, TinyLM)
 
 
+def token_accuracy_counts(batch, out) -> dict[str, tuple]:
+    """`eval_counts` for the tiny LM: next-token accuracy (%), and the share of rows with exactly one
+    ignored target, reported only by batches that have such a row (with `ToySource`'s evaluation rows
+    in batches of 2 only odd batches do, so under 2 processes only the second one sees the name)."""
+    labels = batch["labels"]
+    picked = labels != -100
+    counts = {"token_accuracy": (100.0 * (out.logits.argmax(-1)[picked] == labels[picked]).sum(), picked.sum())}
+    one = (~picked).sum(dim=1) == 1
+    if bool(one.any()):
+        counts["one_ignored"] = (one.sum(), labels.shape[0])
+    return counts
+
+
 def tiny_model(seed: int = 0, **kwargs) -> TinyLM:
     torch.manual_seed(seed)
     return TinyLM(TinyLMConfig(**kwargs))
@@ -115,7 +128,7 @@ def _ddp_main(out_dir: str) -> None:
 
     torch.set_num_threads(1)
     trainer = Trainer(tiny_model(), ddp_trainer_config(), ToySource(), eval_source=ToySource(),
-                      out_dir=out_dir)
+                      eval_counts=token_accuracy_counts, out_dir=out_dir)
     assert trainer.world.size == 2, trainer.world
     trainer.fit()
     shutdown()

@@ -340,7 +340,7 @@ class Prepared:
     tokenizer: Any
     train_source: Any
     eval_source: Any
-    metrics_fn: Any = None
+    eval_counts: Any = None  # per-batch counts for the trainer's evaluation pass (accuracies)
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -414,8 +414,7 @@ def _prepare_classification(run: RunConfig) -> Prepared:
                           max_len=max(d.max_length, 8), head="classification", heads="classification",
                           pad_id=tokenizer.pad_id or 0)
     model = _build(run, config)
-    metrics_fn = (lambda m: {"accuracy": classification_accuracy(m, eval_source)}) if eval_source else None
-    return Prepared(model, tokenizer, train_source, eval_source, metrics_fn,
+    return Prepared(model, tokenizer, train_source, eval_source, classification_counts,
                     info={"labels": train_source.label_names})
 
 
@@ -464,8 +463,7 @@ def _prepare_mlm(run: RunConfig) -> Prepared:
     train_source = sentence_pair_source(documents, tokenizer, config, d, t.batch_size, t.seed)
     eval_source = sentence_pair_source(eval_documents, tokenizer, config, d, t.batch_size, t.seed) \
         if eval_documents else None
-    metrics_fn = (lambda m: pretraining_accuracy(m, eval_source)) if eval_source is not None else None
-    return Prepared(_build(run, config), tokenizer, train_source, eval_source, metrics_fn,
+    return Prepared(_build(run, config), tokenizer, train_source, eval_source, pretraining_counts,
                     info={"documents": len(documents), "sentence_pairs": len(train_source.pairs)})
 
 
@@ -480,6 +478,25 @@ def sentence_pair_source(documents, tokenizer, config, data: DataConfig, batch_s
     return BertSource(pairs, batch_size, MaskSpec.from_tokenizer(tokenizer, mask_prob=data.mask_prob), seed=seed)
 
 
+def classification_counts(batch, out) -> dict[str, tuple]:
+    """Per-batch counts of a classifier's accuracy (%), for `Trainer(eval_counts=...)`."""
+    labels = batch["labels"]
+    return {"accuracy": (100.0 * (out.logits.argmax(-1) == labels).sum(), labels.numel())}
+
+
+def pretraining_counts(batch, out) -> dict[str, tuple]:
+    """Per-batch counts of the masked-token accuracy (%) and, with an NSP head, of next-sentence
+    prediction, for `Trainer(eval_counts=...)`."""
+    labels = batch["labels"]
+    picked = labels != -100
+    counts = {"mlm_accuracy": (100.0 * (out.logits.argmax(-1)[picked] == labels[picked]).sum(), picked.sum())}
+    if "nsp_logits" in out.extra:
+        next_label = batch["next_sentence_label"]
+        counts["nsp_accuracy"] = (100.0 * (out.extra["nsp_logits"].argmax(-1) == next_label).sum(),
+                                  next_label.numel())
+    return counts
+
+
 def pretraining_metrics(model, source) -> dict[str, float]:
     """One pass over a source's evaluation batches: mean loss and masked-LM loss per masked token, the number
     of masked tokens, and the accuracy (%) of the masked-token predictions and, with an NSP head, of
@@ -490,49 +507,27 @@ def pretraining_metrics(model, source) -> dict[str, float]:
     model.eval()
     device = next(model.parameters()).device
     loss_sum = mlm_sum = 0.0
-    hits = torch.zeros(4, dtype=torch.long)  # masked right, masked, next right, pairs
+    counted: dict[str, list[float]] = {}
     with torch.no_grad():
         for batch in source.iter_batches():
             batch = {k: v.to(device) for k, v in batch.items()}
             out = model(**batch)
-            picked = batch["labels"] != -100
             loss_sum += float(out.loss) * int(out.n_targets)
             mlm_sum += float(out.extra["mlm_loss"]) * int(out.n_targets)
-            hits[0] += int((out.logits.argmax(-1)[picked] == batch["labels"][picked]).sum())
-            hits[1] += int(picked.sum())
-            if "nsp_logits" in out.extra:
-                hits[2] += int((out.extra["nsp_logits"].argmax(-1) == batch["next_sentence_label"]).sum())
-                hits[3] += batch["next_sentence_label"].numel()
+            for name, (total, count) in pretraining_counts(batch, out).items():
+                pair = counted.setdefault(name, [0.0, 0.0])
+                pair[0] += float(total)
+                pair[1] += float(count)
     model.train(model_was_training)
-    n = int(hits[1])
-    metrics = {"loss": loss_sum / max(n, 1), "mlm_loss": mlm_sum / max(n, 1), "masked_tokens": float(n),
-               "mlm_accuracy": 100.0 * int(hits[0]) / max(n, 1)}
-    if int(hits[3]):
-        metrics["nsp_accuracy"] = 100.0 * int(hits[2]) / int(hits[3])
+    n = counted.get("mlm_accuracy", [0.0, 0.0])[1]
+    metrics = {"loss": loss_sum / max(n, 1), "mlm_loss": mlm_sum / max(n, 1), "masked_tokens": n}
+    metrics.update({name: total / max(count, 1) for name, (total, count) in counted.items()})
     return metrics
 
 
 def pretraining_accuracy(model, source) -> dict[str, float]:
-    """The accuracies of `pretraining_metrics` (the trainer computes the losses itself)."""
+    """The accuracies of `pretraining_metrics`."""
     return {k: v for k, v in pretraining_metrics(model, source).items() if k.endswith("_accuracy")}
-
-
-def classification_accuracy(model, source) -> float:
-    """Accuracy (%) of a classifier over a source's evaluation batches."""
-    import torch
-
-    model_was_training = model.training
-    model.eval()
-    correct = total = 0
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        for batch in source.iter_batches():
-            batch = {k: v.to(device) for k, v in batch.items()}
-            logits = model(**batch).logits
-            correct += int((logits.argmax(-1) == batch["labels"]).sum())
-            total += int(batch["labels"].numel())
-    model.train(model_was_training)
-    return 100.0 * correct / max(total, 1)
 
 
 def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
@@ -547,7 +542,7 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
         description["labels"] = list(prep.info["labels"])
     (out / "run.json").write_text(json.dumps(description, indent=2))
     trainer = Trainer(prep.model, run.train, prep.train_source, eval_source=prep.eval_source,
-                      tokenizer=prep.tokenizer, out_dir=out, metrics_fn=prep.metrics_fn,
+                      tokenizer=prep.tokenizer, out_dir=out, eval_counts=prep.eval_counts,
                       extra_state={"data": run.data.to_dict()})
     summary = trainer.fit(resume=resume)
     return {**summary, **prep.info}

@@ -2,8 +2,9 @@
 
 An experiment supplies a model (``model(**batch) -> ModelOutput`` with a mean ``loss`` over targets
 whose label is not -100), a batch source (``source.batch(step)`` is the global batch of optimizer
-step ``step``, a pure function of the seed and the step) and, optionally, an evaluation source and a
-metric function. The trainer does the rest, the same way for every objective:
+step ``step``, a pure function of the seed and the step) and, optionally, an evaluation source,
+per-batch counts to accumulate over it (accuracies) and a metric function of the whole model. The
+trainer does the rest, the same way for every objective:
 
 - each process takes its slice of the global batch and splits it into micro-batches;
 - gradients are accumulated so they equal the gradient of the whole global batch: micro-batch i
@@ -238,6 +239,10 @@ class _Window:
         self.steps += 1
 
 
+# eval_counts(batch, output) -> {name: (total, count)}: tensors or numbers, summed over the evaluation split.
+EvalCounts = Callable[[dict[str, Any], Any], dict[str, tuple[Any, Any]]]
+
+
 @dataclass
 class _Totals:
     tokens: int = 0
@@ -258,8 +263,13 @@ class Trainer:
         tokenizer: saved into every checkpoint (``tokenizer.save(path)``).
         out_dir: run folder: ``checkpoint/``, ``best/``, ``metrics.jsonl``, ``loss.png`` (default
             `config.out_dir`).
-        metrics_fn: ``metrics_fn(model) -> dict[str, float]`` of extra evaluation metrics (the model is in
-            eval mode under ``torch.no_grad``; it runs on every process).
+        eval_counts: ``eval_counts(batch, output) -> {name: (total, count)}``, called on every evaluation
+            batch in the same pass as the loss; each metric is reported as the sum of its totals over the
+            sum of its counts, over the whole evaluation split and all processes (an accuracy in % is
+            ``(100 * correct, examples)``). See `EvalCounts`.
+        metrics_fn: ``metrics_fn(model) -> dict[str, float]`` of extra evaluation metrics that need more
+            than one forward pass per batch (the model is in eval mode under ``torch.no_grad``; it runs on
+            every process).
         extra_state: JSON-serialisable dict saved in ``trainer_state.json`` (restored on resume into
             ``trainer.extra_state``).
         resume: continue from ``out_dir/checkpoint`` (model, optimizer, step, RNG states).
@@ -272,6 +282,7 @@ class Trainer:
     def __init__(self, model: nn.Module, config: TrainerConfig | dict[str, Any], train_source: BatchSource, *,
                  out_dir: str | Path | None = None, eval_source: BatchSource | None = None,
                  tokenizer: Any = None,
+                 eval_counts: EvalCounts | None = None,
                  metrics_fn: Callable[[nn.Module], dict[str, float]] | None = None,
                  extra_state: dict[str, Any] | None = None, resume: bool = False):
         if not isinstance(config, TrainerConfig):
@@ -300,6 +311,7 @@ class Trainer:
         self.train_source = train_source
         self.eval_source = eval_source
         self.tokenizer = tokenizer
+        self.eval_counts = eval_counts
         self.metrics_fn = metrics_fn
         self.extra_state = dict(extra_state or {})
         self.resume = resume
@@ -384,46 +396,69 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Mean loss over the evaluation split (weighted by target counts), perplexity for language
-        models (token-level labels), and the metrics function's values. RNG streams are left untouched."""
+        models (token-level labels), the `eval_counts` metrics from the same forward passes, and the
+        metrics function's values. RNG streams are left untouched."""
         metrics: dict[str, float] = {}
-        cfg = self.config
         with _rng_preserved():
             self.model.eval()
             try:
                 if self.eval_source is not None:
-                    # float64 sums where the device has them (MPS does not)
-                    acc = torch.float32 if self.device.type == "mps" else torch.float64
-                    sums = torch.zeros(3, dtype=acc, device=self.device)  # loss·n, n, token loss·n
-                    token_level = False
-                    batch_size = cfg.micro_batch_size or cfg.batch_size // self.world.size
-                    for i, batch in enumerate(self.eval_source.iter_batches(batch_size)):
-                        if cfg.eval_batches and i >= cfg.eval_batches:
-                            break
-                        token_level = token_level or (isinstance(batch.get("labels"), Tensor)
-                                                      and batch["labels"].ndim >= 2)
-                        if i % self.world.size != self.world.rank:
-                            continue
-                        out = self._forward(_to_device(batch, self.device), train=False)
-                        if out.loss is None:
-                            raise DataError("the model returned no loss for an evaluation batch; "
-                                            "the evaluation source must provide 'labels'")
-                        n = out.n_targets if out.n_targets is not None else count_targets(batch)
-                        sums[0] += out.loss.to(acc) * n
-                        sums[1] += n
-                        # Perplexity is of the token loss alone: BERT's loss adds next-sentence prediction.
-                        sums[2] += out.extra.get("mlm_loss", out.loss).to(acc) * n
-                    all_reduce_sum(sums)
-                    loss = (sums[0] / sums[1]).item() if sums[1] > 0 else math.nan
-                    metrics["loss"] = loss
-                    if token_level:
-                        token_loss = (sums[2] / sums[1]).item() if sums[1] > 0 else math.nan
-                        metrics["perplexity"] = math.inf if token_loss > 700 else math.exp(token_loss)
+                    metrics.update(self._evaluate_source())
                 if self.metrics_fn is not None:
                     for key, value in self.metrics_fn(self.model).items():
                         metrics[key] = float(value)
             finally:
                 self.model.train()
         return metrics
+
+    def _evaluate_source(self) -> dict[str, float]:
+        cfg = self.config
+        # float64 sums where the device has them (MPS does not)
+        acc = torch.float32 if self.device.type == "mps" else torch.float64
+        sums = torch.zeros(3, dtype=acc, device=self.device)  # loss·n, n, token loss·n
+        counted: dict[str, Tensor] = {}  # name -> (total, count)
+        token_level = False
+        batch_size = cfg.micro_batch_size or cfg.batch_size // self.world.size
+        for i, batch in enumerate(self.eval_source.iter_batches(batch_size)):
+            if cfg.eval_batches and i >= cfg.eval_batches:
+                break
+            token_level = token_level or (isinstance(batch.get("labels"), Tensor) and batch["labels"].ndim >= 2)
+            if i % self.world.size != self.world.rank:
+                continue
+            batch = _to_device(batch, self.device)
+            out = self._forward(batch, train=False)
+            if out.loss is None:
+                raise DataError("the model returned no loss for an evaluation batch; "
+                                "the evaluation source must provide 'labels'")
+            n = out.n_targets if out.n_targets is not None else count_targets(batch)
+            sums[0] += out.loss.to(acc) * n
+            sums[1] += n
+            # Perplexity is of the token loss alone: BERT's loss adds next-sentence prediction.
+            sums[2] += out.extra.get("mlm_loss", out.loss).to(acc) * n
+            if self.eval_counts is not None:
+                for name, (total, count) in self.eval_counts(batch, out).items():
+                    pair = counted.setdefault(name, torch.zeros(2, dtype=acc, device=self.device))
+                    pair[0] += total
+                    pair[1] += count
+        all_reduce_sum(sums)
+        metrics = {"loss": (sums[0] / sums[1]).item() if sums[1] > 0 else math.nan}
+        if token_level:
+            token_loss = (sums[2] / sums[1]).item() if sums[1] > 0 else math.nan
+            metrics["perplexity"] = math.inf if token_loss > 700 else math.exp(token_loss)
+        for name, (total, count) in self._all_counts(counted, acc).items():
+            metrics[name] = (total / count).item() if count > 0 else math.nan
+        return metrics
+
+    def _all_counts(self, counted: dict[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:
+        """`counted` summed over the processes (a process may have seen no batch, or none with a metric)."""
+        if not self.world.distributed:
+            return counted
+        names = sorted({name for blob in all_gather_bytes(json.dumps(sorted(counted)).encode())
+                        for name in json.loads(blob)})
+        stacked = torch.stack([counted.get(name, torch.zeros(2, dtype=dtype, device=self.device))
+                               for name in names]) if names else torch.zeros(0, 2, dtype=dtype)
+        all_reduce_sum(stacked)
+        return dict(zip(names, stacked, strict=True))
 
     def _record_eval(self, metrics: dict[str, float], elapsed: float) -> bool:
         """Log an evaluation, update best/ and early stopping; True when training should stop."""
