@@ -137,12 +137,13 @@ def _run(ctx: typer.Context,
 
 def _parse_sets(items: list[str] | None) -> dict:
     """`--set key=value` items (values read as TOML, else strings) for an experiment's settings."""
+    from attnlab.errors import ConfigError
     from attnlab.training.recipe import parse_value
 
     out = {}
     for item in items or []:
         if "=" not in item:
-            raise typer.BadParameter(f"{item!r}: expected key=value, e.g. --set pretrain_epochs=50")
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set pretrain_epochs=50")
         key, raw = item.split("=", 1)
         out[key.strip()] = parse_value(raw)
     return out
@@ -184,21 +185,34 @@ def _click_exceptions():
     return exceptions
 
 
+def _usage_line(e) -> str:
+    """A click usage error as one line: the problem, then where the help is."""
+    ctx = getattr(e, "ctx", None)
+    where = f"; see `{ctx.command_path} --help`" if ctx is not None else ""
+    return f"{e.format_message().rstrip('.')}{where}"
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the app; known errors become one line on stderr and exit code 2."""
+    """Entry point: run the app; known errors become one line on stderr and exit code 2 (130 for Ctrl-C)."""
     exceptions = _click_exceptions()
     try:
         result = app(args=argv, standalone_mode=False)
     except (typer.Abort, KeyboardInterrupt):
-        print("attnlab: interrupted", file=sys.stderr)
-        sys.exit(130)
+        result = 130
     except typer.Exit as e:
         sys.exit(getattr(e, "exit_code", 0))
     except exceptions.ClickException as e:
-        e.show()
+        print(f"attnlab: error: {_usage_line(e)}", file=sys.stderr)
         sys.exit(2)
     except AttnlabError as e:
-        print(f"attnlab: error: {e}", file=sys.stderr)
-        sys.exit(getattr(e, "exit_code", 2))
+        code = getattr(e, "exit_code", 2)
+        print(f"attnlab: {'' if code == 130 else 'error: '}{e}", file=sys.stderr)
+        sys.exit(code)
+    except OSError as e:  # the system refused a file operation (a folder that cannot be made, a full disk...)
+        where = f": {e.filename}" if e.filename else ""
+        print(f"attnlab: error: {e.strerror or e}{where}; check the path and its permissions", file=sys.stderr)
+        sys.exit(2)
+    if result == 130:  # typer turns Ctrl-C outside our own handlers into a return value of 130
+        print("attnlab: interrupted", file=sys.stderr)
     if isinstance(result, int) and result:
         sys.exit(result)

@@ -118,6 +118,15 @@ def check_choice(name: str, value: str, allowed: typing.Iterable[str]) -> None:
         raise ConfigError(f"{name}: unknown value {value!r}{hint}; choose one of: {', '.join(allowed)}")
 
 
+def check_fractions(config: object, names: typing.Iterable[str]) -> None:
+    """Each named setting that the config has and that is not None (dropout rates, label smoothing) must be
+    a probability below 1: in [0, 1)."""
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None and not 0 <= value < 1:
+            raise ConfigError(f"{name} must be at least 0 and below 1, got {value}")
+
+
 def check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"{name} must be {'non-negative' if allow_zero else 'positive'}, got {value}")

@@ -804,7 +804,10 @@ def load_config(name: str) -> tuple[str, Config]:
 
     path = Path(name)
     if path.is_dir() or path.suffix == ".json" or re.search(r"[/\\]", name):
-        file = path / "config.json" if path.is_dir() else path
+        file = path
+        if path.is_dir():  # a checkpoint folder, or a run folder holding checkpoint/ (or best/)
+            file = next((c for c in (path / "config.json", path / "checkpoint" / "config.json",
+                                     path / "best" / "config.json") if c.is_file()), path / "config.json")
         if not file.is_file():
             raise ConfigError(f"{name}: no config.json there; give a preset name "
                               f"({', '.join(preset_names())}) or a run folder")
@@ -814,6 +817,9 @@ def load_config(name: str) -> tuple[str, Config]:
             raise ConfigError(f"{file}: not a readable JSON config ({e})") from None
         if isinstance(data, dict) and "family" not in data and isinstance(data.get("model"), dict):
             data = data["model"]  # a run's full config: {"model": {...}, "train": {...}}
+            if "family" not in data:  # run.json keeps the [model] table as written (a preset, init_from...)
+                raise ConfigError(f"{file} describes a run, not a model; give its run folder "
+                                  f"({str(file.parent)!r}): the checkpoint's config.json is the trained model's")
         if not isinstance(data, dict):
             raise ConfigError(f"{file}: expected a JSON object with a 'family' key")
         return str(path), config_from_dict(data)[1]

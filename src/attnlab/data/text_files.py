@@ -211,7 +211,7 @@ def detect_format(path: Path, format: str | None) -> str:
     if suffix not in FORMATS:
         raise DataError(
             f"cannot tell the format of '{path}' from its extension; "
-            "name it .tsv, .csv or .jsonl or pass format="
+            "name it .tsv, .csv or .jsonl"
         )
     return FORMATS[suffix]
 
@@ -323,18 +323,19 @@ def _column_index(path: Path, column: str | int, names: list[str] | None, what: 
     if names is None:
         raise DataError(
             f"data file '{path}' has no header row, so {what} column {column!r} cannot be found; "
-            f"pass a column number instead"
+            f"set data.{what}_column to a 0-based column number instead"
         )
     if column not in names:
         raise DataError(
-            f"data file '{path}': no {what} column {column!r} in the header {names}; pass one of them"
+            f"data file '{path}': no {what} column {column!r} in the header {names}; "
+            f"set data.{what}_column to one of them"
         )
     return names.index(column)
 
 
 def _read_table(path, text, fmt, text_column, label_column, header, require_labels) -> ClassificationData:
     sep = "tab-separated" if fmt == "tsv" else "comma-separated"
-    flag = {"text": "--text-column", "label": "--label-column"}
+    flag = {"text": "set data.text_column", "label": "set data.label_column"}
     rows = _table_rows(path, text, fmt)
     first = next(rows, None)
     if first is None:
@@ -353,7 +354,7 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
         found = next((lowered.index(k) for k in known if k in lowered), None)
         if found is None and (what == "text" or require_labels):
             raise DataError(
-                f"data file '{path}': cannot find the {what} column in the header {names}; pass {flag[what]}"
+                f"data file '{path}': cannot find the {what} column in the header {names}; {flag[what]}"
             )
         return found
 
@@ -366,7 +367,7 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
             raise DataError(
                 f"data file '{path}' line {first[0]}: {what} column {idx} does not exist, "
                 f"the row has {width} "
-                f"{sep} columns; pass {flag[what]}"
+                f"{sep} columns; {flag[what]}"
             )
 
     texts: list[str] = []
@@ -377,7 +378,7 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
         if len(cells) != width:
             raise DataError(
                 f"data file '{path}' line {number}: expected {width} {sep} columns, found {len(cells)}; "
-                f"fix the line or pass {flag['text']}"
+                "fix the line"
             )
         texts.append(cells[text_idx].strip())
         lines.append(number)

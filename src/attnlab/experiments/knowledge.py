@@ -319,13 +319,17 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     )
     from attnlab.models.gpt import GPT
     from attnlab.training.device import cpu_has_bf16, resolve_precision, select_device
+    from attnlab.training.recipe import make_folder
     from attnlab.training.trainer import seed_everything
 
     start = time.perf_counter()
     settings = scale_settings(scale, overrides)
     rows = parse_variants(variants)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"--seed must be a non-negative integer, got {seed!r}")
+    dev_name = select_device(device)  # settings that can be refused are checked before anything is written
+    precision = "bf16 autocast" if resolve_precision(settings.precision, dev_name) is not None else "fp32"
+    out = make_folder(out_dir, "--out")
     data = load_data(out, settings, corpus=corpus, train=train, eval_path=eval_path, predict=predict, seed=seed)
     qa_text = "".join(q + a for q, a in data.train + data.dev) + "".join(data.predict)
     vocab = KnowledgeVocab.from_texts("".join(data.corpus), qa_text)
@@ -335,8 +339,6 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     common = Counter(train_a).most_common(1)[0][0]
     n_params = {v.name: parameter_count(settings, vocab.vocab_size, v) for v in rows}
     assignment_params = parameter_count(SCALES["full"], ASSIGNMENT_VOCAB, Variant("dot", True))
-    dev_name = select_device(device)
-    precision = "bf16 autocast" if resolve_precision(settings.precision, dev_name) is not None else "fp32"
     if precision == "fp32" and settings.precision == "auto" and dev_name.type == "cpu" and not cpu_has_bf16():
         precision += ", as this CPU has no bf16 instructions"
     echo(f"knowledge access, scale {scale}: {len(data.corpus)} documents, {len(data.train)} fine-tuning and "

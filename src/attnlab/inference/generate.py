@@ -43,14 +43,15 @@ def sample_next(
 
 
 def _check_options(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+    # Each message names the argument and its command-line flag.
     if max_new_tokens < 0:
-        raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if temperature < 0:
-        raise ConfigError(f"temperature must be >= 0, got {temperature}")
+        raise ConfigError(f"max_new_tokens (-n) must be >= 0, got {max_new_tokens}")
+    if not 0 <= temperature < math.inf:  # also refuses NaN
+        raise ConfigError(f"temperature (--temperature) must be a finite number >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
-        raise ConfigError(f"top_k must be >= 1, got {top_k}")
+        raise ConfigError(f"top_k (--top-k) must be >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
-        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
+        raise ConfigError(f"top_p (--top-p) must be in (0, 1], got {top_p}")
 
 
 @torch.no_grad()

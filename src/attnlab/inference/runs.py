@@ -80,10 +80,13 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
                 raise CheckpointError(f"{candidate} is not a valid run description; re-run training or "
                                       "remove the file") from None
             break
-    if not data:
+    if not data:  # a checkpoint folder on its own: the run's data settings and class names it saved
         try:
-            data = dict(read_trainer_state(folder).get("extra", {}).get("data", {}))
-        except (CheckpointError, AttributeError):
+            extra = read_trainer_state(folder).get("extra_state") or {}
+            data = dict(extra.get("data") or {})
+            if extra.get("labels"):
+                data["labels"] = list(extra["labels"])
+        except (CheckpointError, AttributeError, TypeError, ValueError):
             data = {}
     return LoadedRun(model, tokenizer, read_config(folder)["family"], folder, data)
 
@@ -132,6 +135,11 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
     if beam_size != 1:
         raise ConfigError("--beam-size is for translation models; language models take --greedy or sampling "
                           "options")
+    limit = getattr(model, "max_len", None)
+    longest = max(len(ids) for ids in encoded)
+    if limit is not None and longest > limit:
+        raise DataError(f"a prompt of {longest} tokens is longer than the model's {limit} positions; "
+                        f"shorten it to at most {limit} tokens")
     new = generate(model, encoded, max_new_tokens, greedy=greedy, temperature=temperature, top_k=top_k,
                    top_p=top_p, eos_id=tok.eos_id, pad_id=tok.pad_id if tok.pad_id is not None else 0, seed=seed,
                    use_cache=hasattr(model, "new_cache"))

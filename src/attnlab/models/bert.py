@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from attnlab.config import Config, check_choice, check_positive
+from attnlab.config import Config, check_choice, check_fractions, check_positive
 from attnlab.errors import ConfigError
 from attnlab.models.common import (
     check_length,
@@ -84,6 +84,7 @@ class BertConfig(Config):
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
             check_positive(name, getattr(self, name))
+        check_fractions(self, ("dropout", "attention_dropout", "classifier_dropout", "label_smoothing"))
         check_positive("n_layers", self.n_layers, allow_zero=True)
         check_positive("type_vocab_size", self.type_vocab_size, allow_zero=True)
         if self.d_model % self.n_heads:

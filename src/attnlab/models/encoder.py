@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from attnlab.config import Config, check_choice, check_positive
+from attnlab.config import Config, check_choice, check_fractions, check_positive
 from attnlab.errors import ConfigError
 from attnlab.models.common import (
     Embedder,
@@ -86,6 +86,7 @@ class EncoderConfig(Config):
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
             check_positive(name, getattr(self, name))
+        check_fractions(self, ("dropout", "attention_dropout", "classifier_dropout", "label_smoothing"))
         check_positive("n_layers", self.n_layers, allow_zero=True)
         if self.d_model % self.n_heads:
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from attnlab.config import Config, check_choice, check_positive
+from attnlab.config import Config, check_choice, check_fractions, check_positive
 from attnlab.errors import ConfigError
 from attnlab.models.common import (
     Embedder,
@@ -62,6 +62,9 @@ class GPTConfig(Config):
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "d_model", "n_heads", "n_layers"):
             check_positive(name, getattr(self, name))
+        check_fractions(self, ("dropout", "attention_dropout", "classifier_dropout", "label_smoothing"))
+        if self.d_ff is not None:
+            check_positive("d_ff", self.d_ff)
         if self.d_model % self.n_heads:
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         check_choice("norm", self.norm, NORM_PLACEMENTS)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from attnlab.config import Config, check_choice, check_positive
+from attnlab.config import Config, check_choice, check_fractions, check_positive
 from attnlab.errors import ConfigError
 from attnlab.models.common import Embedder, check_length, default_positions, length_limit, token_loss
 from attnlab.models.output import ModelOutput
@@ -63,6 +63,7 @@ class TransformerConfig(Config):
     def __post_init__(self):
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
             check_positive(name, getattr(self, name))
+        check_fractions(self, ("dropout", "attention_dropout", "classifier_dropout", "label_smoothing"))
         check_positive("n_encoder_layers", self.n_encoder_layers, allow_zero=True)
         check_positive("n_decoder_layers", self.n_decoder_layers)
         if self.d_model % self.n_heads:

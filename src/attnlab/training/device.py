@@ -55,7 +55,10 @@ def select_device(name: str = "auto") -> torch.device:
     if kind == "mps" and not _mps_available():
         raise ConfigError(f"device {name!r} is not available (no Apple GPU); "
                           "use device = \"cpu\" or \"auto\"")
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except RuntimeError:  # "cpu:x", "mps:-1"...
+        raise ConfigError(f"device: {name!r} is not a device name; use cpu, mps, cuda or cuda:N") from None
 
 
 @functools.lru_cache(maxsize=1)

@@ -24,13 +24,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from attnlab.config import Config, check_choice, check_positive
-from attnlab.errors import ConfigError, DataError
+from attnlab.errors import CheckpointError, ConfigError, DataError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -136,6 +137,9 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file {str(p)!r} is a folder; give the path of a .toml file "
+                              "(see configs/ for examples)")
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} not found; give the path of a .toml file "
                               "(see configs/ for examples)")
@@ -162,8 +166,14 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     model = dict(raw.get("model", {}))
     if not {"family", "preset", "init_from"} & set(model):
         model["family"] = "gpt"
-    data = DataConfig.from_dict(raw.get("data", {}), where="data")
+    data_table = dict(raw.get("data", {}))
+    for key in ("text_column", "label_column"):  # a column number, given unquoted (--set data.label_column=1)
+        if isinstance(data_table.get(key), int) and not isinstance(data_table[key], bool):
+            data_table[key] = str(data_table[key])
+    data = DataConfig.from_dict(data_table, where="data")
     train = TrainerConfig.from_dict(raw.get("train", {}), where="train")
+    if train.out_dir is None:  # a config file without train.out_dir: a folder named after the file
+        train = train.replace(out_dir=str(Path("runs") / Path(path).stem))
     family = _validate_model_keys(model)
     if family not in TASK_FAMILIES[data.task]:
         raise ConfigError(f"data.task {data.task!r} needs a model of family "
@@ -297,7 +307,6 @@ def init_from_pretrained(model, path: str | Path) -> dict[str, list[str]]:
     """
     import torch
 
-    from attnlab.errors import CheckpointError
     from attnlab.models.registry import config_to_dict
     from attnlab.training.checkpoint import find_checkpoint, load_model
 
@@ -369,11 +378,19 @@ def _prepare_lm(run: RunConfig) -> Prepared:
         if d.tokenizer == "char" else None
     options = {"specials": specials} if specials is not None else {}
     tokenizer = _tokenizer(run, [text] + ([eval_text] if eval_text and d.tokenizer == "char" else []), **options)
-    data_dir = Path(t.out_dir) / "data"
-    data_dir.mkdir(parents=True, exist_ok=True)
-    train_tokens = build_token_file(text, tokenizer, data_dir / "train.bin")
-    config = model_config(run.model, vocab_size=tokenizer.vocab_size)
+    config = model_config(run.model, vocab_size=tokenizer.vocab_size, head="lm")
+    if not getattr(config, "is_causal", True):
+        raise ConfigError("data.task = 'lm' trains next-token prediction, which needs causal attention, but "
+                          "this encoder is bidirectional (model.causal = false, or model.init_from names a "
+                          "classifier); set model.causal = true")
     block = d.block_size or getattr(config, "block_size", None) or getattr(config, "max_len", 128)
+    model = _build(run, config)
+    limit = getattr(model, "max_len", None)
+    if limit is not None and block > limit:
+        raise ConfigError(f"data.block_size {block} is longer than the model's {limit} positions; lower "
+                          "data.block_size or raise the model's block_size")
+    data_dir = make_folder(Path(t.out_dir) / "data", "train.out_dir")
+    train_tokens = build_token_file(text, tokenizer, data_dir / "train.bin")
     if len(train_tokens) <= block + 1:
         raise DataError(f"the training text has {len(train_tokens)} tokens, fewer than one window of "
                         f"{block + 1}; give a longer text or a smaller data.block_size")
@@ -383,9 +400,19 @@ def _prepare_lm(run: RunConfig) -> Prepared:
         val_tokens = build_token_file(eval_text, tokenizer, data_dir / "val.bin")
         if len(val_tokens) > block + 1:
             eval_source = CausalLMSource(TokenFile(data_dir / "val.bin"), block, t.batch_size, seed=t.seed)
-    model = _build(run, config)
     return Prepared(model, tokenizer, train_source, eval_source,
                     info={"train_tokens": len(train_tokens), "block_size": block})
+
+
+def make_folder(path: str | Path, setting: str) -> Path:
+    """Create `path` (and its parents) or say in one line why it cannot be, naming the setting to change."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{setting}: cannot create the folder {str(path)!r} ({e.strerror or e}); "
+                          "choose another path") from None
+    return path
 
 
 def parse_column(c: str | None) -> str | int | None:
@@ -399,6 +426,9 @@ def _prepare_classification(run: RunConfig) -> Prepared:
 
     d, t = run.data, run.train
     train_data = read_classification_file(d.path, parse_column(d.text_column), parse_column(d.label_column))
+    if len(train_data.label_names) < 2:
+        raise DataError(f"data file '{d.path}': every example has the label {train_data.label_names[0]!r}; "
+                        "a classifier needs examples of at least two classes")
     tokenizer = _tokenizer(run, train_data.texts)
     prefix = [tokenizer.cls_id] if tokenizer.cls_id is not None else []
     train_source = ClassificationSource(train_data, tokenizer, t.batch_size, max_length=d.max_length,
@@ -534,15 +564,34 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     """Prepare and train; writes the run folder (checkpoints, metrics.jsonl, loss.png, run.json)."""
     from attnlab.training.trainer import Trainer
 
-    prep = prepare(run)
     out = Path(run.train.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if resume:
+        from attnlab.training.checkpoint import find_checkpoint
+
+        try:  # before anything is written into the folder
+            find_checkpoint(out / "checkpoint")
+        except CheckpointError:
+            raise CheckpointError(f"cannot resume: no checkpoint in {out / 'checkpoint'}; "
+                                  "run without --resume to start from scratch") from None
+    make_folder(out, "train.out_dir")
+    prep = prepare(run)
     description = run.to_dict()
     if "labels" in prep.info:  # the class names, in the order of the classifier's outputs
         description["labels"] = list(prep.info["labels"])
-    (out / "run.json").write_text(json.dumps(description, indent=2))
     trainer = Trainer(prep.model, run.train, prep.train_source, eval_source=prep.eval_source,
                       tokenizer=prep.tokenizer, out_dir=out, eval_counts=prep.eval_counts,
-                      extra_state={"data": run.data.to_dict()})
-    summary = trainer.fit(resume=resume)
+                      extra_state={"data": run.data.to_dict(), **_label_state(prep.info)})
+
+    def describe() -> None:  # once a resumed checkpoint has proved to fit: a failed resume leaves run.json alone
+        tmp = out / "run.json.tmp"
+        tmp.write_text(json.dumps(description, indent=2))
+        os.replace(tmp, out / "run.json")
+
+    summary = trainer.fit(resume=resume, on_start=describe)
     return {**summary, **prep.info}
+
+
+def _label_state(info: dict[str, Any]) -> dict[str, Any]:
+    """A classifier's class names for the checkpoint itself, so a checkpoint folder without its run.json
+    still scores a file with the labels in training order."""
+    return {"labels": list(info["labels"])} if "labels" in info else {}

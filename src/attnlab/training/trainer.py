@@ -574,7 +574,7 @@ class Trainer:
             self._plot()
         raise TrainingInterrupted(
             f"training interrupted at step {self.step} of {self.config.steps}; checkpoint saved in {folder}; "
-            "resume by running the same command with --resume (Trainer(..., resume=True))"
+            "to continue, run the same command with --resume"
         ) from None
 
     # ------------------------------------------------------------------------------------------------
@@ -607,8 +607,10 @@ class Trainer:
         progress.show(loss=loss, lr=lr, tok_s=tokens_per_s)
         self._totals.last_loss = loss
 
-    def fit(self, resume: bool | None = None) -> dict[str, Any]:
-        """Train to `config.steps` (or early stopping) and return a summary.
+    def fit(self, resume: bool | None = None, on_start: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Train to `config.steps` (or early stopping) and return a summary. `on_start` is called once the
+        run is set up (a resumed checkpoint loaded and checked), before the metrics log is opened: the
+        place to write files that must not change when a resume fails.
 
         Returns:
             ``steps``, ``start_step``, ``final_train_loss``, ``final_eval`` (dict), ``final_eval_loss``,
@@ -623,14 +625,16 @@ class Trainer:
         # fp32 runs of wide models on a CPU take oneDNN's AVX-512 matmuls where that is verified exact
         # (see device.py).
         with fast_fp32_matmul(self.device, enabled=self.dtype is None and wants_onednn_fp32(self.model)):
-            return self._fit(resume)
+            return self._fit(resume, on_start)
 
-    def _fit(self, resume: bool | None) -> dict[str, Any]:
+    def _fit(self, resume: bool | None, on_start: Callable[[], None] | None) -> dict[str, Any]:
         cfg = self.config
         resume = self.resume if resume is None else resume
         seed_everything(cfg.seed + self.world.rank)
         if resume:
             self._restore()
+        if on_start is not None and self.world.is_main:
+            on_start()
         self.log.start(keep_until_step=self.step if resume else None)
         start_step = self.step
         self._fit_start = time.perf_counter()

@@ -1,0 +1,186 @@
+"""Bad input on the command line: one line naming the problem and the fix, exit code 2, no traceback, and
+nothing in an existing run folder changed by a command that fails."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from cli_helpers import run_cli
+
+from attnlab.training.recipe import load_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu"]
+
+
+def _q(path) -> str:
+    return json.dumps(str(path))
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    """A tiny char GPT (block 32) trained for 3 steps."""
+    out = tmp_path_factory.mktemp("lm") / "run"
+    from attnlab.cli import main
+
+    try:
+        main(["train", "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=3", "--set", "train.eval_every=0",
+              "--set", f"train.out_dir={_q(out)}", *TINY])
+    except SystemExit as e:
+        assert not e.code
+    return out
+
+
+@pytest.fixture(scope="module")
+def cls_run(tmp_path_factory):
+    """A tiny classifier with labels "0" and "1", and a file whose examples all have label "1"."""
+    folder = tmp_path_factory.mktemp("cls")
+    rows = ["sentence\tlabel"] + [f"{w} movie {w}\t{lab}" for w, lab in
+                                  [("great", "1"), ("awful", "0"), ("fine", "1"), ("bad", "0")] * 6]
+    train = folder / "train.tsv"
+    train.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    (folder / "ones.tsv").write_text("sentence\tlabel\ngreat movie great\t1\nfine movie fine\t1\n", encoding="utf-8")
+    out = folder / "run"
+    from attnlab.cli import main
+
+    try:
+        main(["train", str(ROOT / "configs" / "encoder-classify.toml"), "--set", f"data.path={_q(train)}",
+              "--set", f"data.eval_path={_q(train)}",
+              "--set", "model.d_model=16", "--set", "model.d_ff=16", "--set", "model.n_layers=1",
+              "--set", "train.steps=30", "--set", "train.batch_size=8", "--set", "train.eval_every=0",
+              "--set", "train.lr=3e-3", "--set", f"train.out_dir={_q(out)}", *TINY])
+    except SystemExit as e:
+        assert not e.code
+    return out
+
+
+def one_line_error(capsys, *argv: str) -> str:
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["trian"], "No such command 'trian'"),
+    (["run", "nosuch"], "No such command 'nosuch'"),
+    (["run", "knowledge", "--set", "foo"], "expected KEY=VALUE"),
+    (["train", "--set", "model.dropout=1.5"], "model.dropout must be at least 0 and below 1"),
+    (["train", "--set", "model.attention_dropout=-0.5"], "attention_dropout must be at least 0"),
+    (["train", "--set", "model.d_ff=-4"], "d_ff must be positive"),
+    (["run", "knowledge", "--device", "cpu:x"], "'cpu:x' is not a device name"),
+])
+def test_usage_and_setting_errors(capsys, argv, needle):
+    assert needle in one_line_error(capsys, *argv)
+
+
+def test_generate_refusals(capsys, lm_run):
+    common = [str(lm_run), "--device", "cpu", "-n", "3"]
+    assert "Missing option '--prompt'" in one_line_error(capsys, "generate", str(lm_run))
+    assert "--temperature" in one_line_error(capsys, "generate", *common, "--prompt", "x", "--temperature", "abc")
+    for value in ("nan", "inf", "-1"):
+        assert "must be a finite number >= 0" in one_line_error(capsys, "generate", *common, "--prompt", "x",
+                                                                "--temperature", value)
+    assert "not a device name" in one_line_error(capsys, "generate", str(lm_run), "--prompt", "x",
+                                                 "--device", "cpu:x")
+    # The prompt itself must fit the model's 32 positions (generated tokens slide the window, by design).
+    line = one_line_error(capsys, "generate", *common, "--prompt", "the " * 20)
+    assert "a prompt of 80 tokens is longer than the model's 32 positions" in line
+
+
+def test_output_folder_that_cannot_be_made(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    line = one_line_error(capsys, "train", "--set", f"train.out_dir={_q(blocker / 'run')}", *TINY)
+    assert "train.out_dir: cannot create the folder" in line
+    line = one_line_error(capsys, "run", "knowledge", "--out", str(blocker), "--variants", "none", "--quiet")
+    assert "--out: cannot create the folder" in line
+
+
+def test_knowledge_checks_its_settings_before_writing(tmp_path, capsys):
+    for argv in (["--seed", "-1"], ["--set", "precision=fp16"], ["--device", "tpu"]):
+        one_line_error(capsys, "run", "knowledge", "--out", str(tmp_path / "k"), "--quiet", *argv)
+        assert not (tmp_path / "k").exists(), argv
+
+
+def test_config_file_errors_and_defaults(tmp_path, capsys):
+    assert "is a folder" in one_line_error(capsys, "train", str(tmp_path))
+    config = tmp_path / "mine.toml"
+    config.write_text("[train]\nsteps = 5\n")
+    assert load_run_config(config).train.out_dir == str(Path("runs") / "mine")  # named after the file
+    # A column number may be given unquoted.
+    assert load_run_config(None, ["data.task=classification", "model.family=encoder",
+                                  "data.path=x.tsv", "data.label_column=1"]).data.label_column == "1"
+
+
+def test_block_size_beyond_the_model_is_refused_before_the_run_folder_changes(tmp_path, capsys, lm_run):
+    run = tmp_path / "run"
+    shutil.copytree(lm_run, run)
+    before = {name: (run / name).read_bytes() for name in ("run.json", "metrics.jsonl")}
+    line = one_line_error(capsys, "train", "--set", "model.preset=gpt-char-tiny", "--set", "data.block_size=1000",
+                          "--set", f"train.out_dir={_q(run)}", *TINY)
+    assert "data.block_size 1000 is longer than the model's 32 positions" in line
+    assert {name: (run / name).read_bytes() for name in before} == before
+
+
+def test_a_failed_resume_leaves_the_run_folder_as_it_was(tmp_path, capsys, cls_run):
+    run = tmp_path / "run"
+    shutil.copytree(cls_run, run)
+    files = ("run.json", "metrics.jsonl", "checkpoint/model.safetensors", "checkpoint/trainer_state.json")
+    before = {name: (run / name).read_bytes() for name in files}
+    # The default run is a GPT: the checkpoint holds an encoder classifier.
+    line = one_line_error(capsys, "train", "--resume", "--set", "train.steps=40",
+                          "--set", f"train.out_dir={_q(run)}", *TINY)
+    assert "holds a 'encoder' model" in line
+    assert {name: (run / name).read_bytes() for name in files} == before
+    # Resuming a run that does not exist creates nothing.
+    missing = tmp_path / "never-trained"
+    assert "no checkpoint" in one_line_error(capsys, "train", "--resume", "--set", f"train.out_dir={_q(missing)}",
+                                             *TINY)
+    assert not missing.exists()
+
+
+def test_a_checkpoint_folder_alone_keeps_the_class_names(tmp_path, capsys, cls_run):
+    data = cls_run.parent / "ones.tsv"  # only label "1": numbering the file's own labels would call it class 0
+    code, stdout, err = run_cli(capsys, "evaluate", str(cls_run), "--data", str(data), "--json", "--device", "cpu")
+    assert code == 0, err
+    in_run = json.loads(stdout)
+    alone = tmp_path / "ckpt"
+    shutil.copytree(cls_run / "checkpoint", alone)
+    code, stdout, err = run_cli(capsys, "evaluate", str(alone), "--data", str(data), "--json", "--device", "cpu")
+    assert code == 0, err
+    assert json.loads(stdout) == in_run and in_run["accuracy"] == 100.0
+
+
+def test_classifier_runs_refuse_an_lm_task_and_a_single_class(tmp_path, capsys, cls_run):
+    line = one_line_error(capsys, "train", "--set", f"model.init_from={_q(cls_run)}",
+                          "--set", f"train.out_dir={_q(tmp_path / 'lm')}", *TINY)
+    assert "needs causal attention" in line and "model.causal = true" in line
+    single = tmp_path / "single.tsv"
+    single.write_text("sentence\tlabel\ngood\tpos\nfine\tpos\n", encoding="utf-8")
+    line = one_line_error(capsys, "train", str(ROOT / "configs" / "encoder-classify.toml"),
+                          "--set", f"data.path={_q(single)}", "--set", f"data.eval_path={_q(single)}",
+                          "--set", f"train.out_dir={_q(tmp_path / 'c')}", *TINY)
+    assert "every example has the label 'pos'" in line
+
+
+def test_params_reads_a_run_folder(capsys, lm_run):
+    code, stdout, err = run_cli(capsys, "params", str(lm_run), "--json")
+    assert code == 0, err
+    assert json.loads(stdout)["total"] > 0
+    assert "describes a run, not a model" in one_line_error(capsys, "params", str(lm_run / "run.json"))
+
+
+def test_ctrl_c_outside_training_says_so(capsys, monkeypatch, lm_run):
+    import attnlab.inference.runs as runs
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runs, "load_run", interrupted)
+    code, _, err = run_cli(capsys, "generate", str(lm_run), "--prompt", "x")
+    assert code == 130 and err.strip() == "attnlab: interrupted"
