@@ -184,3 +184,18 @@ def test_ctrl_c_outside_training_says_so(capsys, monkeypatch, lm_run):
     monkeypatch.setattr(runs, "load_run", interrupted)
     code, _, err = run_cli(capsys, "generate", str(lm_run), "--prompt", "x")
     assert code == 130 and err.strip() == "attnlab: interrupted"
+
+
+def test_evaluate_names_the_line_of_an_unknown_character(tmp_path, capsys, lm_run):
+    data = tmp_path / "text.txt"
+    data.write_text("def f():\n    return 1 \u2603\n", encoding="utf-8")  # a snowman: not in pydoc's characters
+    line = one_line_error(capsys, "evaluate", str(lm_run), "--data", str(data), "--device", "cpu")
+    assert f"{data}: line 2: '\u2603' is not in the vocabulary the model was trained with" in line
+
+
+def test_a_text_too_short_to_split(tmp_path, capsys):
+    data = tmp_path / "one.txt"
+    data.write_text("a", encoding="utf-8")
+    line = one_line_error(capsys, "train", "--set", f"data.path={_q(data)}",
+                          "--set", f"train.out_dir={_q(tmp_path / 'run')}", *TINY)
+    assert "too short to hold out data.val_fraction" in line

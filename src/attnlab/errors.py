@@ -13,5 +13,15 @@ class DataError(AttnlabError):
     """A missing, empty, undecodable or malformed data file."""
 
 
+class UnknownToken(DataError):
+    """Text with a character or word that a tokenizer without an unk token cannot encode. `token` is what it
+    could not encode and `position` its character offset in the text (None where unknown), so a caller
+    that knows the file can name the line."""
+
+    def __init__(self, message: str, token: str, position: int | None = None):
+        super().__init__(message)
+        self.token, self.position = token, position
+
+
 class CheckpointError(AttnlabError):
     """A checkpoint folder that is missing, corrupt, or belongs to another model."""

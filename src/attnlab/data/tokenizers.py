@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from attnlab.errors import CheckpointError, ConfigError, DataError
+from attnlab.errors import CheckpointError, ConfigError, DataError, UnknownToken
 from attnlab.registry import Registry
 
 FORMAT_VERSION = 1
@@ -348,10 +348,10 @@ class CharTokenizer(Tokenizer):
             if unk is None:
                 pos = int(np.argmax(unknown))
                 ch = text[pos]
-                raise DataError(
+                raise UnknownToken(
                     f"character {ch!r} (U+{ord(ch):04X}) at position {pos} is not in the tokenizer's "
                     "vocabulary and there is no unk token; "
-                    "train the tokenizer on text containing it or add an unk"
+                    "train the tokenizer on text containing it or add an unk", ch, pos
                 )
             ids[unknown] = unk
         return ids.astype(np.int64)
@@ -488,9 +488,9 @@ class WordTokenizer(Tokenizer):
         try:
             return [self._ids[w] for w in words]
         except KeyError as e:
-            raise DataError(
+            raise UnknownToken(
                 f"word {e.args[0]!r} is not in the tokenizer's vocabulary and there is no unk token; "
-                "retrain the tokenizer with an unk token"
+                "retrain the tokenizer with an unk token", str(e.args[0])
             ) from None
 
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:

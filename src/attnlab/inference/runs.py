@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.errors import CheckpointError, ConfigError, DataError
+from attnlab.errors import CheckpointError, ConfigError, DataError, UnknownToken
 
 LM_FAMILIES = ("gpt",)
 
@@ -203,7 +203,12 @@ def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int) 
     from attnlab.data.text_files import read_text
 
     text = read_text(data)
-    ids = tok.encode(text)
+    try:
+        ids = tok.encode(text)
+    except UnknownToken as e:
+        line = "" if e.position is None else f" line {text.count(chr(10), 0, e.position) + 1}:"
+        raise DataError(f"{data}:{line} {e.token!r} is not in the vocabulary the model was trained with (and it "
+                        "has no unk token); remove it from the file or train on text that contains it") from None
     block = getattr(model, "max_len", None) or getattr(model.config, "block_size", None) or 256
     if len(ids) < 2:
         raise DataError(f"{data}: the text has fewer than two tokens; nothing to predict")
@@ -245,7 +250,8 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int) 
         labels = examples.label_names
     unknown = sorted(set(examples.labels) - set(labels))
     if unknown:
-        raise DataError(f"{data}: labels {unknown[:5]} were not in the training data (known: {list(labels)})")
+        raise DataError(f"{data}: labels {unknown[:5]} were not in the training data (known: {list(labels)}); "
+                        "the classifier can only score the classes it was trained on")
     prefix = [tok.cls_id] if tok.cls_id is not None else []
     source = ClassificationSource(examples, tok, batch_size, max_length=d.get("max_length", 128),
                                   label_names=labels, prefix_ids=prefix)

@@ -374,6 +374,9 @@ def _prepare_lm(run: RunConfig) -> Prepared:
     if eval_text is None:
         cut = int(len(text) * (1 - d.val_fraction))
         text, eval_text = text[:cut], (text[cut:] if d.val_fraction > 0 else None)
+        if not text:
+            raise DataError(f"the training text ({d.path or 'pydoc'}) is too short to hold out "
+                            f"data.val_fraction = {d.val_fraction} of it for evaluation; give a longer text")
     specials = {"pad": None, "unk": None, "mask": None, "cls": None, "sep": None, "bos": None, "eos": None} \
         if d.tokenizer == "char" else None
     options = {"specials": specials} if specials is not None else {}
