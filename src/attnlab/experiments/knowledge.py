@@ -329,8 +329,12 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
         raise ConfigError(f"--seed must be a non-negative integer, got {seed!r}")
     dev_name = select_device(device)  # settings that can be refused are checked before anything is written
     precision = "bf16 autocast" if resolve_precision(settings.precision, dev_name) is not None else "fp32"
-    out = make_folder(out_dir, "--out")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {str(out)!r} is a file, not a folder; choose another path")
+    # The user's files are read before the folder is made (a missing file leaves nothing behind).
     data = load_data(out, settings, corpus=corpus, train=train, eval_path=eval_path, predict=predict, seed=seed)
+    make_folder(out, "--out")
     qa_text = "".join(q + a for q, a in data.train + data.dev) + "".join(data.predict)
     vocab = KnowledgeVocab.from_texts("".join(data.corpus), qa_text)
     tokenizer = vocab.to_tokenizer()
