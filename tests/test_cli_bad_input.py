@@ -201,3 +201,14 @@ def test_a_text_too_short_to_split(tmp_path, capsys):
     line = one_line_error(capsys, "train", "--set", f"data.path={_q(data)}",
                           "--set", f"train.out_dir={_q(tmp_path / 'run')}", *TINY)
     assert "too short to hold out data.val_fraction" in line
+
+
+def test_evaluate_reads_other_column_names(tmp_path, capsys, cls_run):
+    other = tmp_path / "other.tsv"
+    other.write_text("id\treview\tstars\n1\tgreat movie great\t1\n2\tbad movie bad\t0\n", encoding="utf-8")
+    line = one_line_error(capsys, "evaluate", str(cls_run), "--data", str(other), "--device", "cpu")
+    assert "(evaluate: --text-column)" in line
+    code, stdout, err = run_cli(capsys, "evaluate", str(cls_run), "--data", str(other), "--text-column", "review",
+                                "--label-column", "2", "--json", "--device", "cpu")
+    assert code == 0, err
+    assert json.loads(stdout)["examples"] == 2

@@ -97,6 +97,10 @@ def evaluate(
     best: bool = typer.Option(False, "--best", help="Use the run's best/ checkpoint instead of the latest."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or mps."),
+    text_column: str | None = typer.Option(None, "--text-column", help="Classifier: the text column of --data "
+                                           "(a header name or a 0-based number), if not the training file's."),
+    label_column: str | None = typer.Option(None, "--label-column", help="Classifier: the label column of --data, "
+                                            "if not the training file's."),
 ) -> None:
     """Score a file: loss and perplexity (language models, translation + BLEU) or accuracy (classifiers)."""
     import json
@@ -105,7 +109,8 @@ def evaluate(
     from attnlab.training.device import select_device
 
     run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint")
-    metrics = evaluate_file(run, data, target=target, batch_size=batch_size, beam_size=beam_size)
+    metrics = evaluate_file(run, data, target=target, batch_size=batch_size, beam_size=beam_size,
+                            text_column=text_column, label_column=label_column)
     if as_json:
         print(json.dumps(metrics))
         return

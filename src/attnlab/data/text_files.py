@@ -323,19 +323,20 @@ def _column_index(path: Path, column: str | int, names: list[str] | None, what: 
     if names is None:
         raise DataError(
             f"data file '{path}' has no header row, so {what} column {column!r} cannot be found; "
-            f"set data.{what}_column to a 0-based column number instead"
+            f"set data.{what}_column (evaluate: --{what}-column) to a 0-based column number instead"
         )
     if column not in names:
         raise DataError(
             f"data file '{path}': no {what} column {column!r} in the header {names}; "
-            f"set data.{what}_column to one of them"
+            f"set data.{what}_column (evaluate: --{what}-column) to one of them"
         )
     return names.index(column)
 
 
 def _read_table(path, text, fmt, text_column, label_column, header, require_labels) -> ClassificationData:
     sep = "tab-separated" if fmt == "tsv" else "comma-separated"
-    flag = {"text": "set data.text_column", "label": "set data.label_column"}
+    flag = {"text": "set data.text_column (evaluate: --text-column)",
+            "label": "set data.label_column (evaluate: --label-column)"}
     rows = _table_rows(path, text, fmt)
     first = next(rows, None)
     if first is None:

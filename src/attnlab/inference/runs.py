@@ -148,14 +148,16 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
 
 @torch.no_grad()
 def evaluate_file(run: LoadedRun, data: str | Path, *, target: str | Path | None = None,
-                  batch_size: int = 32, beam_size: int = 1) -> dict[str, float]:
+                  batch_size: int = 32, beam_size: int = 1, text_column: str | None = None,
+                  label_column: str | None = None) -> dict[str, float]:
     """Score a file with the run's model.
 
     Language models: `data` is a UTF-8 text; returns loss (nats per token), perplexity and tokens.
     Classifiers: `data` is a TSV/CSV/JSONL file with the run's text and label columns; returns loss,
-    accuracy (%) and examples. Seq2seq: `data` holds source sentences and `target` their references,
-    one per line; returns loss and perplexity of the references and the BLEU (sacrebleu's corpus BLEU) of
-    the model's translations, greedy or by beam search with `beam_size` > 1.
+    accuracy (%) and examples; `text_column` / `label_column` (a name, or a 0-based number as a string)
+    read a file whose columns differ from the training file's. Seq2seq: `data` holds source sentences and
+    `target` their references, one per line; returns loss and perplexity of the references and the BLEU
+    (sacrebleu's corpus BLEU) of the model's translations, greedy or by beam search with `beam_size` > 1.
     """
     model, tok = run.model, run.tokenizer
     if batch_size < 1:
@@ -169,10 +171,13 @@ def evaluate_file(run: LoadedRun, data: str | Path, *, target: str | Path | None
     if target is not None:
         raise ConfigError("--target is only for translation models (the reference translations)")
     head = getattr(model.config, "head", None) or getattr(model.config, "heads", None)
+    if (text_column is not None or label_column is not None) and head != "classification":
+        raise ConfigError("--text-column and --label-column are for classifiers (TSV, CSV or JSONL files)")
+    head = getattr(model.config, "head", None) or getattr(model.config, "heads", None)
     if run.family in LM_FAMILIES or head == "lm":
         return _evaluate_lm(model, tok, data, batch_size)
     if head == "classification":
-        return _evaluate_classification(run, data, batch_size)
+        return _evaluate_classification(run, data, batch_size, text_column, label_column)
     if run.family == "bert" and head == "pretraining":
         return _evaluate_pretraining(run, data, batch_size)
     raise ConfigError(f"cannot evaluate a {run.family!r} model with head {head!r} on a file; "
@@ -235,15 +240,16 @@ def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> 
             "sentence_pairs": float(len(source.pairs))}
 
 
-def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int) -> dict[str, float]:
+def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, text_column: str | None = None,
+                             label_column: str | None = None) -> dict[str, float]:
     from attnlab.data.sources import ClassificationSource
     from attnlab.data.text_files import read_classification_file
     from attnlab.training.recipe import parse_column
 
     d, tok, model = run.data, run.tokenizer, run.model
     labels = d.get("labels")
-    examples = read_classification_file(data, parse_column(d.get("text_column")),
-                                        parse_column(d.get("label_column")))
+    examples = read_classification_file(data, parse_column(text_column or d.get("text_column")),
+                                        parse_column(label_column or d.get("label_column")))
     if examples.labels is None:
         raise DataError(f"{data}: no label column; evaluation needs labelled examples")
     if labels is None:
