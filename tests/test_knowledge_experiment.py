@@ -129,6 +129,18 @@ def test_scales():
             full.finetune_epochs_pretrained) == (256, 6e-4, 75, 10)
     assert full.warmup_tokens == 512 * 20 and full.decay_epochs == 200
     assert parameter_count(full, ASSIGNMENT_VOCAB, Variant("dot", True)) == 3_323_392
+    # Every variant a user can name is counted (on the meta device: no weights are made), exactly.
+    from attnlab.modules.positions import POSITIONS
+    from attnlab.modules.variants import VARIANTS
+
+    quick = SCALES["quick"]
+    for name in [*VARIANTS.names(), *POSITIONS.names()]:
+        variant = parse_variants(name)[0]
+        with torch.random.fork_rng():
+            built = GPT(GPTConfig(vocab_size=70, block_size=quick.block_size, d_model=quick.d_model,
+                                  n_heads=quick.n_heads, n_layers=quick.n_layers, attention=variant.attention,
+                                  position=variant.position, tie_embeddings=False))
+        assert parameter_count(quick, 70, variant) == sum(p.numel() for p in built.parameters()), name
     assert scale_settings("quick", {"n_people": 50}).n_people == 50
     with pytest.raises(ConfigError):
         scale_settings("quick", {"n_people": 0})

@@ -74,7 +74,7 @@ def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> Tensor:
     """ω_m = base^(-2m/d) for m = 0 .. d/2-1."""
     if d_model % 2:
         raise ConfigError(f"sinusoidal positions need an even width, got {d_model}")
-    return base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    return base ** (-torch.arange(0, d_model, 2, dtype=torch.float64, device="cpu") / d_model)
 
 
 def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
@@ -108,7 +108,9 @@ class SinusoidalPosition(PositionScheme):
     def __init__(self, *, d_model: int, max_len: int = 1024, base: float = 10000.0):
         super().__init__()
         self.d_model, self.base = d_model, base
-        self.register_buffer("table", sinusoidal_table(torch.arange(max_len), d_model, base), persistent=False)
+        # Computed on the CPU (also under a `with torch.device("meta")` block, which counts parameters).
+        table = sinusoidal_table(torch.arange(max_len, device="cpu"), d_model, base)
+        self.register_buffer("table", table.to(torch.get_default_device()), persistent=False)
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         if positions.numel() and int(positions.max()) >= self.table.shape[0]:
@@ -155,10 +157,11 @@ class RotaryPosition(PositionScheme):
             raise ConfigError(f"rotary positions need an even head width, got {self.head_dim}")
         # A float64 CPU tensor, not a buffer: `.to(device)` leaves it on the CPU (MPS has no float64), where
         # angles beyond the tables are computed.
-        self.inv_freq = base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
-        cos, sin = self._angles(torch.arange(max_len))
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        self.inv_freq = base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64, device="cpu")
+                                 / self.head_dim)
+        cos, sin = self._angles(torch.arange(max_len, device="cpu"))  # on the CPU, also under a meta device
+        self.register_buffer("cos", cos.to(torch.get_default_device()), persistent=False)
+        self.register_buffer("sin", sin.to(torch.get_default_device()), persistent=False)
 
     def _angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         ang = positions.detach().to("cpu", torch.float64)[..., None] * self.inv_freq
