@@ -119,6 +119,7 @@ def test_config_file_errors_and_defaults(tmp_path, capsys):
                                   "data.path=x.tsv", "data.label_column=1"]).data.label_column == "1"
 
 
+@pytest.mark.filterwarnings("ignore:.*already holds a trained run")
 def test_block_size_beyond_the_model_is_refused_before_the_run_folder_changes(tmp_path, capsys, lm_run):
     run = tmp_path / "run"
     shutil.copytree(lm_run, run)
@@ -212,3 +213,16 @@ def test_evaluate_reads_other_column_names(tmp_path, capsys, cls_run):
                                 "--label-column", "2", "--json", "--device", "cpu")
     assert code == 0, err
     assert json.loads(stdout)["examples"] == 2
+
+
+def test_training_over_a_finished_run_warns_in_one_line(tmp_path, capsys, lm_run):
+    import warnings
+
+    run = tmp_path / "run"
+    shutil.copytree(lm_run, run)
+    with pytest.warns(UserWarning, match="already holds a trained run; training from scratch replaces it"):
+        code, _, err = run_cli(capsys, "train", "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=1",
+                               "--set", f"train.out_dir={_q(run)}", *TINY)
+    assert code == 0, err
+    # The command line shows a warning as one line, without Python's source line.
+    assert warnings.formatwarning("it is so", UserWarning, "x.py", 1) == "attnlab: warning: it is so\n"

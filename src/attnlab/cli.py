@@ -4,6 +4,7 @@ line on stderr with exit code 2 (130 for an interrupted run)."""
 from __future__ import annotations
 
 import sys
+import warnings
 
 import typer
 
@@ -200,6 +201,8 @@ def _usage_line(e) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app; known errors become one line on stderr and exit code 2 (130 for Ctrl-C)."""
     exceptions = _click_exceptions()
+    # Warnings as one line each, without the source line Python shows by default.
+    warnings.formatwarning = lambda message, category, *args, **kwargs: f"attnlab: warning: {message}\n"
     try:
         result = app(args=argv, standalone_mode=False)
     except (typer.Abort, KeyboardInterrupt):

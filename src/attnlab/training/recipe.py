@@ -26,6 +26,7 @@ import difflib
 import json
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -576,6 +577,9 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
         except CheckpointError:
             raise CheckpointError(f"cannot resume: no checkpoint in {out / 'checkpoint'}; "
                                   "run without --resume to start from scratch") from None
+    elif (out / "checkpoint").is_dir():
+        warnings.warn(f"{out} already holds a trained run; training from scratch replaces it (--resume "
+                      "continues it instead)", stacklevel=2)
     make_folder(out, "train.out_dir")
     prep = prepare(run)
     description = run.to_dict()
