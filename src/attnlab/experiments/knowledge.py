@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from attnlab.config import Config, check_positive
-from attnlab.errors import CheckpointError, ConfigError, DataError
+from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError
 
 # The course notes' figures (CS224n 2021 a5 reference solution, dev set of 500 questions).
 NOTES = {"none": 1.2, "dot": 22.2, "synthesizer-dense": 23.8, "london": 5.0}
@@ -262,6 +262,30 @@ def _phase_done(folder: Path, steps: int) -> bool:
         return False
 
 
+def _check_resumed_vocabulary(out: Path, vocab) -> None:
+    """--resume continues phases trained on a vocabulary of the run's files: the same files must give the
+    same characters (a --predict file with new ones would change every embedding's shape)."""
+    from attnlab.data.knowledge import KnowledgeVocab
+    from attnlab.data.tokenizers import load_tokenizer
+
+    for saved in sorted(out.glob("*/checkpoint/tokenizer.json")):
+        try:
+            before = KnowledgeVocab.from_tokenizer(load_tokenizer(saved.parent)).itos
+        except AttnlabError:
+            continue  # a damaged phase: its own checkpoint check reports it
+        if before != vocab.itos:
+            new = sorted(set(vocab.itos) - set(before))
+            gone = sorted(set(before) - set(vocab.itos))
+            change = ", ".join(filter(None, [f"new {''.join(new)!r}" if new else "",
+                                             f"missing {''.join(gone)!r}" if gone else ""]))
+            raise ConfigError(f"--resume: the files give a vocabulary of {len(vocab.itos)} characters, but "
+                              f"{saved.parent.parent.name} was trained with {len(before)} "
+                              f"({change or 'another order'}); "
+                              "resume with the same --corpus/--train/--eval/--predict files, or start "
+                              "without --resume")
+        return
+
+
 def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer, *, resume: bool,
                  title: str, echo) -> dict[str, Any]:
     from attnlab.training.checkpoint import load_checkpoint_into
@@ -337,6 +361,8 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     make_folder(out, "--out")
     qa_text = "".join(q + a for q, a in data.train + data.dev) + "".join(data.predict)
     vocab = KnowledgeVocab.from_texts("".join(data.corpus), qa_text)
+    if resume:
+        _check_resumed_vocabulary(out, vocab)
     tokenizer = vocab.to_tokenizer()
     dev_q, dev_a = [q for q, _ in data.dev], [a for _, a in data.dev]
     train_q, train_a = [q for q, _ in data.train], [a for _, a in data.train]
