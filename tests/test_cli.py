@@ -208,3 +208,41 @@ def test_train_seed_decides_the_initial_weights(tmp_path):
     a, b, c = weights(1), weights(1), weights(2)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["embed.token.weight"], c["embed.token.weight"])
+
+
+def test_a_text_file_streams_into_the_token_files(tmp_path, monkeypatch):
+    """A language-model run reads its text file a block at a time (corpora larger than memory train): the
+    whole-file reader is never called, no block holds more than a few blocks' bytes, and the token files
+    hold exactly the text's ids, the last tenth (cut at a line start) held out."""
+    import numpy as np
+
+    import attnlab.data.text_files as text_files
+    from attnlab.data.corpus import TokenFile
+    from attnlab.training.recipe import prepare
+
+    text = "".join(f"line {i}: the quick brown fox {'é' * (i % 7)}\n" for i in range(3000))
+    path = tmp_path / "corpus.txt"
+    path.write_text(text, encoding="utf-8")
+    streamed = text_files.iter_text_blocks
+    largest = []
+
+    def small_blocks(*args, **kwargs):
+        for block in streamed(*args, **{**kwargs, "block_bytes": 256}):
+            largest.append(len(block))
+            yield block
+
+    def whole_file(*args, **kwargs):
+        raise AssertionError("the text file was read whole")
+
+    monkeypatch.setattr(text_files, "iter_text_blocks", small_blocks)
+    monkeypatch.setattr(text_files, "read_text", whole_file)
+    out = tmp_path / "run"
+    prep = prepare(load_run_config(None, ["model.preset=gpt-char-tiny", f"data.path={json.dumps(str(path))}",
+                                          f"train.out_dir={json.dumps(str(out))}"]))
+    assert max(largest) <= 4 * 256 and len(largest) > 100
+    cut = text_files.line_split_offset(path, 0.9)
+    head, tail = text.encode()[:cut].decode(), text.encode()[cut:].decode()
+    assert head.endswith("\n") and len(tail) > len(text) // 20
+    for name, part in (("train.bin", head), ("val.bin", tail)):
+        ids = np.asarray(TokenFile(out / "data" / name)[:])
+        assert ids.tolist() == prep.tokenizer.encode(part), name

@@ -22,7 +22,13 @@ from attnlab.data.sources import (
     mask_tokens,
     pad_batch,
 )
-from attnlab.data.text_files import iter_text_blocks, read_classification_file, read_lines, read_text
+from attnlab.data.text_files import (
+    iter_text_blocks,
+    line_split_offset,
+    read_classification_file,
+    read_lines,
+    read_text,
+)
 from attnlab.data.tokenizers import BPETokenizer, CharTokenizer, WordTokenizer
 from attnlab.errors import ConfigError, DataError
 
@@ -91,6 +97,16 @@ def test_iter_text_blocks_streams_exactly(tmp_path):
     with pytest.raises(DataError) as err:
         list(iter_text_blocks(bad, block_bytes=16))
     assert "byte offset 200" in one_line(err) and "line 101" in str(err.value)
+    # Parts of the file, cut at a line start: together they are the whole text.
+    cut = line_split_offset(path, 0.9)
+    head, tail = "".join(iter_text_blocks(path, 37, stop=cut)), "".join(iter_text_blocks(path, 37, start=cut))
+    assert head + tail == text and head.endswith("\n") and len(head.encode()) == cut
+    # A line longer than four blocks is cut between characters instead of being held whole.
+    long_line = write(tmp_path / "long.txt", "é" * 400)
+    pieces = list(iter_text_blocks(long_line, block_bytes=32))
+    assert "".join(pieces) == "é" * 400 and len(pieces) > 2
+    cut = line_split_offset(long_line, 0.5)
+    assert "".join(iter_text_blocks(long_line, start=cut)) == "é" * 200  # never inside a character
 
 
 # ------------------------------------------------------------------------------------------------

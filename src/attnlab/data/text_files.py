@@ -94,20 +94,25 @@ def split_documents(text: str) -> list[list[str]]:
     return [doc for doc in documents if doc]
 
 
-def iter_text_blocks(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTES) -> Iterator[str]:
-    """The file's text in blocks of about `block_bytes`, each ending at a line end (except the last).
+def iter_text_blocks(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTES, *, start: int = 0,
+                     stop: int | None = None) -> Iterator[str]:
+    """The file's text in blocks of about `block_bytes`, each ending at a line end (except the last, and
+    except where a line is longer than four blocks: it is then cut between characters).
 
-    Concatenating the blocks gives `read_text(path)`; memory stays at one block.
+    Concatenating the blocks gives `read_text(path)`; memory stays at one block. `start` and `stop` (byte
+    offsets at character boundaries, e.g. from `line_split_offset`) read a part of the file.
     """
     path = check_file(path)
     decoder = codecs.getincrementaldecoder("utf-8")()
-    offset = 0  # bytes read before the current block
-    newlines = 0  # line ends decoded before the current block
+    offset = start  # bytes read before the current block
+    newlines = 0  # line ends decoded before the current block (counted from `start`)
     carry = ""
-    first = True
+    first = start == 0
     with open(path, "rb") as f:
+        f.seek(start)
         while True:
-            data = f.read(block_bytes)
+            want = block_bytes if stop is None else max(0, min(block_bytes, stop - offset))
+            data = f.read(want) if want else b""
             final = not data
             pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous block
             try:
@@ -126,10 +131,31 @@ def iter_text_blocks(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTE
                 return
             cut = text.rfind("\n") + 1
             if cut == 0:
-                carry = text
-                continue
+                if len(text) < 4 * block_bytes:
+                    carry = text
+                    continue
+                cut = len(text)  # a very long line: cut it rather than hold it all
             carry = text[cut:]
             yield text[:cut]
+
+
+def line_split_offset(path: str | os.PathLike[str], fraction: float) -> int:
+    """A byte offset near `fraction` of the file's size where a line starts (the first line end at or after
+    it), or, in a line longer than a block, the nearest character boundary: the place to cut a file into a
+    training and a held-out part without reading it whole."""
+    path = check_file(path)
+    size = path.stat().st_size
+    target = min(size, max(0, int(size * fraction)))
+    with open(path, "rb") as f:
+        f.seek(target)
+        ahead = f.read(BLOCK_BYTES)
+    newline = ahead.find(b"\n")
+    if newline >= 0:
+        return target + newline + 1
+    cut = 0
+    while cut < len(ahead) and ahead[cut] & 0xC0 == 0x80:  # not inside a multi-byte UTF-8 character
+        cut += 1
+    return target + cut
 
 
 # ------------------------------------------------------------------------------------------------

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import json
 import os
 import sys
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -365,23 +367,17 @@ def prepare(run: RunConfig) -> Prepared:
 
 
 def _prepare_lm(run: RunConfig) -> Prepared:
-    from attnlab.data.corpus import TokenFile, build_token_file, pydoc_corpus
+    from attnlab.data.corpus import TokenFile, build_token_file
     from attnlab.data.sources import CausalLMSource
-    from attnlab.data.text_files import read_text
 
     d, t = run.data, run.train
-    text = read_text(d.path) if d.path else pydoc_corpus()
-    eval_text = read_text(d.eval_path) if d.eval_path else None
-    if eval_text is None:
-        cut = int(len(text) * (1 - d.val_fraction))
-        text, eval_text = text[:cut], (text[cut:] if d.val_fraction > 0 else None)
-        if not text:
-            raise DataError(f"the training text ({d.path or 'pydoc'}) is too short to hold out "
-                            f"data.val_fraction = {d.val_fraction} of it for evaluation; give a longer text")
+    train_part, eval_part = _lm_text_parts(d)
     specials = {"pad": None, "unk": None, "mask": None, "cls": None, "sep": None, "bos": None, "eos": None} \
         if d.tokenizer == "char" else None
     options = {"specials": specials} if specials is not None else {}
-    tokenizer = _tokenizer(run, [text] + ([eval_text] if eval_text and d.tokenizer == "char" else []), **options)
+    # A char tokenizer also reads the held-out text, so that every character there can be encoded.
+    texts = itertools.chain(train_part(), eval_part() if eval_part and d.tokenizer == "char" else ())
+    tokenizer = _tokenizer(run, texts, **options)
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, head="lm")
     if not getattr(config, "is_causal", True):
         raise ConfigError("data.task = 'lm' trains next-token prediction, which needs causal attention, but "
@@ -394,18 +390,43 @@ def _prepare_lm(run: RunConfig) -> Prepared:
         raise ConfigError(f"data.block_size {block} is longer than the model's {limit} positions; lower "
                           "data.block_size or raise the model's block_size")
     data_dir = make_folder(Path(t.out_dir) / "data", "train.out_dir")
-    train_tokens = build_token_file(text, tokenizer, data_dir / "train.bin")
+    train_tokens = build_token_file(train_part(), tokenizer, data_dir / "train.bin")
     if len(train_tokens) <= block + 1:
         raise DataError(f"the training text has {len(train_tokens)} tokens, fewer than one window of "
                         f"{block + 1}; give a longer text or a smaller data.block_size")
     train_source = CausalLMSource(TokenFile(data_dir / "train.bin"), block, t.batch_size, seed=t.seed)
     eval_source = None
-    if eval_text:
-        val_tokens = build_token_file(eval_text, tokenizer, data_dir / "val.bin")
+    if eval_part:
+        val_tokens = build_token_file(eval_part(), tokenizer, data_dir / "val.bin")
         if len(val_tokens) > block + 1:
             eval_source = CausalLMSource(TokenFile(data_dir / "val.bin"), block, t.batch_size, seed=t.seed)
     return Prepared(model, tokenizer, train_source, eval_source,
                     info={"train_tokens": len(train_tokens), "block_size": block})
+
+
+def _lm_text_parts(d: DataConfig) -> tuple[Callable[[], Iterable[str]], Callable[[], Iterable[str]] | None]:
+    """The training and held-out text as functions giving it in blocks, read from disk a block at a time
+    each time they are called (a corpus larger than memory streams through the tokenizer and into the token
+    files): data.eval_path, or the last data.val_fraction of the training text cut at a line start."""
+    from attnlab.data.corpus import pydoc_corpus
+    from attnlab.data.text_files import check_file, iter_text_blocks, line_split_offset
+
+    if not d.path:  # the embedded corpus: 400 KB, in memory
+        text = pydoc_corpus()
+        cut = int(len(text) * (1 - d.val_fraction))
+        return (lambda: [text[:cut]]), ((lambda: [text[cut:]]) if cut < len(text) else None)
+    path = check_file(d.path)
+    if d.eval_path:
+        eval_path = check_file(d.eval_path)
+        return (lambda: iter_text_blocks(path)), (lambda: iter_text_blocks(eval_path))
+    if d.val_fraction == 0:
+        return (lambda: iter_text_blocks(path)), None
+    cut = line_split_offset(path, 1 - d.val_fraction)
+    if cut == 0:
+        raise DataError(f"the training text ({d.path}) is too short to hold out data.val_fraction = "
+                        f"{d.val_fraction} of it for evaluation; give a longer text")
+    held_out = (lambda: iter_text_blocks(path, start=cut)) if cut < path.stat().st_size else None
+    return (lambda: iter_text_blocks(path, stop=cut)), held_out
 
 
 def make_folder(path: str | Path, setting: str) -> Path:
