@@ -55,6 +55,27 @@ def test_cache_equals_full_pass(variant, position):
 
 
 @pytest.mark.parametrize("variant,position", PAIRS)
+def test_explicit_positions_with_a_cache_or_a_mask(variant, position):
+    """positions= (absolute positions of the new tokens) gives the same logits cached or in one pass, with
+    or without an all-ones mask. Weights are perturbed and T5's buckets and Shaw's clipping are short, so
+    every position scheme's bias depends on the positions within the sequence."""
+    torch.manual_seed(2)
+    options = {"t5-bias": {"num_buckets": 8, "max_distance": 8}, "relative": {"max_distance": 3}}
+    model = GPT(tiny(attention=variant, position=position, position_options=options.get(position, {}))).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+        ids = torch.randint(0, 31, (2, 8))
+        pos = torch.arange(4, 12)[None]
+        full = model(ids, positions=pos).logits
+        cache = model.new_cache()
+        pieces = [model(ids[:, a:b], positions=pos[:, a:b], cache=cache).logits for a, b in [(0, 5), (5, 6), (6, 8)]]
+        masked = model(ids, positions=pos, attention_mask=torch.ones_like(ids)).logits
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(masked, full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant,position", PAIRS)
 def test_every_parameter_gets_a_gradient(variant, position):
     model = GPT(tiny(attention=variant, position=position))
     ids = torch.randint(0, 31, (2, 24))

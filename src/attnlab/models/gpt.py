@@ -136,10 +136,10 @@ class GPT(nn.Module):
         if attention_mask is not None:
             # attention_mask covers every key (cached and new); padded batches (left or right)
             # count positions over real tokens only, so each row sees the positions it would alone.
-            all_positions = positions_from_mask(attention_mask)  # (B, S)
+            # Positions given explicitly win (the keys' then come from them and the cache).
             if positions is None:
-                positions = all_positions[:, -t:]
-            key_positions = all_positions
+                key_positions = positions_from_mask(attention_mask)  # (B, S)
+                positions = key_positions[:, -t:]
             mask = key_mask(attention_mask.bool())
         elif positions is None:
             positions = default_positions(t, past, input_ids.device)

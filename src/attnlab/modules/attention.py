@@ -261,6 +261,7 @@ class KVCache:
         self.capacity = capacity
         self._k: Tensor | None = None
         self._v: Tensor | None = None
+        self._positions: Tensor | None = None  # (B|1, S) absolute positions of the cached keys
         self.length = 0
 
     @property
@@ -268,8 +269,11 @@ class KVCache:
         """True when a static cache has been filled."""
         return self._k is not None
 
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append (B, H, T, *) keys/values; return all cached keys/values, (B, H, S, *)."""
+    def update(self, k: Tensor, v: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Append (B, H, T, *) keys/values (at absolute `positions`, (B|1, T); default: after the cached
+        ones); return all cached keys/values, (B, H, S, *)."""
+        if not self.static:
+            self._add_positions(positions, k.shape[-2], k.device)
         if self.static:
             self._k, self._v, self.length = k, v, k.shape[-2]
             return k, v
@@ -288,6 +292,20 @@ class KVCache:
         self.length = need
         return self._k[..., :need, :], self._v[..., :need, :]
 
+    def _add_positions(self, positions: Tensor | None, new: int, device: torch.device) -> None:
+        if positions is None:
+            positions = torch.arange(self.length, self.length + new, device=device)[None, :]
+        if self._positions is None:
+            self._positions = positions
+            return
+        rows = max(self._positions.shape[0], positions.shape[0])
+        self._positions = torch.cat([self._positions.expand(rows, -1), positions.expand(rows, -1)], dim=1)
+
+    @property
+    def positions(self) -> Tensor | None:
+        """(B|1, S) absolute positions of the cached keys (those given to `update`), or None when empty."""
+        return self._positions
+
     def get(self) -> tuple[Tensor, Tensor]:
         assert self._k is not None and self._v is not None
         return self._k[..., : self.length, :], self._v[..., : self.length, :]
@@ -297,6 +315,8 @@ class KVCache:
         if self._k is not None:
             self._k = self._k.index_select(0, index)
             self._v = self._v.index_select(0, index)
+        if self._positions is not None and self._positions.shape[0] > 1:
+            self._positions = self._positions.index_select(0, index)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -415,13 +435,13 @@ class MultiHeadAttention(nn.Module):
             if position is not None and not cross:
                 k = position.rotate_k(k, src_pos)
             if cache is not None:
-                k, v = cache.update(k, v)
+                k, v = cache.update(k, v, None if cross else src_pos)
         if position is not None and not cross:
             q = position.rotate_q(q, positions)
             if key_positions is None:
                 # Without cached keys, the keys are the queries' own tokens (the positions that
-                # rotated k above); after a cache they are 0..S-1.
-                key_positions = positions if past == 0 else torch.arange(k.shape[-2], device=x.device)[None, :]
+                # rotated k above); after a cache, the positions each cached key was given.
+                key_positions = positions if past == 0 else cache.positions
             bias = position.score_bias(q, positions, key_positions, self.n_heads)
         else:
             bias = None
