@@ -136,6 +136,25 @@ def test_cached_decoding_equals_full_decode(variant, position, perturb):
     assert all(self_c.length == 10 and cross_c.ready for self_c, cross_c in cache)
 
 
+@pytest.mark.parametrize("position", ["none", "sinusoidal", "learned", "rotary", "t5-bias", "alibi", "relative"])
+@pytest.mark.parametrize("variant", VARIANTS.names())
+def test_a_padded_source_reads_as_it_does_alone(variant, position, perturb):
+    """Left or right padding of the source changes nothing for the real tokens: encoder positions count
+    real tokens, as GPT's, the encoder's and BERT's do."""
+    try:
+        check_compatible(variant, position)
+    except ConfigError as e:
+        pytest.skip(f"incompatible pair: {e}")
+    model = perturb(Seq2SeqTransformer(tiny_config(variant, position)))
+    src, tgt = torch.randint(3, V, (1, 5)), torch.randint(3, V, (1, 6))
+    alone = model(src, tgt).logits
+    pad = torch.zeros(1, 3, dtype=torch.long)
+    for padded, keep in ((torch.cat([pad, src], 1), [0, 0, 0, 1, 1, 1, 1, 1]),
+                         (torch.cat([src, pad], 1), [1, 1, 1, 1, 1, 0, 0, 0])):
+        out = model(padded, tgt, torch.tensor([keep])).logits
+        torch.testing.assert_close(out, alone, atol=ATOL, rtol=RTOL)
+
+
 # --------------------------------------------------------------------------------------------------
 # Config validation
 # --------------------------------------------------------------------------------------------------

@@ -18,7 +18,14 @@ from torch import Tensor, nn
 
 from attnlab.config import Config, check_choice, check_fractions, check_positive
 from attnlab.errors import ConfigError
-from attnlab.models.common import Embedder, check_length, default_positions, length_limit, token_loss
+from attnlab.models.common import (
+    Embedder,
+    check_length,
+    default_positions,
+    length_limit,
+    positions_from_mask,
+    token_loss,
+)
 from attnlab.models.output import ModelOutput
 from attnlab.models.registry import register_family, register_preset
 from attnlab.modules.attention import KVCache, key_mask
@@ -117,7 +124,9 @@ class Seq2SeqTransformer(nn.Module):
                output_hidden_states: bool = False) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """(B, S) ids -> memory (B, S, D), encoder attention weights, hidden states."""
         check_length(src_ids.shape[1], self._max_len(), "source sequence")
-        positions = default_positions(src_ids.shape[1], 0, src_ids.device)
+        # With a mask, positions count real tokens, so a left-padded source reads as it does alone.
+        positions = positions_from_mask(src_mask) if src_mask is not None else \
+            default_positions(src_ids.shape[1], 0, src_ids.device)
         x = self.src_embed(src_ids, positions, self.src_position)
         mask = key_mask(src_mask.bool()) if src_mask is not None else None
         return self.encoder(x, mask=mask, positions=positions, position=self.src_position,
