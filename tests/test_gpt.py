@@ -76,6 +76,28 @@ def test_explicit_positions_with_a_cache_or_a_mask(variant, position):
 
 
 @pytest.mark.parametrize("variant,position", PAIRS)
+def test_fused_path_equals_the_explicit_path(variant, position):
+    """Asking for attention weights takes the explicit softmax(QKᵀ)V path; without, the fused kernel (or the
+    dispatcher's choice): the same logits, on a left-padded batch with a KV cache too."""
+    torch.manual_seed(3)
+    model = GPT(tiny(attention=variant, position=position)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+        ids = torch.randint(0, 31, (2, 9))
+        keep = torch.ones_like(ids)
+        keep[0, :3] = 0  # the first row left-padded
+        fused = model(ids, attention_mask=keep).logits
+        explicit = model(ids, attention_mask=keep, need_weights=True)
+        assert explicit.attentions is not None
+        torch.testing.assert_close(explicit.logits, fused, atol=1e-5, rtol=1e-5)
+        cache = model.new_cache()
+        model(ids[:, :6], attention_mask=keep[:, :6], cache=cache)
+        step = model(ids[:, 6:], attention_mask=keep, cache=cache, need_weights=True).logits
+        torch.testing.assert_close(step, fused[:, 6:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant,position", PAIRS)
 def test_every_parameter_gets_a_gradient(variant, position):
     model = GPT(tiny(attention=variant, position=position))
     ids = torch.randint(0, 31, (2, 24))
