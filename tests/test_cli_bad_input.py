@@ -226,3 +226,41 @@ def test_training_over_a_finished_run_warns_in_one_line(tmp_path, capsys, lm_run
     assert code == 0, err
     # The command line shows a warning as one line, without Python's source line.
     assert warnings.formatwarning("it is so", UserWarning, "x.py", 1) == "attnlab: warning: it is so\n"
+
+
+def test_a_resumed_run_keeps_its_saved_tokenizer(tmp_path, capsys, monkeypatch, cls_run):
+    """--resume reads the vocabulary from the checkpoint instead of training a tokenizer again (HF's WordPiece
+    trainer can give another vocabulary from the same text: huggingface/tokenizers#1794)."""
+    import attnlab.data.tokenizers as tokenizers
+
+    run = tmp_path / "run"
+    shutil.copytree(cls_run, run)
+    saved = (run / "checkpoint" / "tokenizer.json").read_bytes()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a resumed run trained a new tokenizer")
+
+    monkeypatch.setattr(tokenizers, "train_tokenizer", no_training)
+    train = cls_run.parent / "train.tsv"
+    code, stdout, err = run_cli(capsys, "train", str(ROOT / "configs" / "encoder-classify.toml"), "--resume",
+                                "--set", f"data.path={_q(train)}", "--set", f"data.eval_path={_q(train)}",
+                                "--set", "model.d_model=16", "--set", "model.d_ff=16", "--set", "model.n_layers=1",
+                                "--set", "train.steps=32", "--set", "train.batch_size=8", "--set", "train.eval_every=0",
+                                "--set", "train.lr=3e-3", "--set", f"train.out_dir={_q(run)}", *TINY)
+    assert code == 0, err
+    assert "start_step=30" in stdout
+    assert (run / "checkpoint" / "tokenizer.json").read_bytes() == saved
+
+
+def test_processes_of_one_run_share_the_first_process_tokenizer(monkeypatch):
+    import attnlab.training.distributed as distributed
+    from attnlab.data.tokenizers import train_tokenizer
+    from attnlab.training.recipe import _from_first_process
+
+    mine = train_tokenizer("word", ["a b c"])
+    first = train_tokenizer("word", ["x y z w"])
+    monkeypatch.setattr(distributed, "env_world", lambda: distributed.World(rank=1, size=2))
+    monkeypatch.setattr(distributed, "init_distributed", lambda device: None)
+    monkeypatch.setattr(distributed, "all_gather_bytes",
+                        lambda data: [json.dumps(first.to_dict()).encode(), data])
+    assert _from_first_process(mine, "cpu").to_dict() == first.to_dict()

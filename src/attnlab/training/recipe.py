@@ -273,16 +273,34 @@ HEAD_PREFIXES = {"encoder": ("head.",), "bert": ("classifier.", "mlm.", "nsp."),
 OPTIONAL_PREFIXES = {"bert": ("pooler.",)}  # taken from the checkpoint when it has them, else new
 
 
-def _tokenizer(run: RunConfig, texts: Any, **options: Any):
-    """The tokenizer of the pretrained run named by model.init_from (its vocabulary is the weights'), else
-    one trained on `texts` as the [data] table says."""
+def _tokenizer(run: RunConfig, texts: Any, saved: Path | None, **options: Any):
+    """The tokenizer of the pretrained run named by model.init_from (its vocabulary is the weights'), the
+    one saved in the checkpoint a run resumes from (`saved`), else one trained on `texts` as the [data]
+    table says, the same in every process of a distributed run."""
     from attnlab.data.tokenizers import load_tokenizer, train_tokenizer
 
     if "init_from" in run.model:
         from attnlab.training.checkpoint import find_checkpoint
 
         return load_tokenizer(find_checkpoint(run.model["init_from"]))
-    return train_tokenizer(run.data.tokenizer, texts, run.data.vocab_size, **options)
+    if saved is not None:
+        return load_tokenizer(saved)
+    return _from_first_process(train_tokenizer(run.data.tokenizer, texts, run.data.vocab_size, **options),
+                               run.train.device)
+
+
+def _from_first_process(tokenizer, device: str):
+    """Under torchrun, the first process's tokenizer for every process. HF's WordPiece trainer assigns ids
+    in hash-map order, so two processes trained on the same text can get different vocabularies
+    (huggingface/tokenizers#1794); the ranks of one run must share one."""
+    from attnlab.data.tokenizers import tokenizer_from_dict
+    from attnlab.training.distributed import all_gather_bytes, env_world, init_distributed
+
+    if env_world().size <= 1:
+        return tokenizer
+    init_distributed(device)
+    first = all_gather_bytes(json.dumps(tokenizer.to_dict()).encode("utf-8"))[0]
+    return tokenizer_from_dict(json.loads(first))
 
 
 def _build(run: RunConfig, config: Config):
@@ -356,17 +374,19 @@ class Prepared:
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def prepare(run: RunConfig) -> Prepared:
+def prepare(run: RunConfig, *, tokenizer_from: str | Path | None = None) -> Prepared:
     """Tokenize the data, build the sources and the model (sized to the tokenizer). The model's initial
-    weights are a function of train.seed: the same seed, the same run, in any process."""
+    weights are a function of train.seed: the same seed, the same run, in any process. `tokenizer_from`
+    (a checkpoint folder) gives the tokenizer instead of training one: a resumed run keeps its vocabulary."""
     from attnlab.training.trainer import seed_everything
 
     seed_everything(run.train.seed)
+    saved = Path(tokenizer_from) if tokenizer_from is not None else None
     return {"lm": _prepare_lm, "classification": _prepare_classification,
-            "translation": _prepare_translation, "mlm": _prepare_mlm}[run.data.task](run)
+            "translation": _prepare_translation, "mlm": _prepare_mlm}[run.data.task](run, saved)
 
 
-def _prepare_lm(run: RunConfig) -> Prepared:
+def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     from attnlab.data.corpus import TokenFile, build_token_file
     from attnlab.data.sources import CausalLMSource
 
@@ -377,7 +397,7 @@ def _prepare_lm(run: RunConfig) -> Prepared:
     options = {"specials": specials} if specials is not None else {}
     # A char tokenizer also reads the held-out text, so that every character there can be encoded.
     texts = itertools.chain(train_part(), eval_part() if eval_part and d.tokenizer == "char" else ())
-    tokenizer = _tokenizer(run, texts, **options)
+    tokenizer = _tokenizer(run, texts, saved, **options)
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, head="lm")
     if not getattr(config, "is_causal", True):
         raise ConfigError("data.task = 'lm' trains next-token prediction, which needs causal attention, but "
@@ -445,7 +465,7 @@ def parse_column(c: str | None) -> str | int | None:
     return int(c) if isinstance(c, str) and c.isdigit() else c
 
 
-def _prepare_classification(run: RunConfig) -> Prepared:
+def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
     from attnlab.data.sources import ClassificationSource
     from attnlab.data.text_files import read_classification_file
 
@@ -454,7 +474,7 @@ def _prepare_classification(run: RunConfig) -> Prepared:
     if len(train_data.label_names) < 2:
         raise DataError(f"data file '{d.path}': every example has the label {train_data.label_names[0]!r}; "
                         "a classifier needs examples of at least two classes")
-    tokenizer = _tokenizer(run, train_data.texts)
+    tokenizer = _tokenizer(run, train_data.texts, saved)
     prefix = [tokenizer.cls_id] if tokenizer.cls_id is not None else []
     train_source = ClassificationSource(train_data, tokenizer, t.batch_size, max_length=d.max_length,
                                         seed=t.seed, prefix_ids=prefix)
@@ -473,14 +493,14 @@ def _prepare_classification(run: RunConfig) -> Prepared:
                     info={"labels": train_source.label_names})
 
 
-def _prepare_translation(run: RunConfig) -> Prepared:
+def _prepare_translation(run: RunConfig, saved: Path | None) -> Prepared:
     from attnlab.data.sources import ParallelTextSource
     from attnlab.data.text_files import read_lines
 
     d, t = run.data, run.train
     src_lines, tgt_lines = read_lines(d.src_path), read_lines(d.tgt_path)
     # One tokenizer for both sides, so the paper's shared embeddings apply.
-    tokenizer = _tokenizer(run, src_lines + tgt_lines)
+    tokenizer = _tokenizer(run, src_lines + tgt_lines, saved)
     train_source = ParallelTextSource(src_lines, tgt_lines, tokenizer, tokenizer, t.batch_size,
                                       max_src_length=d.max_length, max_tgt_length=d.max_length, seed=t.seed)
     eval_source = None
@@ -494,7 +514,7 @@ def _prepare_translation(run: RunConfig) -> Prepared:
     return Prepared(_build(run, config), tokenizer, train_source, eval_source)
 
 
-def _prepare_mlm(run: RunConfig) -> Prepared:
+def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
     from attnlab.data.corpus import pydoc_corpus
     from attnlab.data.text_files import read_text, split_documents
 
@@ -506,7 +526,7 @@ def _prepare_mlm(run: RunConfig) -> Prepared:
         n_eval = int(len(documents) * d.val_fraction)
         cut = len(documents) - n_eval if n_eval >= 2 else len(documents)
         documents, eval_documents = documents[:cut], documents[cut:]
-    tokenizer = _tokenizer(run, [line for doc in documents for line in doc])
+    tokenizer = _tokenizer(run, [line for doc in documents for line in doc], saved)
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, max_len=max(d.max_length, 8),
                           pad_id=tokenizer.pad_id or 0, heads="pretraining")
     if config.heads != "pretraining":
@@ -602,7 +622,9 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
         warnings.warn(f"{out} already holds a trained run; training from scratch replaces it (--resume "
                       "continues it instead)", stacklevel=2)
     make_folder(out, "train.out_dir")
-    prep = prepare(run)
+    # A resumed run keeps the vocabulary its weights were trained with (retraining a tokenizer can give
+    # another: see _from_first_process).
+    prep = prepare(run, tokenizer_from=out / "checkpoint" if resume else None)
     description = run.to_dict()
     if "labels" in prep.info:  # the class names, in the order of the classifier's outputs
         description["labels"] = list(prep.info["labels"])
