@@ -159,9 +159,27 @@ def test_wordpiece_round_trip(wordpiece):
     text = "The lazy fox, attention ids to text!"
     assert wordpiece.decode(wordpiece.encode(text)) == text
     assert wordpiece.decode(wordpiece.encode("one; two")) == "one ; two"
-    ids = wordpiece.encode("The fox zzqx")
-    assert wordpiece.decode(ids) == "The fox " + " ".join(["<unk>"] * ids.count(wordpiece.unk_id))
+    ids = wordpiece.encode("The fox \u03a9\u03c8")  # Greek letters: not in the training text
+    assert ids.count(wordpiece.unk_id) == 1
+    assert wordpiece.decode(ids) == "The fox <unk>"
+    # Every character of the training text has a word-initial and a "##" form: no unknown pieces there.
+    assert wordpiece.unk_id not in wordpiece.encode("zzqx xqzz")
     assert any(wordpiece.id_to_token(i).startswith("##") for i in range(wordpiece.vocab_size))
+
+
+def test_wordpiece_training_is_deterministic_across_processes(tmp_path):
+    """HF's WordPiece trainer numbers the "##" pieces in hash-map order (huggingface/tokenizers#1794), which
+    varies from process to process; attnlab fixes their numbers first, so every process gets one vocabulary."""
+    import subprocess
+    import sys
+
+    script = ("import hashlib, json; from pydoc_data.topics import topics; "
+              "from attnlab.data.tokenizers import WordPieceTokenizer as W; "
+              "t = W.train(list(topics.values())[:200], vocab_size=1500); "
+              "print(hashlib.sha1(json.dumps(t.to_dict(), sort_keys=True).encode()).hexdigest())")
+    digests = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                              timeout=120).stdout for _ in range(3)}
+    assert len(digests) == 1
 
 
 @pytest.mark.parametrize("kind", ["char", "word", "bpe", "wordpiece"])

@@ -655,20 +655,39 @@ class WordPieceTokenizer(_HFTokenizer):
             )
         if vocab_size is None or vocab_size <= len(specials.tokens()):
             raise ConfigError(f"wordpiece vocab_size must exceed the number of specials, got {vocab_size}")
-        hf = HFTokenizer(models.WordPiece(unk_token=specials.unk, continuing_subword_prefix="##"))
-        hf.normalizer = normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=lowercase
-        )
-        hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        hf.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+        def pipeline(model):
+            hf = HFTokenizer(model)
+            hf.normalizer = normalizers.BertNormalizer(
+                clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=lowercase
+            )
+            hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+            hf.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+            return hf
+
+        hf = pipeline(models.WordPiece(unk_token=specials.unk, continuing_subword_prefix="##"))
+        texts = [texts] if isinstance(texts, str) else texts
+        if iter(texts) is texts:  # a one-shot iterator: kept, as the alphabet pass reads the texts first
+            texts = list(texts)
+        # HF's trainer numbers the "##" forms of characters in hash-map order, and equal merge counts are
+        # broken by those numbers, so the same text could give another vocabulary in another process
+        # (huggingface/tokenizers#1794). Giving every character and its "##" form a number up front, in
+        # sorted order, makes training deterministic; the "##" forms are then ordinary vocabulary entries.
+        alphabet = sorted({c for text in texts
+                           for word, _ in hf.pre_tokenizer.pre_tokenize_str(hf.normalizer.normalize_str(text))
+                           for c in word})
+        fixed = specials.tokens() + ["##" + c for c in alphabet]
         trainer = trainers.WordPieceTrainer(
-            vocab_size=vocab_size,
+            vocab_size=max(vocab_size, len(fixed) + len(alphabet)),
             min_frequency=min_frequency,
-            special_tokens=specials.tokens(),
+            special_tokens=fixed,
+            initial_alphabet=alphabet,
             continuing_subword_prefix="##",
             show_progress=False,
         )
         cls._train_hf(hf, trainer, texts)
+        vocab = json.loads(hf.to_str())["model"]["vocab"]
+        hf = pipeline(models.WordPiece(vocab, unk_token=specials.unk, continuing_subword_prefix="##"))
+        hf.add_special_tokens(specials.tokens())
         return cls(hf, specials)
 
 

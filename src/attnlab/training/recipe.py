@@ -396,7 +396,7 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
         if d.tokenizer == "char" else None
     options = {"specials": specials} if specials is not None else {}
     # A char tokenizer also reads the held-out text, so that every character there can be encoded.
-    texts = itertools.chain(train_part(), eval_part() if eval_part and d.tokenizer == "char" else ())
+    texts = _Reread(train_part, eval_part if d.tokenizer == "char" else None)
     tokenizer = _tokenizer(run, texts, saved, **options)
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, head="lm")
     if not getattr(config, "is_causal", True):
@@ -422,6 +422,17 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
             eval_source = CausalLMSource(TokenFile(data_dir / "val.bin"), block, t.batch_size, seed=t.seed)
     return Prepared(model, tokenizer, train_source, eval_source,
                     info={"train_tokens": len(train_tokens), "block_size": block})
+
+
+class _Reread:
+    """The texts of some parts, read afresh from the start each time it is iterated (a WordPiece tokenizer
+    reads its texts twice), one block at a time."""
+
+    def __init__(self, *parts: Callable[[], Iterable[str]] | None):
+        self.parts = [part for part in parts if part is not None]
+
+    def __iter__(self):
+        return itertools.chain.from_iterable(part() for part in self.parts)
 
 
 def _lm_text_parts(d: DataConfig) -> tuple[Callable[[], Iterable[str]], Callable[[], Iterable[str]] | None]:
