@@ -108,6 +108,31 @@ def test_every_parameter_gets_a_gradient(variant, position):
     assert not missing
 
 
+@pytest.mark.parametrize("variant,position", PAIRS)
+def test_padded_rows_equal_each_row_alone(variant, position):
+    """Left and right padding with an attention mask: each row's logits at its real tokens are what the row
+    gives alone, in one pass and through a KV cache (positions count real tokens only)."""
+    torch.manual_seed(4)
+    model = GPT(tiny(attention=variant, position=position, position_options=SHORT.get(position, {}))).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+        row = torch.randint(1, 31, (1, 6))
+        alone = model(row).logits
+        pad = torch.zeros(1, 3, dtype=torch.long)
+        left, right = torch.cat([pad, row], 1), torch.cat([row, pad], 1)
+        keep_left = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1]])
+        torch.testing.assert_close(model(left, attention_mask=keep_left).logits[:, 3:], alone,
+                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model(right, attention_mask=keep_left.flip(1)).logits[:, :6], alone,
+                                   atol=1e-5, rtol=1e-5)
+        cache = model.new_cache()
+        first = model(left[:, :5], attention_mask=keep_left[:, :5], cache=cache).logits[:, 3:]
+        rest = [model(left[:, t:t + 1], attention_mask=keep_left[:, :t + 1], cache=cache).logits
+                for t in range(5, 9)]
+        torch.testing.assert_close(torch.cat([first, *rest], 1), alone, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("position", ["learned", "rotary", "alibi"])
 def test_batched_prompts_equal_one_at_a_time(position):
     torch.manual_seed(2)
