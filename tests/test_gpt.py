@@ -1,7 +1,5 @@
 """GPT invariants: causality, cache == no cache, batched == one at a time, gradients, errors."""
 
-import itertools
-
 import pytest
 import torch
 
@@ -9,8 +7,7 @@ from attnlab.errors import ConfigError
 from attnlab.inference.generate import generate
 from attnlab.models.common import SequenceTooLong
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.modules.positions import POSITIONS, check_compatible
-from attnlab.modules.variants import VARIANTS
+from attnlab.modules.positions import compatible_pairs
 
 
 def tiny(**kw) -> GPTConfig:
@@ -18,16 +15,15 @@ def tiny(**kw) -> GPTConfig:
     return GPTConfig(**{**base, **kw})
 
 
-def compatible_pairs():
-    for variant, position in itertools.product(VARIANTS.names(), POSITIONS.names()):
-        try:
-            check_compatible(variant, position)
-        except ConfigError:
-            continue
-        yield variant, position
+def perturbed(model: GPT) -> GPT:
+    """The model with noise added to every weight (fresh weights make many scores nearly equal), in eval mode."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model.eval()
 
 
-PAIRS = list(compatible_pairs())
+PAIRS = compatible_pairs()
 # Short T5 buckets and Shaw clipping, so sequences of ~10 tokens reach T5's logarithmic buckets and Shaw's
 # clipped distances (the defaults, 32 buckets up to 128 and 16, would leave both untested here).
 SHORT = {"t5-bias": {"num_buckets": 8, "max_distance": 8}, "relative": {"max_distance": 3}}
@@ -63,10 +59,8 @@ def test_explicit_positions_with_a_cache_or_a_mask(variant, position):
     or without an all-ones mask. Weights are perturbed and T5's buckets and Shaw's clipping are short, so
     every position scheme's bias depends on the positions within the sequence."""
     torch.manual_seed(2)
-    model = GPT(tiny(attention=variant, position=position, position_options=SHORT.get(position, {}))).eval()
+    model = perturbed(GPT(tiny(attention=variant, position=position, position_options=SHORT.get(position, {}))))
     with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
         ids = torch.randint(0, 31, (2, 8))
         pos = torch.arange(4, 12)[None]
         full = model(ids, positions=pos).logits
@@ -82,10 +76,8 @@ def test_fused_path_equals_the_explicit_path(variant, position):
     """Asking for attention weights takes the explicit softmax(QKᵀ)V path; without, the fused kernel (or the
     dispatcher's choice): the same logits, on a left-padded batch with a KV cache too."""
     torch.manual_seed(3)
-    model = GPT(tiny(attention=variant, position=position)).eval()
+    model = perturbed(GPT(tiny(attention=variant, position=position)))
     with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
         ids = torch.randint(0, 31, (2, 9))
         keep = torch.ones_like(ids)
         keep[0, :3] = 0  # the first row left-padded
@@ -113,10 +105,8 @@ def test_padded_rows_equal_each_row_alone(variant, position):
     """Left and right padding with an attention mask: each row's logits at its real tokens are what the row
     gives alone, in one pass and through a KV cache (positions count real tokens only)."""
     torch.manual_seed(4)
-    model = GPT(tiny(attention=variant, position=position, position_options=SHORT.get(position, {}))).eval()
+    model = perturbed(GPT(tiny(attention=variant, position=position, position_options=SHORT.get(position, {}))))
     with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
         row = torch.randint(1, 31, (1, 6))
         alone = model(row).logits
         pad = torch.zeros(1, 3, dtype=torch.long)

@@ -4,30 +4,17 @@ right with an attention mask, give each row what it gives alone (positions count
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
-from attnlab.errors import ConfigError
 from attnlab.models.bert import BertConfig, BertModel
 from attnlab.models.encoder import EncoderConfig, EncoderModel
-from attnlab.modules.positions import POSITIONS, check_compatible
-from attnlab.modules.variants import VARIANTS
+from attnlab.modules.positions import compatible_pairs
 
 SHORT = {"t5-bias": {"num_buckets": 8, "max_distance": 8}, "relative": {"max_distance": 3}}
 
 
-def _pairs():
-    for variant, position in itertools.product(VARIANTS.names(), POSITIONS.names()):
-        try:
-            check_compatible(variant, position)
-        except ConfigError:
-            continue
-        yield variant, position
-
-
-PAIRS = list(_pairs())
+PAIRS = compatible_pairs()
 
 
 def _perturbed(model):

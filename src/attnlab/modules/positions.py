@@ -282,6 +282,21 @@ class ALiBiPosition(PositionScheme):
         return -self.slopes[None, :, None, None] * distance[:, None]  # (B|1, H, T, S)
 
 
+def compatible_pairs() -> list[tuple[str, str]]:
+    """Every (attention variant, position scheme) pair of the registries that `check_compatible` accepts."""
+    from attnlab.modules.variants import VARIANTS
+
+    pairs = []
+    for variant in VARIANTS.names():
+        for position in POSITIONS.names():
+            try:
+                check_compatible(variant, position)
+            except ConfigError:
+                continue
+            pairs.append((variant, position))
+    return pairs
+
+
 def check_compatible(variant: str, position: str) -> None:
     """Raise a ConfigError when an attention variant cannot work with a position scheme."""
     from attnlab.modules.variants import VARIANTS
