@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from attnlab.errors import CheckpointError, ConfigError, DataError, UnknownToken
+from attnlab.training.recipe import evaluate_batches
 
 LM_FAMILIES = ("gpt",)
 
@@ -188,21 +189,6 @@ def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _accumulate(model: nn.Module, batches, device: torch.device) -> tuple[float, int, int, int]:
-    loss_sum, n_targets, correct, examples = 0.0, 0, 0, 0
-    for batch in batches:
-        batch = {k: v.to(device) for k, v in batch.items()}
-        out = model(**batch)
-        labels = batch["labels"]
-        n = int(out.n_targets) if out.n_targets is not None else int((labels != -100).sum())
-        loss_sum += float(out.loss) * n
-        n_targets += n
-        if labels.ndim == 1:
-            correct += int((out.logits.argmax(-1) == labels).sum())
-            examples += labels.numel()
-    return loss_sum, n_targets, correct, examples
-
-
 def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int) -> dict[str, float]:
     from attnlab.data.sources import CausalLMSource
     from attnlab.data.text_files import read_text
@@ -219,24 +205,24 @@ def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int) 
         raise DataError(f"{data}: the text has fewer than two tokens; nothing to predict")
     block = min(block, len(ids) - 1)
     source = CausalLMSource(ids, block, batch_size)
-    loss_sum, n, _, _ = _accumulate(model, source.iter_batches(batch_size), _device(model))
-    loss = loss_sum / max(n, 1)
-    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": float(n)}
+    values, sizes = evaluate_batches(model, source.iter_batches(batch_size))
+    loss = values["loss"]
+    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": sizes["targets"]}
 
 
 def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> dict[str, float]:
     """BERT pre-training objectives on a text of documents (blank-line separated, a sentence per line),
     masked and paired with a fixed seed: the same numbers every time."""
     from attnlab.data.text_files import read_text, split_documents
-    from attnlab.training.recipe import DataConfig, pretraining_metrics, sentence_pair_source
+    from attnlab.training.recipe import DataConfig, pretraining_counts, sentence_pair_source
 
     model, tok = run.model, run.tokenizer
     known = set(DataConfig.field_names())
     settings = DataConfig.from_dict({k: v for k, v in run.data.items() if k in known}, where="data")
     source = sentence_pair_source(split_documents(read_text(data)), tok, model.config, settings, batch_size, 0)
-    m = pretraining_metrics(model, source)
+    m, sizes = evaluate_batches(model, source.iter_batches(), pretraining_counts)
     return {"loss": m["loss"], "mlm_loss": m["mlm_loss"], "perplexity": math.exp(min(m["mlm_loss"], 700.0)),
-            **{k: v for k, v in m.items() if k.endswith("_accuracy")}, "masked_tokens": m["masked_tokens"],
+            **{k: v for k, v in m.items() if k.endswith("_accuracy")}, "masked_tokens": sizes["targets"],
             "sentence_pairs": float(len(source.pairs))}
 
 
@@ -244,7 +230,7 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, 
                              label_column: str | None = None) -> dict[str, float]:
     from attnlab.data.sources import ClassificationSource
     from attnlab.data.text_files import read_classification_file
-    from attnlab.training.recipe import parse_column
+    from attnlab.training.recipe import classification_counts, parse_column
 
     d, tok, model = run.data, run.tokenizer, run.model
     labels = d.get("labels")
@@ -261,8 +247,8 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, 
     prefix = [tok.cls_id] if tok.cls_id is not None else []
     source = ClassificationSource(examples, tok, batch_size, max_length=d.get("max_length", 128),
                                   label_names=labels, prefix_ids=prefix)
-    loss_sum, n, correct, count = _accumulate(model, source.iter_batches(batch_size), _device(model))
-    return {"loss": loss_sum / max(n, 1), "accuracy": 100.0 * correct / max(count, 1), "examples": float(count)}
+    values, sizes = evaluate_batches(model, source.iter_batches(batch_size), classification_counts)
+    return {"loss": values["loss"], "accuracy": values["accuracy"], "examples": sizes["accuracy"]}
 
 
 def _evaluate_translation(run: LoadedRun, data: str | Path, target: str | Path | None,
@@ -280,9 +266,9 @@ def _evaluate_translation(run: LoadedRun, data: str | Path, target: str | Path |
     source = ParallelTextSource(data, target, tok, tok, batch_size, max_src_length=max_length,
                                 max_tgt_length=max_length)
     device = _device(model)
-    loss_sum, n, _, _ = _accumulate(model, source.iter_batches(batch_size), device)
-    loss = loss_sum / max(n, 1)
-    out = {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": float(n)}
+    values, sizes = evaluate_batches(model, source.iter_batches(batch_size))
+    loss = values["loss"]
+    out = {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": sizes["targets"]}
     hyps: list[str] = []
     for batch in source.iter_batches(batch_size):
         src = batch["src_ids"].to(device)

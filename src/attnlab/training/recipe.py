@@ -583,37 +583,41 @@ def pretraining_counts(batch, out) -> dict[str, tuple]:
     return counts
 
 
-def pretraining_metrics(model, source) -> dict[str, float]:
-    """One pass over a source's evaluation batches: mean loss and masked-LM loss per masked token, the number
-    of masked tokens, and the accuracy (%) of the masked-token predictions and, with an NSP head, of
-    next-sentence prediction."""
+def evaluate_batches(model, batches, counts=None) -> tuple[dict[str, float], dict[str, float]]:
+    """One pass of `model` (in eval mode, without gradients) over `batches`: the mean loss per target
+    ("loss"), the mean masked-LM loss where the model reports one ("mlm_loss": BERT's loss adds NSP), and
+    each metric of `counts(batch, output) -> {name: (total, count)}` (as for `Trainer(eval_counts=...)`)
+    as total / count. Returns (those values, their sizes: "targets" and each metric's count)."""
     import torch
 
     model_was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    loss_sum = mlm_sum = 0.0
+    loss_sum = mlm_sum = targets = 0.0
     counted: dict[str, list[float]] = {}
     with torch.no_grad():
-        for batch in source.iter_batches():
+        for batch in batches:
             batch = {k: v.to(device) for k, v in batch.items()}
             out = model(**batch)
-            loss_sum += float(out.loss) * int(out.n_targets)
-            mlm_sum += float(out.extra["mlm_loss"]) * int(out.n_targets)
-            for name, (total, count) in pretraining_counts(batch, out).items():
+            n = int(out.n_targets) if out.n_targets is not None else int((batch["labels"] != -100).sum())
+            loss_sum += float(out.loss) * n
+            mlm_sum += float(out.extra.get("mlm_loss", out.loss)) * n
+            targets += n
+            for name, (total, count) in (counts(batch, out) if counts is not None else {}).items():
                 pair = counted.setdefault(name, [0.0, 0.0])
                 pair[0] += float(total)
                 pair[1] += float(count)
     model.train(model_was_training)
-    n = counted.get("mlm_accuracy", [0.0, 0.0])[1]
-    metrics = {"loss": loss_sum / max(n, 1), "mlm_loss": mlm_sum / max(n, 1), "masked_tokens": n}
-    metrics.update({name: total / max(count, 1) for name, (total, count) in counted.items()})
-    return metrics
+    values = {"loss": loss_sum / max(targets, 1), "mlm_loss": mlm_sum / max(targets, 1)}
+    values.update({name: total / max(count, 1) for name, (total, count) in counted.items()})
+    return values, {"targets": targets, **{name: count for name, (_, count) in counted.items()}}
 
 
 def pretraining_accuracy(model, source) -> dict[str, float]:
-    """The accuracies of `pretraining_metrics`."""
-    return {k: v for k, v in pretraining_metrics(model, source).items() if k.endswith("_accuracy")}
+    """The masked-token and (with an NSP head) next-sentence accuracy (%) over a source's evaluation
+    batches."""
+    values, _ = evaluate_batches(model, source.iter_batches(), pretraining_counts)
+    return {k: v for k, v in values.items() if k.endswith("_accuracy")}
 
 
 def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
