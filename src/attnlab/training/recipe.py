@@ -625,21 +625,14 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     from attnlab.training.trainer import Trainer
 
     out = Path(run.train.out_dir)
-    if resume:
-        from attnlab.training.checkpoint import find_checkpoint
-
-        try:  # before anything is written into the folder
-            find_checkpoint(out / "checkpoint")
-        except CheckpointError:
-            raise CheckpointError(f"cannot resume: no checkpoint in {out / 'checkpoint'}; "
-                                  "run without --resume to start from scratch") from None
-    elif (out / "checkpoint").is_dir():
+    # Checked before anything is written into the folder. A resumed run keeps the vocabulary its weights
+    # were trained with (retraining a tokenizer can give another: see _from_first_process).
+    tokenizer_from = Trainer.checkpoint_to_resume(out) if resume else None
+    if not resume and (out / "checkpoint").is_dir():
         warnings.warn(f"{out} already holds a trained run; training from scratch replaces it (--resume "
                       "continues it instead)", stacklevel=2)
     make_folder(out, "train.out_dir")
-    # A resumed run keeps the vocabulary its weights were trained with (retraining a tokenizer can give
-    # another: see _from_first_process).
-    prep = prepare(run, tokenizer_from=out / "checkpoint" if resume else None)
+    prep = prepare(run, tokenizer_from=tokenizer_from)
     description = run.to_dict()
     if "labels" in prep.info:  # the class names, in the order of the classifier's outputs
         description["labels"] = list(prep.info["labels"])

@@ -521,13 +521,23 @@ class Trainer:
         """Write ``out_dir/checkpoint`` now (every process must call this under DDP)."""
         return self._save(self.out_dir / CHECKPOINT_DIR)
 
-    def _restore(self) -> None:
-        folder = self.out_dir / CHECKPOINT_DIR
+    @staticmethod
+    def checkpoint_to_resume(out_dir: str | Path) -> Path:
+        """The checkpoint folder a run in `out_dir` resumes from.
+
+        Raises:
+            CheckpointError: there is none.
+        """
+        folder = Path(out_dir) / CHECKPOINT_DIR
         try:
             ckpt.find_checkpoint(folder)
         except CheckpointError:
             raise CheckpointError(f"cannot resume: no checkpoint in {folder}; "
-                                  "run without resume to start from scratch") from None
+                                  "train without resuming to start from scratch") from None
+        return folder
+
+    def _restore(self) -> None:
+        folder = self.checkpoint_to_resume(self.out_dir)
         state = ckpt.load_checkpoint_into(folder, self.model, self.optimizer)
         if not state:
             raise CheckpointError(f"cannot resume: {folder} has no {ckpt.STATE_FILE}")
