@@ -118,9 +118,12 @@ def check_choice(name: str, value: str, allowed: typing.Iterable[str]) -> None:
         raise ConfigError(f"{name}: unknown value {value!r}{hint}; choose one of: {', '.join(allowed)}")
 
 
-def check_fractions(config: object, names: typing.Iterable[str]) -> None:
-    """Each named setting that the config has and that is not None (dropout rates, label smoothing) must be
-    a probability below 1: in [0, 1)."""
+FRACTION_SETTINGS = ("dropout", "attention_dropout", "classifier_dropout", "label_smoothing")
+
+
+def check_fractions(config: object, names: typing.Iterable[str] = FRACTION_SETTINGS) -> None:
+    """Each named setting that the config has and that is not None (by default the model families' dropout
+    rates and label smoothing) must be a probability below 1: in [0, 1)."""
     for name in names:
         value = getattr(config, name, None)
         if value is not None and not 0 <= value < 1:

@@ -86,7 +86,7 @@ class EncoderConfig(Config):
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
             check_positive(name, getattr(self, name))
-        check_fractions(self, ("dropout", "attention_dropout", "classifier_dropout", "label_smoothing"))
+        check_fractions(self)
         check_positive("n_layers", self.n_layers, allow_zero=True)
         if self.d_model % self.n_heads:
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")

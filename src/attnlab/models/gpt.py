@@ -62,7 +62,7 @@ class GPTConfig(Config):
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "d_model", "n_heads", "n_layers"):
             check_positive(name, getattr(self, name))
-        check_fractions(self, ("dropout", "attention_dropout", "classifier_dropout", "label_smoothing"))
+        check_fractions(self)
         if self.d_ff is not None:
             check_positive("d_ff", self.d_ff)
         if self.d_model % self.n_heads:

@@ -70,7 +70,7 @@ class TransformerConfig(Config):
     def __post_init__(self):
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
             check_positive(name, getattr(self, name))
-        check_fractions(self, ("dropout", "attention_dropout", "classifier_dropout", "label_smoothing"))
+        check_fractions(self)
         check_positive("n_encoder_layers", self.n_encoder_layers, allow_zero=True)
         check_positive("n_decoder_layers", self.n_decoder_layers)
         if self.d_model % self.n_heads:

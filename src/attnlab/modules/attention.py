@@ -271,13 +271,12 @@ class KVCache:
 
     def update(self, k: Tensor, v: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Append (B, H, T, *) keys/values (at absolute `positions`, (B|1, T); default: after the cached
-        ones); return all cached keys/values, (B, H, S, *)."""
-        if not self.static:
-            self._add_positions(positions, k.shape[-2], k.device)
+        ones; a static cache keeps no positions); return all cached keys/values, (B, H, S, *)."""
         if self.static:
             self._k, self._v, self.length = k, v, k.shape[-2]
             return k, v
         new = k.shape[-2]
+        self._add_positions(positions, new, k.device)
         need = self.length + new
         if self._k is None or need > self._k.shape[-2] or self._k.shape[0] != k.shape[0]:
             cap = max(need, self.capacity, 2 * (self._k.shape[-2] if self._k is not None else 0))
@@ -435,7 +434,7 @@ class MultiHeadAttention(nn.Module):
             if position is not None and not cross:
                 k = position.rotate_k(k, src_pos)
             if cache is not None:
-                k, v = cache.update(k, v, None if cross else src_pos)
+                k, v = cache.update(k, v, src_pos)
         if position is not None and not cross:
             q = position.rotate_q(q, positions)
             if key_positions is None:
