@@ -590,27 +590,20 @@ def evaluate_batches(model, batches, counts=None) -> tuple[dict[str, float], dic
     as total / count. Returns (those values, their sizes: "targets" and each metric's count)."""
     import torch
 
+    from attnlab.training.trainer import evaluation_sums
+
     model_was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
-    loss_sum = mlm_sum = targets = 0.0
-    counted: dict[str, list[float]] = {}
     with torch.no_grad():
-        for batch in batches:
-            batch = {k: v.to(device) for k, v in batch.items()}
-            out = model(**batch)
-            n = int(out.n_targets) if out.n_targets is not None else int((batch["labels"] != -100).sum())
-            loss_sum += float(out.loss) * n
-            mlm_sum += float(out.extra.get("mlm_loss", out.loss)) * n
-            targets += n
-            for name, (total, count) in (counts(batch, out) if counts is not None else {}).items():
-                pair = counted.setdefault(name, [0.0, 0.0])
-                pair[0] += float(total)
-                pair[1] += float(count)
+        sums, counted = evaluation_sums(lambda batch: model(**batch), batches, next(model.parameters()).device,
+                                        counts)
     model.train(model_was_training)
+    loss_sum, targets, mlm_sum = sums.tolist()
     values = {"loss": loss_sum / max(targets, 1), "mlm_loss": mlm_sum / max(targets, 1)}
-    values.update({name: total / max(count, 1) for name, (total, count) in counted.items()})
-    return values, {"targets": targets, **{name: count for name, (_, count) in counted.items()}}
+    sizes = {"targets": targets}
+    for name, (total, count) in counted.items():
+        values[name], sizes[name] = float(total) / max(float(count), 1), float(count)
+    return values, sizes
 
 
 def pretraining_accuracy(model, source) -> dict[str, float]:

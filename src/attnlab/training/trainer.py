@@ -24,7 +24,7 @@ import math
 import random
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,6 +168,36 @@ def count_targets(batch: dict[str, Any]) -> int:
     return int((labels != IGNORE_INDEX).sum())
 
 
+# eval_counts(batch, output) -> {name: (total, count)}: tensors or numbers, summed over the evaluation split.
+EvalCounts = Callable[[dict[str, Any], Any], dict[str, tuple[Any, Any]]]
+
+
+def evaluation_sums(forward: Callable[[dict[str, Any]], Any], batches: Iterable[dict[str, Any]],
+                    device: torch.device, counts: EvalCounts | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """Sums over `batches` (moved to `device`, each given to `forward`): (loss·n, n, masked-LM loss·n),
+    n the targets of a batch and the masked-LM loss the loss where the model reports none, and for each
+    metric of `counts` its (total, count). In float64, float32 on MPS (which has no float64)."""
+    acc = torch.float32 if device.type == "mps" else torch.float64
+    sums = torch.zeros(3, dtype=acc, device=device)
+    counted: dict[str, Tensor] = {}
+    for batch in batches:
+        batch = _to_device(batch, device)
+        out = forward(batch)
+        if out.loss is None:
+            raise DataError("the model returned no loss for an evaluation batch; "
+                            "the evaluation source must provide 'labels'")
+        n = out.n_targets if out.n_targets is not None else count_targets(batch)
+        sums[0] += out.loss.to(acc) * n
+        sums[1] += n
+        # Perplexity is of the token loss alone: BERT's loss adds next-sentence prediction.
+        sums[2] += out.extra.get("mlm_loss", out.loss).to(acc) * n
+        for name, (total, count) in (counts(batch, out) if counts is not None else {}).items():
+            pair = counted.setdefault(name, torch.zeros(2, dtype=acc, device=device))
+            pair[0] += total
+            pair[1] += count
+    return sums, counted
+
+
 def _count_tokens(batch: dict[str, Any]) -> int:
     if isinstance(batch.get("attention_mask"), Tensor):
         return int(batch["attention_mask"].sum())
@@ -237,10 +267,6 @@ class _Window:
         self.tokens += tokens
         self.seconds += seconds
         self.steps += 1
-
-
-# eval_counts(batch, output) -> {name: (total, count)}: tensors or numbers, summed over the evaluation split.
-EvalCounts = Callable[[dict[str, Any], Any], dict[str, tuple[Any, Any]]]
 
 
 @dataclass
@@ -413,33 +439,21 @@ class Trainer:
 
     def _evaluate_source(self) -> dict[str, float]:
         cfg = self.config
-        # float64 sums where the device has them (MPS does not)
-        acc = torch.float32 if self.device.type == "mps" else torch.float64
-        sums = torch.zeros(3, dtype=acc, device=self.device)  # loss·n, n, token loss·n
-        counted: dict[str, Tensor] = {}  # name -> (total, count)
         token_level = False
         batch_size = cfg.micro_batch_size or cfg.batch_size // self.world.size
-        for i, batch in enumerate(self.eval_source.iter_batches(batch_size)):
-            if cfg.eval_batches and i >= cfg.eval_batches:
-                break
-            token_level = token_level or (isinstance(batch.get("labels"), Tensor) and batch["labels"].ndim >= 2)
-            if i % self.world.size != self.world.rank:
-                continue
-            batch = _to_device(batch, self.device)
-            out = self._forward(batch, train=False)
-            if out.loss is None:
-                raise DataError("the model returned no loss for an evaluation batch; "
-                                "the evaluation source must provide 'labels'")
-            n = out.n_targets if out.n_targets is not None else count_targets(batch)
-            sums[0] += out.loss.to(acc) * n
-            sums[1] += n
-            # Perplexity is of the token loss alone: BERT's loss adds next-sentence prediction.
-            sums[2] += out.extra.get("mlm_loss", out.loss).to(acc) * n
-            if self.eval_counts is not None:
-                for name, (total, count) in self.eval_counts(batch, out).items():
-                    pair = counted.setdefault(name, torch.zeros(2, dtype=acc, device=self.device))
-                    pair[0] += total
-                    pair[1] += count
+
+        def this_process_batches():
+            nonlocal token_level
+            for i, batch in enumerate(self.eval_source.iter_batches(batch_size)):
+                if cfg.eval_batches and i >= cfg.eval_batches:
+                    break
+                token_level = token_level or (isinstance(batch.get("labels"), Tensor) and batch["labels"].ndim >= 2)
+                if i % self.world.size == self.world.rank:
+                    yield batch
+
+        sums, counted = evaluation_sums(lambda batch: self._forward(batch, train=False), this_process_batches(),
+                                        self.device, self.eval_counts)
+        acc = sums.dtype
         all_reduce_sum(sums)
         metrics = {"loss": (sums[0] / sums[1]).item() if sums[1] > 0 else math.nan}
         if token_level:
