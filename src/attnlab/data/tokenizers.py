@@ -685,7 +685,7 @@ class WordPieceTokenizer(_HFTokenizer):
             show_progress=False,
         )
         cls._train_hf(hf, trainer, texts)
-        vocab = json.loads(hf.to_str())["model"]["vocab"]
+        vocab = hf.get_vocab()  # the trained pieces, specials and "##" forms included, with their ids
         hf = pipeline(models.WordPiece(vocab, unk_token=specials.unk, continuing_subword_prefix="##"))
         hf.add_special_tokens(specials.tokens())
         return cls(hf, specials)
