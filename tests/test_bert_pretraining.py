@@ -135,7 +135,8 @@ def test_resumed_pre_training_ends_with_the_weights_of_an_uninterrupted_run(tmp_
         return load_run_config(None, [
             "model.family=bert", "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.d_ff=32",
             "data.task=mlm", "data.tokenizer=word", f"data.path={json.dumps(str(docs))}", "data.max_length=24",
-            f"train.steps={steps}", "train.batch_size=4", "train.schedule=noam", "train.warmup_steps=2",
+            "data.val_fraction=0", f"train.steps={steps}", "train.batch_size=4", "train.schedule=noam",
+            "train.warmup_steps=2",
             f"train.out_dir={json.dumps(str(tmp_path / out))}", *TINY])
 
     train_run(run("straight", 6))
@@ -143,3 +144,42 @@ def test_resumed_pre_training_ends_with_the_weights_of_an_uninterrupted_run(tmp_
     train_run(run("resumed", 6), resume=True)
     a, b = load_model(tmp_path / "straight").state_dict(), load_model(tmp_path / "resumed").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_held_out_documents_whole_documents_or_the_last_sentences():
+    from attnlab.data.text_files import held_out_documents
+
+    docs = [[f"d{i} s{j}" for j in range(3)] for i in range(20)]
+    train, held = held_out_documents(docs, 0.1)
+    assert train == docs[:18] and held == docs[18:]  # two whole documents
+    one = [[f"s{j}" for j in range(40)]]  # one sentence per line, no blank lines
+    train, held = held_out_documents(one, 0.1)
+    assert train == [one[0][:36]] and held == [one[0][36:]]
+    # The cut starts inside a document: its tail is held out with the documents after it.
+    train, held = held_out_documents([["a", "b", "c"], ["d", "e", "f", "g"]], 0.5)
+    assert train == [["a", "b", "c"], ["d"]] and held == [["e", "f", "g"]]
+    # Next-sentence prediction needs two documents on each side: here the held-out part would have one.
+    assert held_out_documents([["a", "b", "c"], ["d", "e", "f", "g"]], 0.5, min_documents=2)[1] == []
+    assert held_out_documents(one, 0.01)[1] == []  # fewer than two sentences: no pair to evaluate
+    assert held_out_documents(one, 0.0) == (one, [])
+
+
+def test_one_long_document_holds_out_its_last_sentences(tmp_path):
+    """A corpus without blank lines (one sentence per line, e.g. a data set's sentences) was one document, too
+    few to hold out any: the run trained without evaluation and said nothing. Now its last sentences are held
+    out; where even that cannot give sentence pairs on both sides (next-sentence prediction needs two held-out
+    documents), the run warns."""
+    path = tmp_path / "sentences.txt"
+    path.write_text("".join(f"the line number {i} is here\n" for i in range(40)), encoding="utf-8")
+    sets = ["model.family=bert", "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.d_ff=32",
+            "data.task=mlm", "data.tokenizer=word", f"data.path={json.dumps(str(path))}", "data.max_length=16",
+            "train.steps=1", f"train.out_dir={json.dumps(str(tmp_path / 'run'))}", *TINY]
+    prep = prepare(load_run_config(None, [*sets, "model.nsp=false"]))
+    assert prep.info == {"documents": 1, "sentence_pairs": 35}  # 36 training sentences
+    assert len(prep.eval_source.pairs) == 3  # the last 4 sentences
+    three = tmp_path / "three.txt"
+    three.write_text(corpus(n_docs=3), encoding="utf-8")
+    with pytest.warns(UserWarning, match="nothing held out for evaluation: .*three.txt has 3 document"):
+        prep = prepare(load_run_config(None, [*sets, f"data.path={json.dumps(str(three))}",
+                                              "data.val_fraction=0.2"]))
+    assert prep.eval_source is None

@@ -94,6 +94,40 @@ def split_documents(text: str) -> list[list[str]]:
     return [doc for doc in documents if doc]
 
 
+def held_out_documents(documents: Sequence[Sequence[str]], fraction: float, *,
+                       min_documents: int = 1) -> tuple[list[list[str]], list[list[str]]]:
+    """(train, held_out): the last `fraction` of a BERT pre-training corpus kept for evaluation.
+
+    Whole documents when that holds out at least two; otherwise (a corpus of one or a few long documents,
+    such as one sentence per line with no blank lines) the last `fraction` of the sentences, the document
+    where they start cut in two. Each part must keep a sentence pair (a document of two sentences) and
+    `min_documents` documents (2 where random next sentences are drawn from other documents); where the
+    sentence cut cannot give both that, nothing is held out (held_out is empty).
+    """
+    docs = [list(doc) for doc in documents]
+    n_docs = int(len(docs) * fraction)
+    if n_docs >= 2:
+        return docs[:-n_docs], docs[-n_docs:]
+    remaining = int(sum(len(doc) for doc in docs) * fraction)  # sentences to hold out
+    if remaining < 2:
+        return docs, []
+    train, held = [doc[:] for doc in docs], []
+    while remaining:
+        last = train[-1]
+        take = min(remaining, len(last))
+        held.insert(0, last[len(last) - take:])
+        if take == len(last):
+            train.pop()
+        else:
+            del last[len(last) - take:]
+        remaining -= take
+
+    def usable(part: list[list[str]]) -> bool:
+        return len(part) >= min_documents and any(len(doc) >= 2 for doc in part)
+
+    return (train, held) if usable(train) and usable(held) else (docs, [])
+
+
 def iter_text_blocks(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTES, *, start: int = 0,
                      stop: int | None = None) -> Iterator[str]:
     """The file's text in blocks of about `block_bytes`, each ending at a line end (except the last, and

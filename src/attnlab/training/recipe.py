@@ -527,16 +527,22 @@ def _prepare_translation(run: RunConfig, saved: Path | None) -> Prepared:
 
 def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
     from attnlab.data.corpus import pydoc_corpus
-    from attnlab.data.text_files import read_text, split_documents
+    from attnlab.data.text_files import held_out_documents, read_text, split_documents
 
     d, t = run.data, run.train
     documents = split_documents(read_text(d.path) if d.path else pydoc_corpus())
     if d.eval_path:
         eval_documents = split_documents(read_text(d.eval_path))
     else:
-        n_eval = int(len(documents) * d.val_fraction)
-        cut = len(documents) - n_eval if n_eval >= 2 else len(documents)
-        documents, eval_documents = documents[:cut], documents[cut:]
+        # Random next sentences need two held-out documents. (The vocabulary is trained on the training part,
+        # so it is not known yet: a placeholder size, only the model's nsp setting is read.)
+        nsp = bool(model_config(run.model, vocab_size=1).nsp)
+        documents, eval_documents = held_out_documents(documents, d.val_fraction, min_documents=2 if nsp else 1)
+        if not eval_documents and d.val_fraction > 0:
+            where = d.path or "the pydoc texts"
+            warnings.warn(f"nothing held out for evaluation: {where} has {len(documents)} document(s), too few to "
+                          f"keep data.val_fraction = {d.val_fraction} apart with sentence pairs on both sides; "
+                          "give data.eval_path, or more documents separated by blank lines", stacklevel=2)
     tokenizer = _tokenizer(run, [line for doc in documents for line in doc], saved)
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, max_len=max(d.max_length, 8),
                           pad_id=tokenizer.pad_id or 0, heads="pretraining")
