@@ -319,6 +319,18 @@ def test_kv_cache_grows_keeps_content_and_reorders():
     assert static.ready and static.length == 3
 
 
+def test_kv_cache_key_positions_continue_and_follow_reordered_rows():
+    cache = KVCache()
+    cache.update(torch.randn(2, H, 3, 4), torch.randn(2, H, 3, 4))
+    cache.update(torch.randn(2, H, 2, 4), torch.randn(2, H, 2, 4))
+    assert cache.positions.tolist() == [[0, 1, 2, 3, 4]]  # no positions given: after the cached keys
+    rows = KVCache()
+    rows.update(torch.randn(2, H, 3, 4), torch.randn(2, H, 3, 4), torch.tensor([[0, 0, 1], [0, 1, 2]]))
+    rows.update(torch.randn(2, H, 1, 4), torch.randn(2, H, 1, 4), torch.tensor([[2], [3]]))
+    rows.reorder(torch.tensor([1, 0]))
+    assert rows.positions.tolist() == [[0, 1, 2, 3], [0, 0, 1, 2]]  # each row keeps its own positions
+
+
 CACHE_POSITIONS = [None, "rotary", "relative", "t5-bias", "alibi"]
 
 

@@ -45,7 +45,7 @@ def _pretrain(files, name: str, *sets: str):
 
 @pytest.fixture(scope="module")
 def bert_run(files):
-    return _pretrain(files, "bert", "data.task=mlm", "data.max_length=24")
+    return _pretrain(files, "bert", "data.task=mlm", "data.max_length=24", "data.val_fraction=0")
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_fine_tuning_copies_the_body_and_starts_a_new_head(files, bert_run, enco
 def test_the_same_head_is_kept_for_continued_training(files, bert_run):
     prep = prepare(load_run_config(None, [
         f"model.init_from={_q(bert_run)}", "data.task=mlm", f"data.path={_q(files / 'docs.txt')}",
-        "data.max_length=24", f"train.out_dir={_q(files / 'again')}", *TINY]))
+        "data.max_length=24", "data.val_fraction=0", f"train.out_dir={_q(files / 'again')}", *TINY]))
     saved = load_model(bert_run).state_dict()
     assert all(torch.equal(v, saved[k]) for k, v in prep.model.state_dict().items())
 

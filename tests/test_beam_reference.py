@@ -1,0 +1,45 @@
+"""Narrow beams against a plain, uncached reference beam search (top 2k candidates, eos -> finished,
+GNMT penalty on the length counting eos, no early stop)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_seq2seq_decoding import V, _model, _sources
+
+from attnlab.inference.generate import beam_search
+
+
+@torch.no_grad()
+def _reference_beam(model, src, k, max_len, alpha):
+    c = model.config
+    pen = lambda n: ((5 + n) / 6) ** alpha  # noqa: E731
+    live, finished = [([], 0.0)], []
+    for step in range(1, max_len + 1):
+        cands = []
+        for hist, score in live:
+            logp = torch.log_softmax(model(src, torch.tensor([[c.bos_id, *hist]])).logits[0, -1].float(), -1)
+            cands += [(score + float(logp[t]), hist, t) for t in range(V)]
+        cands.sort(key=lambda x: -x[0])
+        live = []
+        for score, hist, t in cands[: 2 * k]:
+            if t == c.eos_id:
+                finished.append((score / pen(step), hist))
+            else:
+                live.append((hist + [t], score))
+            if len(live) == k:
+                break
+        if not live:
+            break
+    else:
+        finished += [(score / pen(len(hist)), hist) for hist, score in live]
+    return max(finished, key=lambda f: f[0])[1]
+
+
+@pytest.mark.parametrize("alpha", [0.6, 2.0])
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("seed", range(12))
+def test_narrow_beams_equal_the_reference(seed, k, alpha):
+    model, src = _model(seed), _sources(seed)
+    assert beam_search(model, src, beam_size=k, max_len=6, length_penalty=alpha) == [
+        _reference_beam(model, src, k, 6, alpha)]
