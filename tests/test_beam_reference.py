@@ -43,3 +43,12 @@ def test_narrow_beams_equal_the_reference(seed, k, alpha):
     model, src = _model(seed), _sources(seed)
     assert beam_search(model, src, beam_size=k, max_len=6, length_penalty=alpha) == [
         _reference_beam(model, src, k, 6, alpha)]
+
+
+@pytest.mark.parametrize("seed, k", [(45, 3), (137, 2)])
+def test_beams_that_end_do_not_take_the_place_of_live_ones(seed, k):
+    """Cases (found by search) where the best target needs a live beam beyond the first k candidates, some of
+    which end with eos: a search that ranked only k candidates per step would lose it."""
+    model, src = _model(seed), _sources(seed)
+    assert beam_search(model, src, beam_size=k, max_len=6, length_penalty=2.0) == [
+        _reference_beam(model, src, k, 6, 2.0)]
