@@ -397,7 +397,10 @@ class CharTokenizer(Tokenizer):
 class WordTokenizer(Tokenizer):
     """Words split on whitespace, or the matches of a regex `pattern`; decode joins them with spaces.
 
-    `vocab` lists the tokens in id order and must contain every present special.
+    `vocab` lists the tokens in id order and must contain every present special. Token files encode a text
+    a block of whole lines at a time (about a megabyte): a `pattern` whose matches can span a line end
+    (`\\s+\\w+` takes the newline with the next word) may split the text differently at those boundaries than
+    one `encode` of the whole text; patterns that stop at line ends (the default) split identically.
     """
 
     kind = "word"
