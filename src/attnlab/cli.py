@@ -112,13 +112,14 @@ def evaluate(
     run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint")
     metrics = evaluate_file(run, data, target=target, batch_size=batch_size, beam_size=beam_size,
                             text_column=text_column, label_column=label_column)
+    counts = ("tokens", "examples", "masked_tokens", "sentence_pairs")
+    metrics = {key: int(value) if key in counts else value for key, value in metrics.items()}
     if as_json:
         print(json.dumps(metrics))
         return
     width = max(11, *map(len, metrics))
-    counts = ("tokens", "examples", "masked_tokens", "sentence_pairs")
     for key, value in metrics.items():
-        print(f"{key:>{width}}  {int(value) if key in counts else round(value, 4)}")
+        print(f"{key:>{width}}  {value if key in counts else round(value, 4)}")
 
 
 run_app = typer.Typer(help="Run a reproducible experiment end to end (results table, plots, checkpoints).",

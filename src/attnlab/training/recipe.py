@@ -126,7 +126,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 
 def parse_value(raw: str) -> Any:
-    """A command-line value read as TOML (numbers, booleans, lists, quoted strings), else the raw string."""
+    """A command-line value read as TOML (numbers, booleans, lists, quoted strings), else the raw string;
+    spaces around it are dropped (`--set "model.position= rotary"`)."""
+    raw = raw.strip()
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -411,14 +413,14 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
                           "data.block_size or raise the model's block_size")
     data_dir = make_folder(Path(t.out_dir) / "data", "train.out_dir")
     train_tokens = build_token_file(train_part(), tokenizer, data_dir / "train.bin")
-    if len(train_tokens) <= block + 1:
+    if len(train_tokens) < block + 1:
         raise DataError(f"the training text has {len(train_tokens)} tokens, fewer than one window of "
                         f"{block + 1}; give a longer text or a smaller data.block_size")
     train_source = CausalLMSource(TokenFile(data_dir / "train.bin"), block, t.batch_size, seed=t.seed)
     eval_source = None
     if eval_part:
         val_tokens = build_token_file(eval_part(), tokenizer, data_dir / "val.bin")
-        if len(val_tokens) > block + 1:
+        if len(val_tokens) >= block + 1:  # one window of block + 1 tokens is enough to score
             eval_source = CausalLMSource(TokenFile(data_dir / "val.bin"), block, t.batch_size, seed=t.seed)
     return Prepared(model, tokenizer, train_source, eval_source,
                     info={"train_tokens": len(train_tokens), "block_size": block})
