@@ -14,3 +14,12 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def one_line_error(capsys, *argv: str) -> str:
+    """The one stderr line of `attnlab *argv`, which must exit with code 2 and print no traceback."""
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]

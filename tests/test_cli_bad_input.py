@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cli_helpers import run_cli
+from cli_helpers import one_line_error, run_cli
 
 from attnlab.training.recipe import load_run_config
 
@@ -55,14 +55,6 @@ def cls_run(tmp_path_factory):
     except SystemExit as e:
         assert not e.code
     return out
-
-
-def one_line_error(capsys, *argv: str) -> str:
-    code, _, err = run_cli(capsys, *argv)
-    assert code == 2, err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 @pytest.mark.parametrize("argv, needle", [

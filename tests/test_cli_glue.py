@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from cli_helpers import run_cli
+from cli_helpers import one_line_error, run_cli
 
 from attnlab.errors import ConfigError
 from attnlab.training.recipe import load_run_config, prepare, train_run
@@ -72,14 +72,6 @@ def mt_run(tmp_path_factory):
         f"data.src_path={_q(root / 'src.txt')}", f"data.tgt_path={_q(root / 'tgt.txt')}", "data.max_length=16",
         "train.steps=2", "train.batch_size=4", f"train.out_dir={_q(root / 'run')}", *TINY]))
     return root / "run"
-
-
-def one_line_error(capsys, *argv: str) -> str:
-    code, _, err = run_cli(capsys, *argv)
-    assert code == 2, err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 # ---- recipe: --set parsing, data preparation ---------------------------------------------------------------
