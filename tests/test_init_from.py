@@ -143,3 +143,24 @@ def test_a_head_the_new_model_shares_is_kept(files, bert_run):
     saved = load_model(bert_run).state_dict()
     assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
     assert init_from_pretrained(model, bert_run)["new"] == []
+
+
+def test_a_new_kind_of_head_starts_fresh_even_when_its_shapes_match(tmp_path):
+    """An encoder LM with 12 tokens fine-tuned as a 12-class classifier: both heads are (12, D) projections,
+    so only the change of head kind tells that the classifier must not inherit the LM head's weights."""
+    from attnlab.models.encoder import EncoderConfig, EncoderModel
+    from attnlab.training import save_checkpoint
+    from attnlab.training.recipe import init_from_pretrained
+
+    settings = dict(vocab_size=12, d_model=16, n_heads=2, d_ff=16, n_layers=1, dropout=0.0)
+    torch.manual_seed(0)
+    lm = EncoderModel(EncoderConfig(**settings, head="lm"))
+    save_checkpoint(tmp_path / "lm", lm)
+    classifier = EncoderModel(EncoderConfig(**settings, head="classification", n_classes=12, causal=True))
+    fresh = {k: v.clone() for k, v in classifier.state_dict().items() if k.startswith("head.")}
+    assert fresh["head.proj.weight"].shape == lm.state_dict()["head.proj.weight"].shape
+    result = init_from_pretrained(classifier, tmp_path / "lm")
+    assert sorted(result["new"]) == sorted(fresh)
+    for key, value in fresh.items():
+        assert torch.equal(classifier.state_dict()[key], value)  # untouched: the classifier's own init
+    assert torch.equal(classifier.encoder.layers[0].ff.fc1.weight, lm.encoder.layers[0].ff.fc1.weight)
