@@ -174,7 +174,6 @@ def evaluate_file(run: LoadedRun, data: str | Path, *, target: str | Path | None
     head = getattr(model.config, "head", None) or getattr(model.config, "heads", None)
     if (text_column is not None or label_column is not None) and head != "classification":
         raise ConfigError("--text-column and --label-column are for classifiers (TSV, CSV or JSONL files)")
-    head = getattr(model.config, "head", None) or getattr(model.config, "heads", None)
     if run.family in LM_FAMILIES or head == "lm":
         return _evaluate_lm(model, tok, data, batch_size)
     if head == "classification":
@@ -205,7 +204,12 @@ def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int) 
         raise DataError(f"{data}: the text has fewer than two tokens; nothing to predict")
     block = min(block, len(ids) - 1)
     source = CausalLMSource(ids, block, batch_size)
-    values, sizes = evaluate_batches(model, source.iter_batches(batch_size))
+    return _token_loss_metrics(model, source.iter_batches(batch_size))
+
+
+def _token_loss_metrics(model: nn.Module, batches) -> dict[str, float]:
+    """Loss per target token over `batches`, its perplexity, and the number of target tokens."""
+    values, sizes = evaluate_batches(model, batches)
     loss = values["loss"]
     return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": sizes["targets"]}
 
@@ -266,9 +270,7 @@ def _evaluate_translation(run: LoadedRun, data: str | Path, target: str | Path |
     source = ParallelTextSource(data, target, tok, tok, batch_size, max_src_length=max_length,
                                 max_tgt_length=max_length)
     device = _device(model)
-    values, sizes = evaluate_batches(model, source.iter_batches(batch_size))
-    loss = values["loss"]
-    out = {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": sizes["targets"]}
+    out = _token_loss_metrics(model, source.iter_batches(batch_size))
     hyps: list[str] = []
     for batch in source.iter_batches(batch_size):
         src = batch["src_ids"].to(device)
