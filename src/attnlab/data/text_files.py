@@ -108,19 +108,19 @@ def held_out_documents(documents: Sequence[Sequence[str]], fraction: float, *,
     n_docs = int(len(docs) * fraction)
     if n_docs >= 2:
         return docs[:-n_docs], docs[-n_docs:]
-    remaining = int(sum(len(doc) for doc in docs) * fraction)  # sentences to hold out
-    if remaining < 2:
+    total = sum(len(doc) for doc in docs)
+    n_sentences = int(total * fraction)
+    if n_sentences < 2:
         return docs, []
-    train, held = [doc[:] for doc in docs], []
-    while remaining:
-        last = train[-1]
-        take = min(remaining, len(last))
-        held.insert(0, last[len(last) - take:])
-        if take == len(last):
-            train.pop()
-        else:
-            del last[len(last) - take:]
-        remaining -= take
+    cut, seen = total - n_sentences, 0  # sentences before `cut` train, the rest are held out
+    train, held = [], []
+    for doc in docs:
+        k = min(max(cut - seen, 0), len(doc))  # this document's sentences before the cut
+        if k:
+            train.append(doc[:k])
+        if k < len(doc):
+            held.append(doc[k:])
+        seen += len(doc)
 
     def usable(part: list[list[str]]) -> bool:
         return len(part) >= min_documents and any(len(doc) >= 2 for doc in part)
