@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from attnlab.cli import main
 
 
@@ -23,3 +25,8 @@ def one_line_error(capsys, *argv: str) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
+
+
+def toml_str(path) -> str:
+    """A path as a TOML string, for `--set key=value` and override lists."""
+    return json.dumps(str(path))

@@ -9,15 +9,12 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import one_line_error, run_cli
+from cli_helpers import toml_str as _q
 
 from attnlab.training.recipe import load_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu"]
-
-
-def _q(path) -> str:
-    return json.dumps(str(path))
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,12 @@ import warnings
 import pytest
 import torch
 from cli_helpers import one_line_error, run_cli
+from cli_helpers import toml_str as _q
 
 from attnlab.errors import ConfigError
 from attnlab.training.recipe import load_run_config, prepare, train_run
 
 TINY = ["train.progress=false", "train.precision=fp32", "train.device=cpu"]
-
-
-def _q(path) -> str:
-    return json.dumps(str(path))
 
 
 def _sets(items) -> list[str]:

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from cli_helpers import run_cli
+from cli_helpers import toml_str as _q
 
 from attnlab.data.tokenizers import load_tokenizer
 from attnlab.errors import CheckpointError, ConfigError
@@ -16,10 +17,6 @@ from attnlab.training.checkpoint import find_checkpoint, load_model
 from attnlab.training.recipe import load_run_config, prepare, train_run
 
 TINY = ["train.progress=false", "train.precision=fp32", "train.device=cpu", "train.steps=2", "train.batch_size=4"]
-
-
-def _q(path) -> str:
-    return json.dumps(str(path))
 
 
 @pytest.fixture(scope="module")
