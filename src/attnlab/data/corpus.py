@@ -21,6 +21,7 @@ import numpy as np
 from attnlab.data.text_files import BLOCK_BYTES, iter_text_blocks, read_text
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.errors import ConfigError, DataError
+from attnlab.files import atomic_path, write_text_atomic
 
 __all__ = ["TokenFile", "build_token_file", "pydoc_corpus", "read_text", "sidecar_path", "token_dtype"]
 
@@ -108,10 +109,8 @@ def build_token_file(
     if add_eos and eos is None:
         raise ConfigError("add_eos needs a tokenizer with an eos token; train it with specials.eos set")
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    # A per-process temporary name: under torchrun every process prepares the same files side by side.
-    tmp = out_path.with_name(f"{out_path.name}.{os.getpid()}.tmp")
     length = 0
-    try:
+    with atomic_path(out_path) as tmp:  # per process: under torchrun every process writes the same files
         with open(tmp, "wb") as f:
             for group in _blocks(source, block_chars):
                 if eos is None:
@@ -125,9 +124,6 @@ def build_token_file(
                 length += len(ids)
         if length == 0:
             raise DataError(f"no tokens to write to '{out_path}': the text is empty; give a non-empty corpus")
-        os.replace(tmp, out_path)
-    finally:
-        tmp.unlink(missing_ok=True)
     meta = {
         "format": SIDECAR_FORMAT,
         "version": 1,
@@ -136,7 +132,7 @@ def build_token_file(
         "vocab_size": tokenizer.vocab_size,
         "tokenizer": tokenizer.kind,
     }
-    sidecar_path(out_path).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    write_text_atomic(sidecar_path(out_path), json.dumps(meta, indent=1) + "\n")
     return TokenFile(out_path)
 
 

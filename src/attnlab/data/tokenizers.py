@@ -22,7 +22,6 @@ import inspect
 import json
 import os
 import re
-import tempfile
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -32,6 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from attnlab.errors import CheckpointError, ConfigError, DataError, UnknownToken
+from attnlab.files import write_text_atomic
 from attnlab.registry import Registry
 
 FORMAT_VERSION = 1
@@ -201,15 +201,7 @@ class Tokenizer(ABC):
             path = path / TOKENIZER_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.to_dict(), ensure_ascii=False, indent=1)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_text_atomic(path, text)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab_size={self.vocab_size})"

@@ -23,6 +23,7 @@ from os import PathLike
 from pathlib import Path
 
 from attnlab.errors import ConfigError
+from attnlab.files import write_text_atomic
 
 N_PLACES = 400  # towns in every world; birthplaces follow a mild Zipf law over them (the top one ≈ 2.7 %)
 ZIPF_OFFSET = 10  # town k is chosen with weight 1 / (k + ZIPF_OFFSET)
@@ -302,9 +303,9 @@ class World:
         out.mkdir(parents=True, exist_ok=True)
         train, dev = self.split(eval_fraction, seed)
         paths = {"corpus": out / "corpus.txt", "train": out / "train.tsv", "dev": out / "dev.tsv"}
-        paths["corpus"].write_text("".join(line + "\n" for line in self.corpus_lines()), encoding="utf-8")
+        write_text_atomic(paths["corpus"], "".join(line + "\n" for line in self.corpus_lines()))
         for key, pairs in (("train", train), ("dev", dev)):
-            paths[key].write_text("".join(f"{q}\t{a}\n" for q, a in pairs), encoding="utf-8")
+            write_text_atomic(paths[key], "".join(f"{q}\t{a}\n" for q, a in pairs))
         return paths
 
 

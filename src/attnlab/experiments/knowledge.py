@@ -32,6 +32,7 @@ import torch
 
 from attnlab.config import Config, check_positive
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError
+from attnlab.files import atomic_path, write_text_atomic
 
 # The course notes' figures (CS224n 2021 a5 reference solution, dev set of 500 questions).
 NOTES = {"none": 1.2, "dot": 22.2, "synthesizer-dense": 23.8, "london": 5.0}
@@ -455,14 +456,7 @@ def _write_predictions(path: Path, questions: list[str], predictions: list[str],
         else:
             lines.append(f"{q}\t{p}\t{answers[i]}\t{int(p.strip() == answers[i].strip())}")
     header = "question\tprediction" + ("" if answers is None else "\tanswer\tcorrect")
-    _write_text(path, header + "\n" + "".join(line + "\n" for line in lines))
-
-
-def _write_text(path: Path, text: str) -> None:
-    """Write through a temporary file and a rename, so an interrupted run leaves no half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, header + "\n" + "".join(line + "\n" for line in lines))
 
 
 def results_markdown(summary: dict[str, Any]) -> str:
@@ -490,8 +484,8 @@ def results_markdown(summary: dict[str, Any]) -> str:
 def _write_results(out: Path, summary: dict[str, Any]) -> None:
     from attnlab.training.logging import MetricsLog
 
-    _write_text(out / "results.json", json.dumps(summary, indent=2) + "\n")
-    _write_text(out / "results.md", results_markdown(summary) + "\n")
+    write_text_atomic(out / "results.json", json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(out / "results.md", results_markdown(summary) + "\n")
     curves: dict[str, dict[str, list]] = {"pretrain": {}, "finetune": {}}
     for r in summary["variants"]:
         for phase in ("pretrain", "finetune"):
@@ -521,7 +515,8 @@ def _plot(out: Path, summary: dict[str, Any], curves: dict[str, dict[str, list]]
         if curves[phase]:
             ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "curves.png")
+    with atomic_path(out / "curves.png") as tmp:
+        fig.savefig(tmp)
 
     fig = Figure(figsize=(7, 3.6), dpi=100)
     FigureCanvasAgg(fig)
@@ -534,4 +529,5 @@ def _plot(out: Path, summary: dict[str, Any], curves: dict[str, dict[str, list]]
     ax.set_xlabel("exact-match accuracy on evaluation questions (%)")
     ax.set_xlim(0, max(10.0, max(values) * 1.15))
     fig.tight_layout()
-    fig.savefig(out / "accuracy.png")
+    with atomic_path(out / "accuracy.png") as tmp:
+        fig.savefig(tmp)

@@ -38,6 +38,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from attnlab.errors import CheckpointError, ConfigError
+from attnlab.files import fsync_path
 from attnlab.training.device import _mps_available
 from attnlab.training.distributed import unwrap
 
@@ -59,19 +60,6 @@ _IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
 def _one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
-
-
-def _fsync_file(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some platforms cannot fsync a read-only descriptor or a folder
-        pass
-    finally:
-        os.close(fd)
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -174,7 +162,7 @@ def _swap_into_place(new: Path, folder: Path) -> None:
             shutil.rmtree(old)
         os.rename(folder, old)
     os.rename(new, folder)
-    _fsync_file(folder.parent)
+    fsync_path(folder.parent)
     if old.exists():
         shutil.rmtree(old, ignore_errors=True)
 
@@ -383,18 +371,18 @@ def save_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
         tensors, aliases = _unique_tensors(model.state_dict())
         save_file(tensors, str(tmp / MODEL_FILE),
                   metadata={"format_version": str(FORMAT_VERSION), "aliases": json.dumps(aliases)})
-        _fsync_file(tmp / MODEL_FILE)
+        fsync_path(tmp / MODEL_FILE)
         _write_json(tmp / CONFIG_FILE, config)
         if tokenizer is not None:
             tokenizer.save(tmp / TOKENIZER_FILE)
-            _fsync_file(tmp / TOKENIZER_FILE)
+            fsync_path(tmp / TOKENIZER_FILE)
         if optimizer is not None:
             opt_tensors, opt_metadata = _optimizer_payload(optimizer)
             save_file(opt_tensors, str(tmp / OPTIMIZER_FILE), metadata=opt_metadata)
-            _fsync_file(tmp / OPTIMIZER_FILE)
+            fsync_path(tmp / OPTIMIZER_FILE)
         if trainer_state is not None:
             _write_json(tmp / STATE_FILE, {"format_version": FORMAT_VERSION, **trainer_state})
-        _fsync_file(tmp)
+        fsync_path(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from attnlab.files import atomic_path, write_text_atomic
+
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
 
@@ -32,10 +34,7 @@ class MetricsLog:
         kept = []
         if keep_until_step is not None:
             kept = [r for r in self.read() if r.get("step", 0) <= keep_until_step]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -113,9 +112,8 @@ def plot_losses(records: list[dict[str, Any]], path: str | os.PathLike[str]) -> 
     ax.legend()
     fig.tight_layout()
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp)
     return path
 
 

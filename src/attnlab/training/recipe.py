@@ -25,7 +25,6 @@ import dataclasses
 import difflib
 import itertools
 import json
-import os
 import sys
 import warnings
 from collections.abc import Callable, Iterable
@@ -35,6 +34,7 @@ from typing import Any
 
 from attnlab.config import Config, check_choice, check_positive
 from attnlab.errors import CheckpointError, ConfigError, DataError
+from attnlab.files import write_text_atomic
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -642,9 +642,7 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
                       extra_state={"data": run.data.to_dict(), **_label_state(prep.info)})
 
     def describe() -> None:  # once a resumed checkpoint has proved to fit: a failed resume leaves run.json alone
-        tmp = out / "run.json.tmp"
-        tmp.write_text(json.dumps(description, indent=2))
-        os.replace(tmp, out / "run.json")
+        write_text_atomic(out / "run.json", json.dumps(description, indent=2))
 
     summary = trainer.fit(resume=resume, on_start=describe)
     return {**summary, **prep.info}

@@ -1,0 +1,87 @@
+"""Atomic writes: the target holds the old content or the new, never a part; no temporary file is left."""
+
+import os
+
+import numpy as np
+import pytest
+
+from attnlab.data.corpus import build_token_file
+from attnlab.data.tokenizers import CharTokenizer
+from attnlab.errors import DataError
+from attnlab.files import atomic_path, write_text_atomic
+from attnlab.training.logging import MetricsLog, plot_losses
+
+
+def test_write_replaces_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "results.md"
+    path.write_text("old")
+    assert write_text_atomic(path, "new\nlines\n") == path
+    assert path.read_bytes() == b"new\nlines\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.md"]
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_failed_write_keeps_the_old_file(tmp_path, error):
+    path = tmp_path / "run.json"
+    path.write_text("old")
+    with pytest.raises(error), atomic_path(path) as tmp:
+        tmp.write_text("half of the ne")
+        raise error()
+    assert path.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+def test_failed_first_write_creates_nothing(tmp_path):
+    with pytest.raises(RuntimeError), atomic_path(tmp_path / "new.txt") as tmp:
+        tmp.write_text("x")
+        raise RuntimeError
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_temporary_name_keeps_the_suffix_and_the_process(tmp_path):
+    with atomic_path(tmp_path / "curve.png") as tmp:
+        assert tmp.parent == tmp_path and tmp.suffix == ".png" and str(os.getpid()) in tmp.name
+        tmp.write_bytes(b"png")
+    assert (tmp_path / "curve.png").read_bytes() == b"png"
+
+
+def test_block_that_writes_nothing_is_an_error(tmp_path):
+    # A writer that forgot to create the file must not be mistaken for success.
+    with pytest.raises(FileNotFoundError), atomic_path(tmp_path / "x.txt"):
+        pass
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes")
+def test_saved_files_get_ordinary_permissions(tmp_path):
+    # The tokenizer was written through mkstemp once, which made tokenizer.json readable by its owner only.
+    old = os.umask(0o022)
+    try:
+        CharTokenizer.train(["abc"]).save(tmp_path)
+        write_text_atomic(tmp_path / "results.md", "x")
+    finally:
+        os.umask(old)
+    for name in ("tokenizer.json", "results.md"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o644
+
+
+def test_token_file_of_an_empty_text_leaves_nothing(tmp_path):
+    tok = CharTokenizer.train(["abc"])
+    out = tmp_path / "tokens.bin"
+    with pytest.raises(DataError, match="empty"):
+        build_token_file([""], tok, out)
+    assert list(tmp_path.iterdir()) == []
+    build_token_file(["abcab"], tok, out)
+    assert np.fromfile(out, dtype=np.uint16).tolist() == tok.encode("abcab")
+
+
+def test_metrics_log_restart_and_plot(tmp_path):
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.start()
+    for step in (1, 2, 3):
+        log.write({"step": step, "loss": 1.0 / step})
+    log.start(keep_until_step=2)
+    assert [r["step"] for r in log.read()] == [1, 2]
+    png = plot_losses(log.read(), tmp_path / "loss.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loss.png", "metrics.jsonl"]
