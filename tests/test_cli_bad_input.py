@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -63,8 +64,19 @@ def cls_run(tmp_path_factory):
     (["train", "--set", "model.d_ff=-4"], "d_ff must be positive"),
     (["run", "knowledge", "--device", "cpu:x"], "'cpu:x' is not a device name"),
 ])
-def test_usage_and_setting_errors(capsys, argv, needle):
+def test_usage_and_setting_errors(capsys, tmp_path, monkeypatch, argv, needle):
+    monkeypatch.chdir(tmp_path)  # the default run folder is relative: runs/gpt-pydoc
     assert needle in one_line_error(capsys, *argv)
+    assert list(tmp_path.iterdir()) == []  # a refused setting leaves no folder behind
+
+
+def test_refused_setting_does_not_warn_about_replacing_a_run(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "gpt-pydoc" / "checkpoint").mkdir(parents=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the "already holds a trained run" warning would fail here
+        line = one_line_error(capsys, "train", "--set", "model.dropout=1.5")
+    assert "model.dropout" in line
 
 
 def test_generate_refusals(capsys, lm_run):

@@ -629,11 +629,14 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     # Checked before anything is written into the folder. A resumed run keeps the vocabulary its weights
     # were trained with (retraining a tokenizer can give another: see _from_first_process).
     tokenizer_from = Trainer.checkpoint_to_resume(out) if resume else None
-    if not resume and (out / "checkpoint").is_dir():
+    replacing = not resume and (out / "checkpoint").is_dir()
+    # Preparing builds the model config, so a bad setting is refused before the folder is made or the warning
+    # below is given (only a language model's token files go into the folder, after that check).
+    prep = prepare(run, tokenizer_from=tokenizer_from)
+    make_folder(out, "train.out_dir")
+    if replacing:
         warnings.warn(f"{out} already holds a trained run; training from scratch replaces it (--resume "
                       "continues it instead)", stacklevel=2)
-    make_folder(out, "train.out_dir")
-    prep = prepare(run, tokenizer_from=tokenizer_from)
     description = run.to_dict()
     if "labels" in prep.info:  # the class names, in the order of the classifier's outputs
         description["labels"] = list(prep.info["labels"])
