@@ -4,11 +4,14 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 from attnlab.data.corpus import build_token_file
 from attnlab.data.tokenizers import CharTokenizer
 from attnlab.errors import DataError
 from attnlab.files import atomic_path, write_text_atomic
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.training.checkpoint import save_checkpoint
 from attnlab.training.logging import MetricsLog, plot_losses
 
 
@@ -55,14 +58,24 @@ def test_block_that_writes_nothing_is_an_error(tmp_path):
 @pytest.mark.skipif(os.name != "posix", reason="file modes")
 def test_saved_files_get_ordinary_permissions(tmp_path):
     # The tokenizer was written through mkstemp once, which made tokenizer.json readable by its owner only.
+    # safetensors creates owner-only files too; a checkpoint's weights should be as readable as its config.
+    model = GPT(GPTConfig(vocab_size=5, block_size=4, d_model=8, n_heads=2, n_layers=1))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(1, 3, dtype=torch.long), labels=torch.zeros(1, 3, dtype=torch.long)).loss.backward()
+    optimizer.step()
+    tok = CharTokenizer.train(["abc"])
     old = os.umask(0o022)
     try:
-        CharTokenizer.train(["abc"]).save(tmp_path)
+        tok.save(tmp_path)
         write_text_atomic(tmp_path / "results.md", "x")
+        folder = save_checkpoint(tmp_path / "checkpoint", model, optimizer, {"step": 1}, tok)
     finally:
         os.umask(old)
-    for name in ("tokenizer.json", "results.md"):
-        assert (tmp_path / name).stat().st_mode & 0o777 == 0o644
+    assert os.umask(old) == old  # the umask is left as it was
+    files = [tmp_path / "tokenizer.json", tmp_path / "results.md", *folder.iterdir()]
+    assert {p.name for p in folder.iterdir()} >= {"model.safetensors", "optimizer.safetensors", "config.json"}
+    for path in files:
+        assert path.stat().st_mode & 0o777 == 0o644, path
 
 
 def test_token_file_of_an_empty_text_leaves_nothing(tmp_path):

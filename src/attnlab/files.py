@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "fsync_path", "write_text_atomic"]
+__all__ = ["atomic_path", "fsync_path", "ordinary_permissions", "write_text_atomic"]
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
@@ -28,6 +28,19 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def ordinary_permissions(path: str | os.PathLike[str]) -> None:
+    """Give a file the permissions a plain ``open(path, "w")`` would have (0o666 less the umask).
+
+    safetensors creates its files readable by their owner only; a run folder shared with a group should
+    not hold a readable config beside unreadable weights.
+    """
+    if os.name != "posix":
+        return
+    umask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 @contextmanager

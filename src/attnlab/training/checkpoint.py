@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from attnlab.errors import CheckpointError, ConfigError
-from attnlab.files import fsync_path
+from attnlab.files import fsync_path, ordinary_permissions
 from attnlab.training.device import _mps_available
 from attnlab.training.distributed import unwrap
 
@@ -371,6 +371,7 @@ def save_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
         tensors, aliases = _unique_tensors(model.state_dict())
         save_file(tensors, str(tmp / MODEL_FILE),
                   metadata={"format_version": str(FORMAT_VERSION), "aliases": json.dumps(aliases)})
+        ordinary_permissions(tmp / MODEL_FILE)
         fsync_path(tmp / MODEL_FILE)
         _write_json(tmp / CONFIG_FILE, config)
         if tokenizer is not None:
@@ -379,6 +380,7 @@ def save_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
         if optimizer is not None:
             opt_tensors, opt_metadata = _optimizer_payload(optimizer)
             save_file(opt_tensors, str(tmp / OPTIMIZER_FILE), metadata=opt_metadata)
+            ordinary_permissions(tmp / OPTIMIZER_FILE)
             fsync_path(tmp / OPTIMIZER_FILE)
         if trainer_state is not None:
             _write_json(tmp / STATE_FILE, {"format_version": FORMAT_VERSION, **trainer_state})
