@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     else:
         print("this CPU has no bf16 instructions: bf16 rows left out (--bf16 yes runs them, emulated and slow)")
     rows = []
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ms per causal forward+backward")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); ms per causal forward+backward")
     print(f"{'shape (B,H,T,Dh)':<22}{'dtype':<7}{'SDPA':>9}{'plain':>9}{'attnlab':>9}{'vs SDPA':>9}{'vs best':>9}")
     for shape in SHAPES:
         for dtype in dtypes:

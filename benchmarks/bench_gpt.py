@@ -79,6 +79,7 @@ def ours(shape: Shape) -> GPT:
 def hf(shape: Shape):
     import transformers
 
+    transformers.logging.set_verbosity_error()  # its notes on generation defaults are not ours to act on
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=shape.block, n_embd=shape.d_model,
                                   n_layer=shape.n_layers, n_head=shape.n_heads, resid_pdrop=0.0,
@@ -253,14 +254,15 @@ def main(argv: list[str] | None = None) -> dict:
         results["shapes"][name] = {"shape": shape.__dict__, "train": rows, "decode": dec}
         print(f"\nshape {name}: {shape.n_layers} layers, {shape.n_heads} heads, {shape.d_model} wide, "
               f"block {shape.block}, batch {shape.batch}")
-        print(f"  {'row':<22}{'tokens/s':>12}{'vs HF fp32':>12}{'peak MiB':>10}")
+        width = max(len("decode, batch 1"), *(len(f"train {k}") for k in rows), *(len(f"decode {k}") for k in dec))
+        print(f"  {'row':<{width}}{'tokens/s':>12}{'vs HF fp32':>12}{'peak MiB':>10}")
         for label, r in rows.items():
             peak = r.get("peak_mib")
             shown = f"{peak:>10.0f}" if peak is not None else f"{'-':>10}"
-            print(f"  train {label:<16}{r['tokens_per_s']:>12,.0f}{r['vs_HF_fp32']:>11.2f}x{shown}")
-        print(f"  {'decode, batch 1':<22}{'tokens/s':>12}{'vs HF':>12}")
+            print(f"  {'train ' + label:<{width}}{r['tokens_per_s']:>12,.0f}{r['vs_HF_fp32']:>11.2f}x{shown}")
+        print(f"  {'decode, batch 1':<{width}}{'tokens/s':>12}{'vs HF':>12}")
         for label, r in dec.items():
-            print(f"  decode {label:<15}{r['tokens_per_s']:>12,.0f}{r['vs_HF']:>11.2f}x")
+            print(f"  {'decode ' + label:<{width}}{r['tokens_per_s']:>12,.0f}{r['vs_HF']:>11.2f}x")
     if args.accuracy_steps and bf16:
         acc = accuracy(SHAPES["A"], args.accuracy_steps)
         results["accuracy_shape_A"] = acc
