@@ -4,6 +4,7 @@ scales (the assignment's parameter count), and the trimming of pad columns (same
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -75,6 +76,27 @@ def test_real_data_path_end_to_end(tmp_path):
     assert [r["accuracy"] for r in again["variants"]] == [r["accuracy"] for r in summary["variants"]]
     assert again["variants"][1]["pretrain"].get("skipped")
 
+    # ... but only phases trained with this run's settings, model and data: another one is refused in one
+    # message, before anything is trained or written (it was reused silently, results.json naming the new
+    # settings).
+    before = (out / "results.json").read_text()
+    corpus_changed = tmp_path / "wiki2.txt"
+    corpus_changed.write_text(Path(files["corpus"]).read_text().replace("painter", "pointer"), encoding="utf-8")
+    for overrides, corpus, needle in [
+        ({**TINY, "finetune_lr": 0.5}, files["corpus"], "lr 0.0005 → 0.5"),
+        ({**TINY, "pretrain_lr": 0.01}, files["corpus"], "pretrain-dot was trained with other settings (lr 0.003"),
+        ({**TINY, "dropout": 0.25}, files["corpus"], "model.dropout 0.0 → 0.25"),
+        (TINY, str(corpus_changed), "the data"),
+    ]:
+        with pytest.raises(ConfigError, match="resume with the same") as error:
+            run_knowledge(out, variants="dot", corpus=corpus, train=files["train"], eval_path=files["eval"],
+                          device="cpu", overrides=overrides, progress=False, resume=True, echo=lambda *_: None)
+        assert needle in str(error.value), str(error.value)
+    with pytest.raises(ConfigError, match="seed 0 → 1"):
+        run_knowledge(out, variants="none", corpus=files["corpus"], train=files["train"], eval_path=files["eval"],
+                      device="cpu", overrides=TINY, progress=False, resume=True, seed=1, echo=lambda *_: None)
+    assert (out / "results.json").read_text() == before
+
 
 def test_synthetic_world_default_and_cli(tmp_path, capsys):
     out = tmp_path / "synthetic"
@@ -108,6 +130,9 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
         (["--corpus", str(tmp_path / "missing.txt"), "--train", files["train"], "--eval", files["eval"]],
          "missing.txt"),
         (["--set", "n_peple=3"], "n_peple"),
+        (["--seed", str(2**64)], "--seed must be an integer from 0 to 2**63 - 1"),
+        (["--variants", "dot+synthesizer-dense+rotary"], "names two attention variants (dot and synthesizer-dense)"),
+        (["--variants", "rotary+alibi"], "names two position schemes (rotary and alibi)"),
     ]
     for extra, needle in cases:
         with pytest.raises(SystemExit) as exit_info:
@@ -125,6 +150,10 @@ def test_variants_parse():
     assert [r.name for r in parse_variants(None)] == ["none", "dot", "synthesizer-dense"]
     with pytest.raises(ConfigError, match="unknown variant"):
         parse_variants("dot,nope")
+    # One attention variant and one position scheme per row: a second one used to replace the first silently,
+    # under the row's full name.
+    with pytest.raises(ConfigError, match="give them as separate rows, e.g. --variants bilinear,synthesizer-dense"):
+        parse_variants("bilinear+alibi+synthesizer-dense")
 
 
 def test_scales():

@@ -19,6 +19,7 @@ assignment's formats; ``scale="full"`` then reproduces the assignment's settings
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import platform
@@ -157,10 +158,19 @@ def parse_variants(spec: str | list[str] | tuple[str, ...] | None) -> list[Varia
             out.append(Variant("none", pretrain=False))
             continue
         attention, position = "dot", "learned"
+        given: dict[str, str] = {}
         for part in name.split("+"):
-            if part in VARIANTS.names():
+            kind = "attention variant" if part in VARIANTS.names() else \
+                "position scheme" if part in POSITIONS.names() else None
+            if kind is not None and kind in given:
+                raise ConfigError(f"variant {name!r} names two {kind}s ({given[kind]} and {part}); a row has one "
+                                  "of each: give them as separate rows, e.g. --variants "
+                                  f"{given[kind]},{part}")
+            if kind is not None:
+                given[kind] = part
+            if kind == "attention variant":
                 attention = part
-            elif part in POSITIONS.names():
+            elif kind == "position scheme":
                 position = part
             else:
                 raise ConfigError(f"unknown variant {part!r}; use 'none', an attention variant "
@@ -287,8 +297,46 @@ def _check_resumed_vocabulary(out: Path, vocab) -> None:
         return
 
 
+# What a finished or interrupted phase must share with this run for --resume to continue it.
+_PHASE_SETTINGS = ("steps", "batch_size", "lr", "min_lr_ratio", "weight_decay", "betas", "schedule",
+                   "warmup_steps", "decay_steps", "grad_clip", "seed", "precision")
+
+
+def data_fingerprint(items: list) -> str:
+    """A short hash of a phase's examples (documents or question/answer pairs)."""
+    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+
+
+def _check_resumable(folder: Path, model_settings: dict[str, Any], config: dict[str, Any], fingerprint: str) -> None:
+    """--resume may only continue a phase trained with this run's settings, model and data: a phase of
+    another --set, --seed or file would be reused silently (and results.json record the new settings)."""
+    from attnlab.training.checkpoint import read_config, read_trainer_state
+
+    try:
+        state = read_trainer_state(folder)
+        saved_model = read_config(folder)
+    except CheckpointError:
+        return  # an unreadable phase: loading or resuming it reports the problem itself
+    saved = state.get("trainer_config") if isinstance(state.get("trainer_config"), dict) else {}
+    changes = []
+    for key in _PHASE_SETTINGS:
+        now = list(config[key]) if isinstance(config.get(key), tuple) else config.get(key)
+        if key in saved and saved[key] != now:
+            changes.append(f"{key} {saved[key]!r} → {now!r}")
+    model_now = json.loads(json.dumps(model_settings))
+    changes += [f"model.{k} {saved_model[k]!r} → {model_now[k]!r}" for k in model_now
+                if k in saved_model and saved_model[k] != model_now[k]]
+    extra = state.get("extra_state") if isinstance(state.get("extra_state"), dict) else {}
+    if extra.get("data_sha256") not in (None, fingerprint):
+        changes.append("the data (other files, or a world of another --seed or n_people)")
+    if changes:
+        raise ConfigError(f"--resume: {folder} was trained with other settings ({'; '.join(changes[:4])}"
+                          f"{'; ...' if len(changes) > 4 else ''}); resume with the same --scale, --set, --seed "
+                          "and files, or start without --resume or in another --out")
+
+
 def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer, *, resume: bool,
-                 title: str, echo) -> dict[str, Any]:
+                 title: str, echo, fingerprint: str) -> dict[str, Any]:
     from attnlab.training.checkpoint import load_checkpoint_into
     from attnlab.training.trainer import Trainer
 
@@ -298,7 +346,8 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
         return {"steps": config["steps"], "wall_time_s": 0.0, "skipped": True}
     resume_here = resume and (folder / "checkpoint").exists()
     echo(f"{title}: {config['steps']} steps of {config['batch_size']} × {source.block_size} characters")
-    trainer = Trainer(model, config, source, out_dir=folder, tokenizer=tokenizer, resume=resume_here)
+    trainer = Trainer(model, config, source, out_dir=folder, tokenizer=tokenizer, resume=resume_here,
+                      extra_state={"data_sha256": fingerprint})
     summary = trainer.fit()
     return {"steps": summary["steps"], "wall_time_s": summary["wall_time_s"],
             "final_train_loss": summary["final_train_loss"], "tokens_per_s": summary["tokens_per_s"]}
@@ -350,8 +399,8 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     start = time.perf_counter()
     settings = scale_settings(scale, overrides)
     rows = parse_variants(variants)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"--seed must be a non-negative integer, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ConfigError(f"--seed must be an integer from 0 to 2**63 - 1, got {seed!r}")
     dev_name = select_device(device)  # settings that can be refused are checked before anything is written
     precision = "bf16 autocast" if resolve_precision(settings.precision, dev_name) is not None else "fp32"
     out = Path(out_dir)
@@ -385,6 +434,30 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
                                name=data.files.get("train", "fine-tuning pairs"), trim=True)
     results: list[dict[str, Any]] = []
     (out / "predictions").mkdir(exist_ok=True)
+    fingerprints = {"pretrain": data_fingerprint(data.corpus), "finetune": data_fingerprint(data.train)}
+    sources = {"pretrain": pretrain_source, "finetune": finetune_source}
+
+    def phases(variant: Variant) -> list[tuple[str, dict[str, Any]]]:
+        """(kind, trainer settings) of each phase of a row, in order."""
+        plan = []
+        if variant.pretrain:
+            plan.append(("pretrain", _phase_config(
+                settings, batch=settings.pretrain_batch, lr=settings.pretrain_lr, epochs=settings.pretrain_epochs,
+                n_examples=len(data.corpus), n_corpus=len(data.corpus), seed=seed, device=device,
+                progress=progress)))
+        epochs = settings.finetune_epochs_pretrained if variant.pretrain else settings.finetune_epochs_scratch
+        plan.append(("finetune", _phase_config(
+            settings, batch=settings.finetune_batch, lr=settings.finetune_lr, epochs=epochs,
+            n_examples=len(data.train), n_corpus=len(data.corpus), seed=seed, device=device, progress=progress)))
+        return plan
+
+    if resume:  # every phase on disk is checked before any is trained
+        for variant in rows:
+            for kind, cfg in phases(variant):
+                folder = out / f"{kind}-{variant.name}"
+                if (folder / "checkpoint").exists():
+                    _check_resumable(folder, model_config(settings, vocab.vocab_size, variant).to_dict(), cfg,
+                                     fingerprints[kind])
     n_phases = sum(1 + v.pretrain for v in rows)
     phase = 0
     for variant in rows:
@@ -394,22 +467,11 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
         record: dict[str, Any] = {"variant": variant.name, "label": variant.label, "pretrained": variant.pretrain,
                                   "attention": variant.attention, "position": variant.position,
                                   "parameters": n_params[variant.name]}
-        if variant.pretrain:
+        for kind, cfg in phases(variant):
             phase += 1
-            cfg = _phase_config(settings, batch=settings.pretrain_batch, lr=settings.pretrain_lr,
-                                epochs=settings.pretrain_epochs, n_examples=len(data.corpus),
-                                n_corpus=len(data.corpus), seed=seed, device=device, progress=progress)
-            record["pretrain"] = _train_phase(model, pretrain_source, out / f"pretrain-{variant.name}", cfg,
-                                              tokenizer, resume=resume,
-                                              title=f"[{phase}/{n_phases}] pretrain {variant.name}", echo=echo)
-        phase += 1
-        epochs = settings.finetune_epochs_pretrained if variant.pretrain else settings.finetune_epochs_scratch
-        cfg = _phase_config(settings, batch=settings.finetune_batch, lr=settings.finetune_lr, epochs=epochs,
-                            n_examples=len(data.train), n_corpus=len(data.corpus), seed=seed, device=device,
-                            progress=progress)
-        record["finetune"] = _train_phase(model, finetune_source, out / f"finetune-{variant.name}", cfg, tokenizer,
-                                          resume=resume, title=f"[{phase}/{n_phases}] fine-tune {variant.name}",
-                                          echo=echo)
+            title = f"[{phase}/{n_phases}] {'pretrain' if kind == 'pretrain' else 'fine-tune'} {variant.name}"
+            record[kind] = _train_phase(model, sources[kind], out / f"{kind}-{variant.name}", cfg, tokenizer,
+                                        resume=resume, title=title, echo=echo, fingerprint=fingerprints[kind])
         model.eval()
         predictions = answer_questions(model, vocab, dev_q)
         record["accuracy"] = exact_match(predictions, dev_a)
