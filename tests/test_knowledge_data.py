@@ -280,6 +280,22 @@ def test_read_corpus_skips_blank_lines(tmp_path):
     assert read_corpus(path) == ["one doc .", "two doc ."]
 
 
+@pytest.mark.parametrize("char", [MASK, PAD])
+def test_pad_and_mask_characters_in_the_files_are_refused(tmp_path, char):
+    # They structure every example (a mask ends an answer): in the data they were read as structure, and an
+    # answer holding one could never be matched.
+    corpus, qa = tmp_path / "corpus.txt", tmp_path / "qa.tsv"
+    corpus.write_text(f"one doc .\ntwo {char} doc .\n", encoding="utf-8")
+    with pytest.raises(DataError, match=f"corpus.txt line 2 holds '{char}' .*remove or replace it"):
+        read_corpus(corpus)
+    qa.write_text(f"Where was Ada born?\tLyon\nWhere was Bo born?\tSaler{char}mere\n", encoding="utf-8")
+    with pytest.raises(DataError, match="qa.tsv line 2 holds"):
+        read_qa_file(qa)
+    qa.write_text(f"Where was {char} born?\n", encoding="utf-8")
+    with pytest.raises(DataError, match="qa.tsv line 1 holds"):
+        read_qa_file(qa, require_answers=False)
+
+
 def test_metrics_and_prompt():
     assert exact_match(["Tovriss", " Quendal", "x"], ["Tovriss", "Quendal", "y"]) == pytest.approx(200 / 3)
     assert london_baseline(["London", "Paris", "Rome", "Oslo"]) == 25.0

@@ -204,10 +204,21 @@ def read_corpus(path: str | PathLike[str]) -> list[str]:
     """The documents of a pretraining corpus: one per line, blank lines skipped.
 
     Raises:
-        DataError: the file is missing, empty or not UTF-8.
+        DataError: the file is missing, empty or not UTF-8, or a line holds the pad or mask character.
     """
     text = _read_text(path, "pretraining corpus (one document per line)")
-    return [line for line in (raw.rstrip("\r") for raw in text.split("\n")) if line.strip()]
+    lines = [raw.rstrip("\r") for raw in text.split("\n")]
+    for number, line in enumerate(lines, start=1):
+        _check_no_specials(line, f"{path} line {number}")
+    return [line for line in lines if line.strip()]
+
+
+def _check_no_specials(text: str, where: str) -> None:
+    """The pad and mask characters structure every example; in the data they would be read as structure."""
+    for char, role in ((MASK, "the mask and answer separator"), (PAD, "the padding")):
+        if char in text:
+            raise DataError(f"{where} holds {char!r} (U+{ord(char):04X}), the character this experiment uses as "
+                            f"{role}; remove or replace it")
 
 
 def read_qa_file(
@@ -225,7 +236,8 @@ def read_qa_file(
 
     Raises:
         DataError: missing, empty or non-UTF-8 file; a line without a tab, with more than one tab, with an
-            empty question or (when answers are required) an empty answer; a line longer than the block.
+            empty question or (when answers are required) an empty answer; a line longer than the block;
+            the pad or mask character in a line.
     """
     text = _read_text(path, "'question<TAB>answer' lines")
     pairs: list[tuple[str, str | None]] = []
@@ -233,6 +245,7 @@ def read_qa_file(
         if not line.strip():
             continue
         where = f"{path} line {number}"
+        _check_no_specials(line, where)
         fields = line.split("\t")
         if len(fields) > 2:
             raise DataError(f"{where}: expected 'question<TAB>answer', found {len(fields) - 1} tabs")
