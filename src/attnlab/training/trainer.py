@@ -537,18 +537,18 @@ class Trainer:
 
     @staticmethod
     def checkpoint_to_resume(out_dir: str | Path) -> Path:
-        """The checkpoint folder a run in `out_dir` resumes from.
+        """The checkpoint folder a run in `out_dir` resumes from: ``checkpoint/``, or the ``.checkpoint.old``
+        a crash between the two renames of a save left (see `checkpoint`).
 
         Raises:
             CheckpointError: there is none.
         """
         folder = Path(out_dir) / CHECKPOINT_DIR
         try:
-            ckpt.find_checkpoint(folder)
+            return ckpt.find_checkpoint(folder)
         except CheckpointError:
             raise CheckpointError(f"cannot resume: no checkpoint in {folder}; "
                                   "train without resuming to start from scratch") from None
-        return folder
 
     def _restore(self) -> None:
         folder = self.checkpoint_to_resume(self.out_dir)

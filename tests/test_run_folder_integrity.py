@@ -1,0 +1,49 @@
+"""A run folder that is damaged, mixed up or resumed in unusual ways: every command either works with the files
+that belong together or refuses in one line (exit code 2, no traceback) naming the problem and the fix."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from cli_helpers import one_line_error, run_cli
+from cli_helpers import toml_str as _q
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu"]
+LM = ["--set", "model.preset=gpt-char-tiny", "--set", "train.eval_every=0", *TINY]
+
+
+def _train(*argv: str) -> None:
+    from attnlab.cli import main
+
+    try:
+        main(["train", *argv])
+    except SystemExit as e:
+        assert not e.code
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    """A tiny char GPT trained for 3 steps (checkpoint/ and best/)."""
+    out = tmp_path_factory.mktemp("lm") / "run"
+    _train("--set", "train.steps=3", "--set", f"train.out_dir={_q(out)}", *LM)
+    return out
+
+
+@pytest.fixture
+def lm_copy(tmp_path, lm_run):
+    run = tmp_path / "run"
+    shutil.copytree(lm_run, run)
+    return run
+
+
+def test_resume_from_the_old_checkpoint_a_crash_left(capsys, lm_copy):
+    (lm_copy / "checkpoint").rename(lm_copy / ".checkpoint.old")  # a crash between the two renames of a save
+    shutil.rmtree(lm_copy / "best")
+    code, stdout, err = run_cli(capsys, "train", "--resume", "--set", "train.steps=4",
+                                "--set", f"train.out_dir={_q(lm_copy)}", *LM)
+    assert code == 0, err
+    assert "start_step=3" in stdout
+    assert (lm_copy / "checkpoint" / "model.safetensors").is_file() and not (lm_copy / ".checkpoint.old").exists()
