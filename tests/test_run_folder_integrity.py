@@ -47,3 +47,18 @@ def test_resume_from_the_old_checkpoint_a_crash_left(capsys, lm_copy):
     assert code == 0, err
     assert "start_step=3" in stdout
     assert (lm_copy / "checkpoint" / "model.safetensors").is_file() and not (lm_copy / ".checkpoint.old").exists()
+
+
+@pytest.mark.parametrize("state, needle", [
+    ({"step": -3}, "step -3 is negative"),
+    ({}, "trainer_state.json has no step; the checkpoint is incomplete"),
+])
+def test_resume_refuses_a_trainer_state_without_a_usable_step(capsys, lm_copy, state, needle):
+    import json
+
+    path = lm_copy / "checkpoint" / "trainer_state.json"
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**saved, **state} if state else {}), encoding="utf-8")
+    line = one_line_error(capsys, "train", "--resume", "--set", "train.steps=4",
+                          "--set", f"train.out_dir={_q(lm_copy)}", *LM)
+    assert needle in line

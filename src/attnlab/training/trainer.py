@@ -553,8 +553,11 @@ class Trainer:
     def _restore(self) -> None:
         folder = self.checkpoint_to_resume(self.out_dir)
         state = ckpt.load_checkpoint_into(folder, self.model, self.optimizer)
-        if not state:
+        if not (folder / ckpt.STATE_FILE).is_file():
             raise CheckpointError(f"cannot resume: {folder} has no {ckpt.STATE_FILE}")
+        if "step" not in state:
+            raise CheckpointError(f"cannot resume: {folder / ckpt.STATE_FILE} has no step; the checkpoint is "
+                                  "incomplete, use another one")
         try:
             self.step = int(state["step"])
             self.best = state.get("best")
@@ -570,6 +573,9 @@ class Trainer:
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed ({ckpt._one_line(e)}); "
                                   "use another checkpoint") from None
+        if self.step < 0:
+            raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed (step {self.step} is negative); "
+                                  "use another checkpoint")
         changed = [k for k in _RESUME_SENSITIVE if k in saved_config
                    and _as_json(saved_config[k]) != _as_json(getattr(self.config, k))]
         if changed and self.world.is_main:
