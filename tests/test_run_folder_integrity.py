@@ -62,3 +62,17 @@ def test_resume_refuses_a_trainer_state_without_a_usable_step(capsys, lm_copy, s
     line = one_line_error(capsys, "train", "--resume", "--set", "train.steps=4",
                           "--set", f"train.out_dir={_q(lm_copy)}", *LM)
     assert needle in line
+
+
+def test_resume_keeps_the_good_records_of_a_damaged_metrics_log(capsys, lm_copy):
+    import json
+
+    log = lm_copy / "metrics.jsonl"
+    good = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+    with open(log, "ab") as f:
+        f.write(b'{"step": "x"}\n[1]\n"text"\n{"loss": 1.0}\n{"step": true}\n\xff\xfe not utf-8\n{"step": 2, "lo')
+    code, _, err = run_cli(capsys, "train", "--resume", "--set", "train.steps=4",
+                           "--set", f"train.out_dir={_q(lm_copy)}", *LM)
+    assert code == 0, err
+    records = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+    assert records[:len(good)] == good and [r["step"] for r in records[len(good):]] == [4, 4]  # train, eval

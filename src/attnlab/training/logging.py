@@ -43,16 +43,19 @@ class MetricsLog:
             f.write(json.dumps(record) + "\n")
 
     def read(self) -> list[dict[str, Any]]:
-        """The records written so far (a torn last line from a crash is skipped)."""
+        """The records written so far. A line that is not a record (a torn last line from a crash, bytes that are
+        not UTF-8, JSON that is not an object with an integer step) is skipped."""
         if not self.path.is_file():
             return []
         records = []
-        with open(self.path, encoding="utf-8") as f:
+        with open(self.path, "rb") as f:
             for line in f:
                 try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
+                    record = json.loads(line.decode("utf-8"))
+                except (UnicodeDecodeError, json.JSONDecodeError):
                     continue
+                if isinstance(record, dict) and type(record.get("step")) is int:
+                    records.append(record)
         return records
 
 
