@@ -76,3 +76,32 @@ def test_resume_keeps_the_good_records_of_a_damaged_metrics_log(capsys, lm_copy)
     assert code == 0, err
     records = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
     assert records[:len(good)] == good and [r["step"] for r in records[len(good):]] == [4, 4]  # train, eval
+
+
+def _resave(path: Path, **metadata: str) -> None:
+    """Rewrite a safetensors file with some header metadata entries replaced."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        tensors = {key: f.get_tensor(key) for key in f.keys()}
+        saved = dict(f.metadata() or {})
+    save_file(tensors, str(path), metadata={**saved, **metadata})
+
+
+@pytest.mark.parametrize("aliases", ["[1, 2]", '{"embed.token.weight": 1}', '"x"'])
+def test_model_header_aliases_must_be_an_object_of_names(capsys, lm_copy, aliases):
+    _resave(lm_copy / "checkpoint" / "model.safetensors", aliases=aliases)
+    line = one_line_error(capsys, "generate", str(lm_copy), "-p", "The", "-n", "3", "--device", "cpu")
+    assert "header entry 'aliases' is not an object of strings; use another checkpoint" in line
+
+
+@pytest.mark.parametrize("entry, value, needle", [
+    ("scalars", "[1, 2]", "header entry 'scalars' is not an object"),
+    ("param_groups", "[1, 2]", "has no parameter groups"),
+])
+def test_optimizer_header_entries_must_have_their_types(capsys, lm_copy, entry, value, needle):
+    _resave(lm_copy / "checkpoint" / "optimizer.safetensors", **{entry: value})
+    line = one_line_error(capsys, "train", "--resume", "--set", "train.steps=4",
+                          "--set", f"train.out_dir={_q(lm_copy)}", *LM)
+    assert needle in line

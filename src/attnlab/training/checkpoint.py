@@ -105,6 +105,15 @@ def _metadata_json(metadata: dict[str, str], key: str, path: Path, default: Any)
                               "use another checkpoint") from None
 
 
+def _metadata_object(metadata: dict[str, str], key: str, path: Path, *, strings: bool = False) -> dict[str, Any]:
+    """A header entry that must be a JSON object (of strings, with `strings`); {} when absent."""
+    value = _metadata_json(metadata, key, path, {})
+    if not isinstance(value, dict) or (strings and not all(isinstance(v, str) for v in value.values())):
+        what = "an object of strings" if strings else "an object"
+        raise CheckpointError(f"{path}: header entry {key!r} is not {what}; use another checkpoint")
+    return value
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.item() if value.numel() == 1 else value.tolist()
@@ -199,7 +208,7 @@ def _shape(t: torch.Tensor) -> str:
 def _load_model_state(folder: Path, model: nn.Module) -> None:
     path = folder / MODEL_FILE
     tensors, metadata = _read_safetensors(path)
-    for alias, target in _metadata_json(metadata, "aliases", path, {}).items():
+    for alias, target in _metadata_object(metadata, "aliases", path, strings=True).items():
         if target not in tensors:
             raise CheckpointError(f"{path}: alias {alias!r} points to missing tensor {target!r}; "
                                   "use another checkpoint")
@@ -257,8 +266,8 @@ def _load_optimizer_state(folder: Path, optimizer: torch.optim.Optimizer) -> Non
     path = folder / OPTIMIZER_FILE
     tensors, metadata = _read_safetensors(path)
     groups = _metadata_json(metadata, "param_groups", path, None)
-    scalars = _metadata_json(metadata, "scalars", path, {})
-    if not isinstance(groups, list):
+    scalars = _metadata_object(metadata, "scalars", path)
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
         raise CheckpointError(f"{path} has no parameter groups in its header; use another checkpoint")
     current = optimizer.param_groups
     saved_sizes = [len(g.get("params", [])) for g in groups]
