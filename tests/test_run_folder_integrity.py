@@ -105,3 +105,23 @@ def test_optimizer_header_entries_must_have_their_types(capsys, lm_copy, entry, 
     line = one_line_error(capsys, "train", "--resume", "--set", "train.steps=4",
                           "--set", f"train.out_dir={_q(lm_copy)}", *LM)
     assert needle in line
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_weights_with_nan_or_inf_are_refused(capsys, lm_copy, tmp_path, bad):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path = lm_copy / "checkpoint" / "model.safetensors"
+    with safe_open(str(path), framework="pt") as f:
+        tensors = {key: f.get_tensor(key) for key in f.keys()}
+        metadata = f.metadata()
+    tensors["embed.token.weight"][0, 0] = bad  # also the output layer's (tied)
+    save_file(tensors, str(path), metadata=metadata)
+    text = tmp_path / "text.txt"
+    text.write_text("The quick brown fox.\n" * 4, encoding="utf-8")
+    for argv in (["generate", str(lm_copy), "-p", "The", "-n", "3"], ["evaluate", str(lm_copy), "-d", str(text)]):
+        line = one_line_error(capsys, *argv, "--device", "cpu")
+        assert "contains NaN or inf (a diverged run?); use another checkpoint, e.g. best/" in line
+    code, _, err = run_cli(capsys, "generate", str(lm_copy), "--best", "-p", "The", "-n", "3", "--device", "cpu")
+    assert code == 0, err

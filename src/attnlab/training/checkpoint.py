@@ -208,6 +208,10 @@ def _shape(t: torch.Tensor) -> str:
 def _load_model_state(folder: Path, model: nn.Module) -> None:
     path = folder / MODEL_FILE
     tensors, metadata = _read_safetensors(path)
+    for key, t in tensors.items():  # each stored tensor once (aliases share them): one pass over the weights
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{path}: weight {key!r} contains NaN or inf (a diverged run?); use another "
+                                  "checkpoint, e.g. best/")
     for alias, target in _metadata_object(metadata, "aliases", path, strings=True).items():
         if target not in tensors:
             raise CheckpointError(f"{path}: alias {alias!r} points to missing tensor {target!r}; "
