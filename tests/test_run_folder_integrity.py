@@ -125,3 +125,19 @@ def test_weights_with_nan_or_inf_are_refused(capsys, lm_copy, tmp_path, bad):
         assert "contains NaN or inf (a diverged run?); use another checkpoint, e.g. best/" in line
     code, _, err = run_cli(capsys, "generate", str(lm_copy), "--best", "-p", "The", "-n", "3", "--device", "cpu")
     assert code == 0, err
+
+
+def test_a_tokenizer_of_another_size_is_refused(capsys, lm_copy, tmp_path):
+    from attnlab.data.tokenizers import load_tokenizer, train_tokenizer
+
+    own = load_tokenizer(lm_copy / "checkpoint").vocab_size
+    text = tmp_path / "text.txt"
+    text.write_text("The quick brown fox.\n" * 4, encoding="utf-8")
+    for chars in ("ab", "".join(map(chr, range(32, 32 + own + 10)))):  # fewer tokens, then more than the model
+        other = train_tokenizer("char", [chars])
+        assert other.vocab_size != own
+        other.save(lm_copy / "checkpoint" / "tokenizer.json")
+        for argv in (["generate", str(lm_copy), "-p", "a", "-n", "3"], ["evaluate", str(lm_copy), "-d", str(text)]):
+            line = one_line_error(capsys, *argv, "--device", "cpu")
+            assert (f"tokenizer.json does not belong to these weights ({other.vocab_size} tokens, {own} embeddings); "
+                    "use the run's own tokenizer.json") in line

@@ -69,6 +69,13 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
     if torch_dtype != torch.float32:
         model = model.to(torch_dtype)
     tokenizer = load_tokenizer(folder)
+    # `attnlab train` sizes the model to its tokenizer (a translation model: both sides, to its one tokenizer).
+    for name in ("vocab_size", "src_vocab_size", "tgt_vocab_size"):
+        embeddings = getattr(model.config, name, tokenizer.vocab_size)
+        if embeddings != tokenizer.vocab_size:
+            raise CheckpointError(f"{folder / 'tokenizer.json'} does not belong to these weights "
+                                  f"({tokenizer.vocab_size} tokens, {embeddings} embeddings); use the run's own "
+                                  "tokenizer.json")
     data: dict[str, Any] = {}
     for candidate in (path / "run.json", folder.parent / "run.json"):
         if candidate.is_file():
