@@ -141,3 +141,22 @@ def test_a_tokenizer_of_another_size_is_refused(capsys, lm_copy, tmp_path):
             line = one_line_error(capsys, *argv, "--device", "cpu")
             assert (f"tokenizer.json does not belong to these weights ({other.vocab_size} tokens, {own} embeddings); "
                     "use the run's own tokenizer.json") in line
+
+
+def test_a_misspelt_best_metric_is_refused_before_training(capsys, tmp_path):
+    out = tmp_path / "bm"
+    line = one_line_error(capsys, "train", "--set", "train.steps=20", "--set", "train.best_metric=acuracy",
+                          "--set", f"train.out_dir={_q(out)}", *LM)
+    assert ("train.best_metric 'acuracy' is not a metric that data.task = 'lm' evaluates; "
+            "choose one of: loss, perplexity") in line
+    assert not out.exists()
+    line = one_line_error(capsys, "train", str(ROOT / "configs" / "encoder-classify.toml"),
+                          "--set", "train.best_metric=perplexity", "--set", f"train.out_dir={_q(out)}", *TINY)
+    assert "choose one of: loss, accuracy" in line
+    line = one_line_error(capsys, "train", str(ROOT / "configs" / "bert-mlm.toml"), "--set", "train.best_metric=acc",
+                          "--set", f"train.out_dir={_q(out)}", *TINY)
+    assert "choose one of: loss, perplexity, mlm_accuracy, nsp_accuracy" in line
+    code, _, err = run_cli(capsys, "train", "--set", "train.steps=1", "--set", "train.best_metric=perplexity",
+                           "--set", "train.best_mode=min", "--set", f"train.out_dir={_q(out)}", *LM)
+    assert code == 0, err
+    assert (out / "best" / "model.safetensors").is_file()

@@ -626,6 +626,15 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     from attnlab.training.trainer import Trainer
 
     out = Path(run.train.out_dir)
+    # The metrics the task's evaluation reports (the loss, the perplexity of token predictions, the accuracies of
+    # its eval counts): a misspelt train.best_metric is refused now, not at the first evaluation.
+    evaluated = {"lm": ["perplexity"], "translation": ["perplexity"], "classification": ["accuracy"],
+                 "mlm": ["perplexity", "mlm_accuracy"]}[run.data.task]
+    if run.data.task == "mlm" and model_config(run.model, vocab_size=1).nsp:
+        evaluated.append("nsp_accuracy")
+    if run.train.best_metric not in ("loss", *evaluated):
+        raise ConfigError(f"train.best_metric {run.train.best_metric!r} is not a metric that data.task = "
+                          f"{run.data.task!r} evaluates; choose one of: loss, {', '.join(evaluated)}")
     # Checked before anything is written into the folder. A resumed run keeps the vocabulary its weights
     # were trained with (retraining a tokenizer can give another: see _from_first_process).
     tokenizer_from = Trainer.checkpoint_to_resume(out) if resume else None
