@@ -3,6 +3,7 @@ that belong together or refuses in one line (exit code 2, no traceback) naming t
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -32,6 +33,26 @@ def lm_run(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def cls_run(tmp_path_factory):
+    """A tiny classifier with labels "0" and "1" (train.tsv), beside flip.tsv: the same sentences labelled a/z."""
+    folder = tmp_path_factory.mktemp("cls")
+    pairs = [("great", "1"), ("awful", "0"), ("fine", "1"), ("bad", "0")] * 6
+    for name, names in (("train.tsv", {"0": "0", "1": "1"}), ("flip.tsv", {"0": "z", "1": "a"})):
+        rows = ["sentence\tlabel"] + [f"{w} movie {w}\t{names[lab]}" for w, lab in pairs]
+        (folder / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = folder / "run"
+    _train(*_classifier(folder / "train.tsv", out))
+    return out
+
+
+def _classifier(data: Path, out: Path, steps: int = 20) -> list[str]:
+    return [str(ROOT / "configs" / "encoder-classify.toml"), "--set", f"data.path={_q(data)}",
+            "--set", f"data.eval_path={_q(data)}", "--set", "model.d_model=16", "--set", "model.d_ff=16",
+            "--set", "model.n_layers=1", "--set", f"train.steps={steps}", "--set", "train.batch_size=8",
+            "--set", "train.eval_every=0", "--set", "train.lr=3e-3", "--set", f"train.out_dir={_q(out)}", *TINY]
+
+
 @pytest.fixture
 def lm_copy(tmp_path, lm_run):
     run = tmp_path / "run"
@@ -54,8 +75,6 @@ def test_resume_from_the_old_checkpoint_a_crash_left(capsys, lm_copy):
     ({}, "trainer_state.json has no step; the checkpoint is incomplete"),
 ])
 def test_resume_refuses_a_trainer_state_without_a_usable_step(capsys, lm_copy, state, needle):
-    import json
-
     path = lm_copy / "checkpoint" / "trainer_state.json"
     saved = json.loads(path.read_text(encoding="utf-8"))
     path.write_text(json.dumps({**saved, **state} if state else {}), encoding="utf-8")
@@ -65,8 +84,6 @@ def test_resume_refuses_a_trainer_state_without_a_usable_step(capsys, lm_copy, s
 
 
 def test_resume_keeps_the_good_records_of_a_damaged_metrics_log(capsys, lm_copy):
-    import json
-
     log = lm_copy / "metrics.jsonl"
     good = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
     with open(log, "ab") as f:
@@ -160,3 +177,41 @@ def test_a_misspelt_best_metric_is_refused_before_training(capsys, tmp_path):
                            "--set", "train.best_mode=min", "--set", f"train.out_dir={_q(out)}", *LM)
     assert code == 0, err
     assert (out / "best" / "model.safetensors").is_file()
+
+
+@pytest.mark.filterwarnings("ignore:.*already holds a trained run")
+def test_a_failed_run_over_a_classifier_does_not_lend_it_its_class_names(capsys, monkeypatch, tmp_path, cls_run):
+    from attnlab.errors import DataError
+    from attnlab.training.trainer import Trainer
+
+    run = tmp_path / "run"
+    shutil.copytree(cls_run, run)
+    train, flip = cls_run.parent / "train.tsv", cls_run.parent / "flip.tsv"
+    argv = ["evaluate", str(run), "-d", str(train), "--json", "--device", "cpu"]
+    code, before, err = run_cli(capsys, *argv)
+    assert code == 0, err
+
+    def fails(self, step):
+        raise DataError("the training data went away")
+
+    monkeypatch.setattr(Trainer, "_train_step", fails)
+    assert "went away" in one_line_error(capsys, "train", *_classifier(flip, run))
+    assert json.loads((run / "run.json").read_text(encoding="utf-8"))["labels"] == ["a", "z"]  # the failed run's
+    # The checkpoint keeps scoring with its own class names: the same numbers, and labels a/z are unknown to it.
+    code, after, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    assert json.loads(after) == json.loads(before)
+    line = one_line_error(capsys, "evaluate", str(run), "-d", str(flip), "--device", "cpu")
+    assert "labels ['a', 'z'] were not in the training data (known: ['0', '1'])" in line
+
+
+def test_a_resumed_run_saves_its_data_settings_in_the_checkpoint(capsys, tmp_path, cls_run):
+    run = tmp_path / "run"
+    shutil.copytree(cls_run, run)
+    code, _, err = run_cli(capsys, "train", "--resume", *_classifier(cls_run.parent / "train.tsv", run, steps=21),
+                           "--set", "data.max_length=32")
+    assert code == 0, err
+    described = json.loads((run / "run.json").read_text(encoding="utf-8"))
+    saved = json.loads((run / "checkpoint" / "trainer_state.json").read_text(encoding="utf-8"))["extra_state"]
+    assert saved == {"data": described["data"], "labels": described["labels"]}
+    assert saved["data"]["max_length"] == 32

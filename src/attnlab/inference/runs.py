@@ -76,26 +76,28 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
             raise CheckpointError(f"{folder / 'tokenizer.json'} does not belong to these weights "
                                   f"({tokenizer.vocab_size} tokens, {embeddings} embeddings); use the run's own "
                                   "tokenizer.json")
-    data: dict[str, Any] = {}
+    # The run's data settings and class names as saved in the checkpoint itself: they travel with its weights,
+    # whereas run.json may describe another run (one that replaced this one in the folder and failed before its
+    # first checkpoint). run.json gives what a checkpoint written before they were saved lacks.
+    try:
+        extra = read_trainer_state(folder).get("extra_state") or {}
+        data = dict(extra.get("data") or {})
+        labels = list(extra.get("labels") or [])
+    except (CheckpointError, AttributeError, TypeError, ValueError):
+        data, labels = {}, []
     for candidate in (path / "run.json", folder.parent / "run.json"):
-        if candidate.is_file():
-            try:
-                saved = json.loads(candidate.read_text(encoding="utf-8"))
-                data = dict(saved.get("data", {}))
-                if saved.get("labels"):
-                    data["labels"] = list(saved["labels"])
-            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-                raise CheckpointError(f"{candidate} is not a valid run description; re-run training or "
-                                      "remove the file") from None
-            break
-    if not data:  # a checkpoint folder on its own: the run's data settings and class names it saved
+        if (data and labels) or not candidate.is_file():
+            continue
         try:
-            extra = read_trainer_state(folder).get("extra_state") or {}
-            data = dict(extra.get("data") or {})
-            if extra.get("labels"):
-                data["labels"] = list(extra["labels"])
-        except (CheckpointError, AttributeError, TypeError, ValueError):
-            data = {}
+            saved = json.loads(candidate.read_text(encoding="utf-8"))
+            data = data or dict(saved.get("data", {}))
+            labels = labels or list(saved.get("labels") or [])
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            raise CheckpointError(f"{candidate} is not a valid run description; re-run training or "
+                                  "remove the file") from None
+        break
+    if labels:
+        data["labels"] = labels
     return LoadedRun(model, tokenizer, read_config(folder)["family"], folder, data)
 
 

@@ -649,11 +649,14 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     description = run.to_dict()
     if "labels" in prep.info:  # the class names, in the order of the classifier's outputs
         description["labels"] = list(prep.info["labels"])
+    # The data settings and class names go into every checkpoint too: generate and evaluate read them there, so
+    # a checkpoint is never scored with the labels of a run that replaced its run.json and then failed.
+    data_state = {"data": run.data.to_dict(), **_label_state(prep.info)}
     trainer = Trainer(prep.model, run.train, prep.train_source, eval_source=prep.eval_source,
-                      tokenizer=prep.tokenizer, out_dir=out, eval_counts=prep.eval_counts,
-                      extra_state={"data": run.data.to_dict(), **_label_state(prep.info)})
+                      tokenizer=prep.tokenizer, out_dir=out, eval_counts=prep.eval_counts, extra_state=data_state)
 
     def describe() -> None:  # once a resumed checkpoint has proved to fit: a failed resume leaves run.json alone
+        trainer.extra_state.update(data_state)  # resumed: this session's settings, as run.json says, not the saved
         write_text_atomic(out / "run.json", json.dumps(description, indent=2))
 
     summary = trainer.fit(resume=resume, on_start=describe)
