@@ -215,3 +215,10 @@ def test_a_resumed_run_saves_its_data_settings_in_the_checkpoint(capsys, tmp_pat
     saved = json.loads((run / "checkpoint" / "trainer_state.json").read_text(encoding="utf-8"))["extra_state"]
     assert saved == {"data": described["data"], "labels": described["labels"]}
     assert saved["data"]["max_length"] == 32
+
+
+def test_resuming_with_another_architecture_says_how_to_continue(capsys, lm_copy):
+    line = one_line_error(capsys, "train", "--resume", "--set", "train.steps=4", "--set", "model.position=rotary",
+                          "--set", f"train.out_dir={_q(lm_copy)}", *LM)
+    assert "the checkpoint belongs to another model" in line
+    assert line.endswith("drop the model.* --set values), or train into another train.out_dir")

@@ -53,6 +53,10 @@ FORMAT_VERSION = 1
 _IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
 
 
+class ModelMismatch(CheckpointError):
+    """The checkpoint holds another model (family, weight names or shapes) than the one it is loaded into."""
+
+
 # ----------------------------------------------------------------------------------------------------
 # Small file helpers
 
@@ -220,16 +224,16 @@ def _load_model_state(folder: Path, model: nn.Module) -> None:
     expected = model.state_dict()
     for key, t in expected.items():
         if key not in tensors:
-            raise CheckpointError(f"{path} has no weight {key!r}, which the model needs; "
-                                  "the checkpoint belongs to another model")
+            raise ModelMismatch(f"{path} has no weight {key!r}, which the model needs; "
+                              "the checkpoint belongs to another model")
         if tensors[key].shape != t.shape:
-            raise CheckpointError(f"{path}: weight {key!r} has shape {_shape(tensors[key])} in the "
-                                  f"checkpoint but {_shape(t)} in the model; the checkpoint belongs to "
-                                  "another model config")
+            raise ModelMismatch(f"{path}: weight {key!r} has shape {_shape(tensors[key])} in the "
+                              f"checkpoint but {_shape(t)} in the model; the checkpoint belongs to "
+                              "another model config")
     for key in tensors:
         if key not in expected:
-            raise CheckpointError(f"{path} has weight {key!r}, which the model does not have; "
-                                  "the checkpoint belongs to another model")
+            raise ModelMismatch(f"{path} has weight {key!r}, which the model does not have; "
+                              "the checkpoint belongs to another model")
     model.load_state_dict(tensors, strict=True)
 
 
@@ -450,16 +454,17 @@ def load_checkpoint_into(path: str | os.PathLike[str], model: nn.Module,
     (an empty dict when the checkpoint has none).
 
     Raises:
-        CheckpointError: missing/corrupt files, or a checkpoint of another model family or shape (the
-            message names the first mismatching weight and both shapes).
+        CheckpointError: missing/corrupt files.
+        ModelMismatch: a checkpoint of another model family or shape (the message names the first
+            mismatching weight and both shapes).
     """
     folder = find_checkpoint(path)
     model = unwrap(model)
     saved_family = read_config(folder)["family"]
     family = _model_config(model)["family"]
     if saved_family != family:
-        raise CheckpointError(f"{folder} holds a {saved_family!r} model but the model is {family!r}; "
-                              "give a checkpoint of the same model family")
+        raise ModelMismatch(f"{folder} holds a {saved_family!r} model but the model is {family!r}; "
+                          "give a checkpoint of the same model family")
     _load_model_state(folder, model)
     if optimizer is not None:
         _load_optimizer_state(folder, optimizer)

@@ -552,7 +552,12 @@ class Trainer:
 
     def _restore(self) -> None:
         folder = self.checkpoint_to_resume(self.out_dir)
-        state = ckpt.load_checkpoint_into(folder, self.model, self.optimizer)
+        try:
+            state = ckpt.load_checkpoint_into(folder, self.model, self.optimizer)
+        except ckpt.ModelMismatch as e:
+            raise ckpt.ModelMismatch(f"cannot resume: {e}; resume with the model settings the run was trained "
+                                     "with (drop the model.* --set values), or train into another "
+                                     "train.out_dir") from None
         if not (folder / ckpt.STATE_FILE).is_file():
             raise CheckpointError(f"cannot resume: {folder} has no {ckpt.STATE_FILE}")
         if "step" not in state:
