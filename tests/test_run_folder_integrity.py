@@ -222,3 +222,41 @@ def test_resuming_with_another_architecture_says_how_to_continue(capsys, lm_copy
                           "--set", f"train.out_dir={_q(lm_copy)}", *LM)
     assert "the checkpoint belongs to another model" in line
     assert line.endswith("drop the model.* --set values), or train into another train.out_dir")
+
+
+@pytest.fixture(scope="module")
+def mt_run(tmp_path_factory):
+    """A tiny translation run (2 steps)."""
+    folder = tmp_path_factory.mktemp("mt")
+    (folder / "train.src").write_text("a b c\nb c a\n" * 4, encoding="utf-8")
+    (folder / "train.tgt").write_text("c b a\na c b\n" * 4, encoding="utf-8")
+    out = folder / "run"
+    _train(str(ROOT / "configs" / "translate.toml"), "--set", f"data.src_path={_q(folder / 'train.src')}",
+           "--set", f"data.tgt_path={_q(folder / 'train.tgt')}", "--set", "data.tokenizer=word",
+           "--set", "data.vocab_size=100", "--set", "model.d_model=16", "--set", "model.d_ff=16",
+           "--set", "model.n_heads=2", "--set", "model.n_encoder_layers=1", "--set", "model.n_decoder_layers=1",
+           "--set", "train.steps=2", "--set", "train.batch_size=4", "--set", f"train.out_dir={_q(out)}", *TINY)
+    return out
+
+
+def test_generate_refuses_decoding_options_it_would_ignore(capsys, mt_run, lm_run):
+    mt = ["generate", str(mt_run), "-p", "a b c", "-n", "4", "--device", "cpu"]
+    code, _, err = run_cli(capsys, *mt)
+    assert code == 0, err
+    for option in (["--top-k", "3"], ["--top-p", "0.9"]):
+        line = one_line_error(capsys, *mt, *option)
+        assert f"translation decodes greedily or with --beam-size; drop {option[0]}" in line
+    line = one_line_error(capsys, "generate", str(lm_run), "-p", "The", "-n", "3", "--device", "cpu", "--greedy",
+                          "--top-k", "5", "--top-p", "0.9")
+    assert "--greedy always takes the most likely token; drop --top-k, --top-p, or drop --greedy to sample" in line
+    # The options a caller can mark as not given (None), such as temperature and seed.
+    from attnlab.errors import ConfigError
+    from attnlab.inference.runs import check_decoding_options
+
+    with pytest.raises(ConfigError, match="translation decodes greedily .*; drop --temperature, --seed$"):
+        check_decoding_options("seq2seq", greedy=True, temperature=0.5, seed=1)
+    with pytest.raises(ConfigError, match="drop --temperature, or drop --greedy"):
+        check_decoding_options("gpt", greedy=True, temperature=0.5)
+    check_decoding_options("gpt", temperature=0.5, top_k=3, top_p=0.9, seed=1)
+    check_decoding_options("gpt", greedy=True, seed=1)
+    check_decoding_options("seq2seq", greedy=True)

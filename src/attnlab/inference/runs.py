@@ -108,6 +108,25 @@ def _encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     return ids
 
 
+def check_decoding_options(family: str, *, greedy: bool = False, temperature: float | None = None,
+                           top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> None:
+    """Refuse decoding options the model would silently ignore; None means an option was not given. Translation
+    decodes greedily or by beam search (no sampling options); a language model told --greedy does not sample.
+
+    Raises:
+        ConfigError: naming the options to drop.
+    """
+    sampling = [flag for flag, value in (("--temperature", temperature), ("--top-k", top_k), ("--top-p", top_p))
+                if value is not None]
+    if family == "seq2seq":
+        given = sampling + (["--seed"] if seed is not None else [])
+        if given:
+            raise ConfigError(f"translation decodes greedily or with --beam-size; drop {', '.join(given)}")
+    elif greedy and sampling:
+        raise ConfigError(f"--greedy always takes the most likely token; drop {', '.join(sampling)}, or drop "
+                          "--greedy to sample")
+
+
 def generate_text(run: LoadedRun, prompt: str, *, max_new_tokens: int = 200, greedy: bool = False,
                   temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                   seed: int | None = None, beam_size: int = 1) -> str:
@@ -130,6 +149,8 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
         raise ConfigError("give at least one prompt")
     if beam_size < 1:
         raise ConfigError(f"--beam-size must be at least 1, got {beam_size}")
+    # Options left at None were not given; temperature and seed always have a value here, so are not checked.
+    check_decoding_options(run.family, greedy=greedy, top_k=top_k, top_p=top_p)
     encoded = [_encode_prompt(tok, prompt) for prompt in prompts]
     if run.family == "seq2seq":
         texts = []
