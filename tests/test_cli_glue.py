@@ -505,28 +505,47 @@ def test_knowledge_outputs_pair_each_question_with_its_answer(tmp_path, monkeypa
 
 
 @pytest.mark.filterwarnings("ignore:resuming with changed settings")
-def test_knowledge_resume_continues_an_unfinished_phase(tmp_path):
-    """A phase whose checkpoint is short of the phase's steps is not 'already done': --resume trains it on
-    from its checkpoint (the log keeps the first run's records)."""
+def test_knowledge_resume_continues_an_unfinished_phase(tmp_path, monkeypatch):
+    """A phase interrupted short of its steps is not 'already done': --resume trains it on from its checkpoint
+    (the log keeps the first run's records) and ends where an uninterrupted run ends."""
+    from attnlab.data.knowledge import QASource
     from attnlab.experiments.knowledge import run_knowledge
     from attnlab.training.checkpoint import read_trainer_state
+    from attnlab.training.trainer import TrainingInterrupted
+
+    files = _knowledge_files(tmp_path)
+    overrides = {**KTINY, "finetune_epochs_scratch": 8}
+    whole = run_knowledge(tmp_path / "whole", variants="none", **files, device="cpu", overrides=overrides,
+                          progress=False, echo=lambda *_: None)
+    assert whole["variants"][0]["finetune"]["steps"] == 5  # ceil(8 epochs × 5 questions / batch 8)
+
+    batch = QASource.batch
+    pressed = []
+
+    def ctrl_c_once(self, step):
+        if step == 3 and not pressed:
+            pressed.append(step)
+            raise KeyboardInterrupt
+        return batch(self, step)
 
     out = tmp_path / "out"
-    files = _knowledge_files(tmp_path)
-    first = run_knowledge(out, variants="none", **files, device="cpu",
-                          overrides={**KTINY, "finetune_epochs_scratch": 4}, progress=False, echo=lambda *_: None)
-    steps = first["variants"][0]["finetune"]["steps"]
-    assert steps == 3  # ceil(4 epochs × 5 questions / batch 8)
+    monkeypatch.setattr(QASource, "batch", ctrl_c_once)
+    with pytest.raises(TrainingInterrupted):
+        run_knowledge(out, variants="none", **files, device="cpu", overrides=overrides, progress=False,
+                      echo=lambda *_: None)
+    steps = int(read_trainer_state(out / "finetune-none").get("step"))
+    assert 0 < steps < 5
     log = (out / "finetune-none" / "metrics.jsonl").read_text().splitlines()
-    again = run_knowledge(out, variants="none", **files, device="cpu",
-                          overrides={**KTINY, "finetune_epochs_scratch": 8}, progress=False, resume=True,
-                          echo=lambda *_: None)
+    again = run_knowledge(out, variants="none", **files, device="cpu", overrides=overrides, progress=False,
+                          resume=True, echo=lambda *_: None)
     record = again["variants"][0]["finetune"]
     assert not record.get("skipped") and record["steps"] == 5
     assert int(read_trainer_state(out / "finetune-none").get("step")) == 5
+    assert record["final_train_loss"] == whole["variants"][0]["finetune"]["final_train_loss"]
+    assert again["variants"][0]["accuracy"] == whole["variants"][0]["accuracy"]
     resumed_log = (out / "finetune-none" / "metrics.jsonl").read_text().splitlines()
     kept = [r for r in log if json.loads(r).get("step", 0) <= steps]
-    assert resumed_log[: len(kept)] == kept
+    assert kept and resumed_log[: len(kept)] == kept
 
 
 def test_knowledge_rows_do_not_depend_on_the_rows_before_them(tmp_path):
