@@ -180,6 +180,20 @@ def test_early_stopping(tmp_path):
     assert read_trainer_state(tmp_path)["step"] == 3
 
 
+def test_best_mode_follows_the_metric(tmp_path):
+    # An accuracy picked as best_metric kept the *lowest* accuracy in best/ unless best_mode = "max" was set too.
+    assert TrainerConfig().best_mode == "min"
+    assert TrainerConfig(best_metric="perplexity").best_mode == "min"
+    assert TrainerConfig(best_metric="accuracy").best_mode == "max"
+    assert TrainerConfig(best_metric="nsp_accuracy").best_mode == "max"
+    assert TrainerConfig(best_metric="accuracy", best_mode="min").best_mode == "min"  # an explicit choice stays
+    scores = iter([0.2, 0.9, 0.5])
+    cfg = config(steps=3, eval_every=1, best_metric="accuracy")
+    summary = Trainer(tiny_model(), cfg, ToySource(), out_dir=tmp_path,
+                      metrics_fn=lambda m: {"accuracy": next(scores)}).fit()
+    assert summary["best"] == {"metric": "accuracy", "value": 0.9, "step": 2}
+
+
 # ----------------------------------------------------------------------------------------------------
 # Exact resume and Ctrl-C
 

@@ -57,6 +57,10 @@ _RESUME_SENSITIVE = ("batch_size", "lr", "min_lr_ratio", "weight_decay", "betas"
                      "warmup_steps", "grad_clip", "seed", "precision")
 
 
+# Metrics whose larger values are better (by name ending), for the default best_mode.
+HIGHER_IS_BETTER = ("accuracy", "bleu")
+
+
 @dataclass
 class TrainerConfig(Config):
     """Settings of a training run.
@@ -80,7 +84,8 @@ class TrainerConfig(Config):
         early_stopping_patience: stop after this many evaluations without improvement; 0 = never.
         best_metric: the evaluation metric that picks ``best/``: "loss", "perplexity", or a name
             returned by the metrics function.
-        best_mode: "min" if lower `best_metric` is better, "max" if higher is.
+        best_mode: "min" if lower `best_metric` is better, "max" if higher is; by default "max" for
+            accuracies and BLEU, "min" for losses and perplexities.
         seed: seed of Python's, numpy's and torch's RNGs (process r uses seed + r).
         precision: "auto" (bf16 where the hardware supports it), "bf16" or "fp32"; weights stay fp32.
         compile: run the model through torch.compile (falls back to eager with a warning).
@@ -107,7 +112,7 @@ class TrainerConfig(Config):
     save_every: int = 0
     early_stopping_patience: int = 0
     best_metric: str = "loss"
-    best_mode: str = "min"
+    best_mode: str | None = None
     seed: int = 0
     precision: str = "auto"
     compile: bool = False
@@ -137,6 +142,8 @@ class TrainerConfig(Config):
         check_choice("schedule", self.schedule, SCHEDULES)
         if self.schedule == "noam" and self.warmup_steps == 0:
             raise ConfigError("schedule \"noam\" needs warmup_steps > 0 (the paper uses 4000)")
+        if self.best_mode is None:  # accuracy kept under "min" would keep the worst evaluation in best/
+            self.best_mode = "max" if self.best_metric.endswith(HIGHER_IS_BETTER) else "min"
         check_choice("best_mode", self.best_mode, ("min", "max"))
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("device", self.device, DEVICES)
