@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from typing import Any, TypeVar
@@ -131,5 +132,9 @@ def check_fractions(config: object, names: typing.Iterable[str] = FRACTION_SETTI
 
 
 def check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    """`value` must be above 0 (at least 0 with `allow_zero`) and finite: NaN and infinity are refused."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite {'non-negative' if allow_zero else 'positive'} number, "
+                          f"got {value}")
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"{name} must be {'non-negative' if allow_zero else 'positive'}, got {value}")

@@ -85,6 +85,8 @@ class BertConfig(Config):
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
             check_positive(name, getattr(self, name))
         check_fractions(self)
+        check_positive("layer_norm_eps", self.layer_norm_eps, allow_zero=True)
+        check_positive("initializer_range", self.initializer_range, allow_zero=True)
         check_positive("n_layers", self.n_layers, allow_zero=True)
         check_positive("type_vocab_size", self.type_vocab_size, allow_zero=True)
         if self.d_model % self.n_heads:

@@ -87,6 +87,7 @@ class EncoderConfig(Config):
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
             check_positive(name, getattr(self, name))
         check_fractions(self)
+        check_positive("layer_norm_eps", self.layer_norm_eps, allow_zero=True)
         check_positive("n_layers", self.n_layers, allow_zero=True)
         if self.d_model % self.n_heads:
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")

@@ -63,6 +63,8 @@ class GPTConfig(Config):
         for name in ("vocab_size", "block_size", "d_model", "n_heads", "n_layers"):
             check_positive(name, getattr(self, name))
         check_fractions(self)
+        check_positive("layer_norm_eps", self.layer_norm_eps, allow_zero=True)
+        check_positive("init_std", self.init_std, allow_zero=True)
         if self.d_ff is not None:
             check_positive("d_ff", self.d_ff)
         if self.d_model % self.n_heads:

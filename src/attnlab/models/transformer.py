@@ -71,6 +71,7 @@ class TransformerConfig(Config):
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
             check_positive(name, getattr(self, name))
         check_fractions(self)
+        check_positive("layer_norm_eps", self.layer_norm_eps, allow_zero=True)
         check_positive("n_encoder_layers", self.n_encoder_layers, allow_zero=True)
         check_positive("n_decoder_layers", self.n_decoder_layers)
         if self.d_model % self.n_heads:

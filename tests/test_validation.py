@@ -1,0 +1,61 @@
+"""Settings and input files that are refused up front with one line naming the problem and the fix (exit
+code 2, no traceback) instead of failing later in torch, numpy or the optimizer, or being silently
+ignored."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from cli_helpers import one_line_error
+
+from attnlab.errors import ConfigError
+from attnlab.models.registry import FAMILIES, _load_families
+
+TINY = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu"]
+
+
+@pytest.mark.parametrize("setting", ["lr", "eps", "grad_clip", "weight_decay"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_train_settings_are_refused(capsys, tmp_path, monkeypatch, setting, value):
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(capsys, "train", "--set", "train.steps=3", "--set", f"train.{setting}={value}")
+    assert f"train.{setting} must be a finite" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_non_finite_setting_in_a_config_file_is_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.toml").write_text("[train]\nlr = nan\n", encoding="utf-8")
+    assert "train.lr must be a finite positive number, got nan" in one_line_error(capsys, "train", "run.toml")
+
+
+@pytest.mark.parametrize("setting", ["pretrain_epochs=inf", "pretrain_epochs=nan", "decay_epochs=inf",
+                                     "pretrain_lr=nan", "weight_decay=inf"])
+def test_non_finite_knowledge_settings_are_refused(capsys, tmp_path, monkeypatch, setting):
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(capsys, "run", "knowledge", "--set", setting)
+    assert f"{setting.split('=')[0]} must be a finite" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("family", ["gpt", "encoder", "bert", "seq2seq"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1.0])
+def test_layer_norm_eps_must_be_finite_and_non_negative(family, value):
+    _load_families()
+    with pytest.raises(ConfigError, match="model.layer_norm_eps must be"):
+        FAMILIES.get(family).config_cls.from_dict({"layer_norm_eps": value}, where="model")
+
+
+@pytest.mark.parametrize("family, setting", [("gpt", "init_std"), ("bert", "initializer_range")])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1.0])
+def test_init_std_must_be_finite_and_non_negative(family, setting, value):
+    _load_families()
+    with pytest.raises(ConfigError, match=f"model.{setting} must be"):
+        FAMILIES.get(family).config_cls.from_dict({setting: value}, where="model")
+
+
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_init_std_on_the_command_line(capsys, tmp_path, monkeypatch, value):
+    monkeypatch.chdir(tmp_path)
+    assert "model.init_std must be" in one_line_error(capsys, "train", "--set", f"model.init_std={value}")
