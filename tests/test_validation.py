@@ -59,3 +59,10 @@ def test_init_std_must_be_finite_and_non_negative(family, setting, value):
 def test_init_std_on_the_command_line(capsys, tmp_path, monkeypatch, value):
     monkeypatch.chdir(tmp_path)
     assert "model.init_std must be" in one_line_error(capsys, "train", "--set", f"model.init_std={value}")
+
+
+@pytest.mark.parametrize("seed", [2**63, 99999999999999999999])
+def test_seed_must_fit_in_64_bits(capsys, tmp_path, monkeypatch, seed):
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(capsys, "train", "--set", "train.steps=3", "--set", f"train.seed={seed}")
+    assert line == f"attnlab: error: train.seed must be below 2**63 = {2**63}, got {seed}; choose a smaller seed"

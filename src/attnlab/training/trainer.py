@@ -127,6 +127,8 @@ class TrainerConfig(Config):
         for name in ("weight_decay", "warmup_steps", "grad_clip", "eval_every", "eval_batches", "save_every",
                      "early_stopping_patience", "seed"):
             check_positive(name, getattr(self, name), allow_zero=True)
+        if self.seed >= 2**63:  # torch and numpy take 64-bit seeds (and process r uses seed + r)
+            raise ConfigError(f"seed must be below 2**63 = {2**63}, got {self.seed}; choose a smaller seed")
         if self.decay_steps is not None:
             check_positive("decay_steps", self.decay_steps)
         if self.micro_batch_size is not None:
