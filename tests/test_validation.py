@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from cli_helpers import one_line_error
 
 from attnlab.errors import ConfigError
@@ -66,3 +67,33 @@ def test_seed_must_fit_in_64_bits(capsys, tmp_path, monkeypatch, seed):
     monkeypatch.chdir(tmp_path)
     line = one_line_error(capsys, "train", "--set", "train.steps=3", "--set", f"train.seed={seed}")
     assert line == f"attnlab: error: train.seed must be below 2**63 = {2**63}, got {seed}; choose a smaller seed"
+
+
+@pytest.mark.parametrize("error", [
+    MemoryError(),  # numpy's _ArrayMemoryError is one
+    RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried "
+                 "to allocate 4398046511104 bytes. Error code 12 (Cannot allocate memory)"),
+    torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB."),
+])
+def test_out_of_memory_is_one_line(capsys, tmp_path, monkeypatch, error):
+    import attnlab.training.recipe as recipe
+
+    def train_run(run, *, resume=False):
+        raise error
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(recipe, "train_run", train_run)
+    line = one_line_error(capsys, "train", "--set", "train.batch_size=100000000")
+    assert line.startswith("attnlab: error: out of memory; use a smaller model") and "train.batch_size" in line
+
+
+def test_other_runtime_errors_are_not_taken_for_out_of_memory(capsys, tmp_path, monkeypatch):
+    import attnlab.training.recipe as recipe
+
+    def train_run(run, *, resume=False):
+        raise RuntimeError("a bug")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(recipe, "train_run", train_run)
+    with pytest.raises(RuntimeError, match="a bug"):
+        one_line_error(capsys, "train")

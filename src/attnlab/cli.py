@@ -199,6 +199,13 @@ def _usage_line(e) -> str:
     return f"{e.format_message().rstrip('.')}{where}"
 
 
+def _out_of_memory(e: BaseException) -> bool:
+    """Whether `e` says memory ran out: Python's or numpy's MemoryError, or torch's allocators (CPU, CUDA: also
+    torch.cuda.OutOfMemoryError, MPS), which raise RuntimeErrors."""
+    text = str(e).lower()
+    return isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app; known errors become one line on stderr and exit code 2 (130 for Ctrl-C)."""
     exceptions = _click_exceptions()
@@ -217,6 +224,12 @@ def main(argv: list[str] | None = None) -> None:
         code = getattr(e, "exit_code", 2)
         print(f"attnlab: {'' if code == 130 else 'error: '}{e}", file=sys.stderr)
         sys.exit(code)
+    except (MemoryError, RuntimeError) as e:
+        if not _out_of_memory(e):
+            raise
+        print("attnlab: error: out of memory; use a smaller model (model.d_model, model.n_layers...) or smaller "
+              "batches (train.batch_size or train.micro_batch_size; --batch-size when evaluating)", file=sys.stderr)
+        sys.exit(2)
     except OSError as e:  # the system refused a file operation (a folder that cannot be made, a full disk...)
         where = f": {e.filename}" if e.filename else ""
         print(f"attnlab: error: {e.strerror or e}{where}; check the path and its permissions", file=sys.stderr)
