@@ -97,3 +97,39 @@ def test_other_runtime_errors_are_not_taken_for_out_of_memory(capsys, tmp_path, 
     monkeypatch.setattr(recipe, "train_run", train_run)
     with pytest.raises(RuntimeError, match="a bug"):
         one_line_error(capsys, "train")
+
+
+@pytest.mark.parametrize("text", ["model = 5\n", "train = [1, 2]\n", "data = \"lm\"\n"])
+def test_config_section_must_be_a_table(capsys, tmp_path, monkeypatch, text):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.toml").write_text(text, encoding="utf-8")
+    section = text.split(" ")[0]
+    for extra in ([], ["--set", f"{section}.x=1"]):
+        line = one_line_error(capsys, "train", "bad.toml", *extra)
+        assert f"bad.toml: {section} = " in line and f"write a [{section}] header" in line
+
+
+@pytest.mark.parametrize("setting, kind", [("model.family=[1]", "a model family"), ("model.preset=[1]", "a preset"),
+                                           ("model.family=3", "a model family")])
+def test_names_must_be_strings(capsys, tmp_path, monkeypatch, setting, kind):
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(capsys, "train", "--set", setting)
+    assert f"{kind} is given by its name (a string), not {setting.split('=')[1]}; choose one of: " in line
+
+
+def test_family_of_a_checkpoint_must_be_a_string(capsys, tmp_path):
+    import json
+
+    from attnlab.data.tokenizers import train_tokenizer
+    from attnlab.models.gpt import GPTConfig
+    from attnlab.models.registry import build_model
+    from attnlab.training.checkpoint import save_checkpoint
+
+    folder = tmp_path / "ckpt"
+    tokenizer = train_tokenizer("char", ["abc"])
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=4, d_model=8, n_heads=2, n_layers=1)
+    save_checkpoint(folder, build_model(config), tokenizer=tokenizer)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "family": ["gpt"]}))
+    for argv in (["params", str(folder)], ["generate", str(folder), "-p", "a"]):
+        assert "a model family is given by its name (a string), not ['gpt']" in one_line_error(capsys, *argv)

@@ -32,6 +32,9 @@ class Registry(Generic[T]):
         self.register(name)(obj)
 
     def get(self, name: str) -> T:
+        if not isinstance(name, str):  # a list or a number from a config file (lists are not even hashable)
+            raise ConfigError(f"a {self.kind} is given by its name (a string), not {name!r}; choose one of: "
+                              f"{', '.join(self._items)}")
         try:
             return self._items[name]
         except KeyError:

@@ -154,6 +154,10 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
             raise ConfigError(f"{p}: invalid TOML: {e}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"{p}: not UTF-8 text; save the config as UTF-8") from None
+        for section, table in raw.items():
+            if section in SECTIONS and not isinstance(table, dict):
+                raise ConfigError(f"{p}: {section} = {table!r} is not a table of settings; write a [{section}] "
+                                  "header with one key = value line per setting below it")
     else:
         raw = default_run()
     parsed = [parse_override(item) for item in overrides or []]
