@@ -133,3 +133,23 @@ def test_family_of_a_checkpoint_must_be_a_string(capsys, tmp_path):
     (folder / "config.json").write_text(json.dumps({**config, "family": ["gpt"]}))
     for argv in (["params", str(folder)], ["generate", str(folder), "-p", "a"]):
         assert "a model family is given by its name (a string), not ['gpt']" in one_line_error(capsys, *argv)
+
+
+@pytest.mark.parametrize("text", ["", "\n", "# only a comment\n"])
+def test_empty_config_file_is_refused(capsys, tmp_path, monkeypatch, text):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.toml").write_text(text, encoding="utf-8")
+    line = one_line_error(capsys, "train", "empty.toml", *TINY, "--set", "train.steps=1")
+    assert "config file 'empty.toml' is empty" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.toml"]
+
+
+@pytest.mark.parametrize("setting", ["path", "eval_path"])
+def test_whitespace_only_lm_file_is_refused(capsys, tmp_path, monkeypatch, setting):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ws.txt").write_text("  \n\n\t \n" * 50, encoding="utf-8")
+    (tmp_path / "text.txt").write_text("some text to train on\n" * 50, encoding="utf-8")
+    paths = {"path": "text.txt", setting: "ws.txt"}
+    line = one_line_error(capsys, "train", *TINY, "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=2",
+                          *[arg for key, value in paths.items() for arg in ("--set", f"data.{key}={value}")])
+    assert line == "attnlab: error: data file 'ws.txt' has only whitespace; give a file with data in it"

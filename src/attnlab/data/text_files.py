@@ -173,6 +173,15 @@ def iter_text_blocks(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTE
             yield text[:cut]
 
 
+def check_text(path: str | os.PathLike[str]) -> Path:
+    """`check_file`, and the file must hold more than whitespace (as `read_text` checks), read a block at a
+    time until one does."""
+    path = check_file(path)
+    if not any(block.strip() for block in iter_text_blocks(path)):
+        raise DataError(f"data file '{path}' has only whitespace; give a file with data in it")
+    return path
+
+
 def line_split_offset(path: str | os.PathLike[str], fraction: float) -> int:
     """A byte offset near `fraction` of the file's size where a line starts (the first line end at or after
     it), or, in a line longer than a block, the nearest character boundary: the place to cut a file into a

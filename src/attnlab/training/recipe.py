@@ -154,6 +154,10 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
             raise ConfigError(f"{p}: invalid TOML: {e}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"{p}: not UTF-8 text; save the config as UTF-8") from None
+        if not raw:
+            raise ConfigError(f"config file {str(p)!r} is empty (no settings); write its [model], [data] and "
+                              "[train] tables (see configs/ for examples), or run `attnlab train` without a "
+                              "config for the default run")
         for section, table in raw.items():
             if section in SECTIONS and not isinstance(table, dict):
                 raise ConfigError(f"{p}: {section} = {table!r} is not a table of settings; write a [{section}] "
@@ -446,15 +450,15 @@ def _lm_text_parts(d: DataConfig) -> tuple[Callable[[], Iterable[str]], Callable
     each time they are called (a corpus larger than memory streams through the tokenizer and into the token
     files): data.eval_path, or the last data.val_fraction of the training text cut at a line start."""
     from attnlab.data.corpus import pydoc_corpus
-    from attnlab.data.text_files import check_file, iter_text_blocks, line_split_offset
+    from attnlab.data.text_files import check_text, iter_text_blocks, line_split_offset
 
     if not d.path:  # the embedded corpus: 400 KB, in memory
         text = pydoc_corpus()
         cut = int(len(text) * (1 - d.val_fraction))
         return (lambda: [text[:cut]]), ((lambda: [text[cut:]]) if cut < len(text) else None)
-    path = check_file(d.path)
+    path = check_text(d.path)
     if d.eval_path:
-        eval_path = check_file(d.eval_path)
+        eval_path = check_text(d.eval_path)
         return (lambda: iter_text_blocks(path)), (lambda: iter_text_blocks(eval_path))
     if d.val_fraction == 0:
         return (lambda: iter_text_blocks(path)), None
