@@ -153,3 +153,13 @@ def test_whitespace_only_lm_file_is_refused(capsys, tmp_path, monkeypatch, setti
     line = one_line_error(capsys, "train", *TINY, "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=2",
                           *[arg for key, value in paths.items() for arg in ("--set", f"data.{key}={value}")])
     assert line == "attnlab: error: data file 'ws.txt' has only whitespace; give a file with data in it"
+
+
+@pytest.mark.parametrize("setting", ["data.block_size=0", "data.block_size=-5", "data.vocab_size=0",
+                                     "data.vocab_size=-5"])
+def test_data_sizes_must_be_positive(capsys, tmp_path, monkeypatch, setting):
+    monkeypatch.chdir(tmp_path)
+    name, value = setting.split("=")
+    line = one_line_error(capsys, "train", *TINY, "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=1",
+                          "--set", setting)
+    assert line == f"attnlab: error: {name} must be positive, got {value}"

@@ -90,6 +90,9 @@ class DataConfig(Config):
         check_choice("data.task", self.task, TASKS)
         check_choice("data.tokenizer", self.tokenizer, TOKENIZER_KINDS)
         check_positive("data.max_length", self.max_length)
+        for name in ("vocab_size", "block_size"):  # None: sized by the text, the model
+            if getattr(self, name) is not None:
+                check_positive(f"data.{name}", getattr(self, name))
         if not 0 <= self.val_fraction < 1:
             raise ConfigError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
         if not 0 < self.mask_prob <= 1:
