@@ -163,3 +163,14 @@ def test_data_sizes_must_be_positive(capsys, tmp_path, monkeypatch, setting):
     line = one_line_error(capsys, "train", *TINY, "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=1",
                           "--set", setting)
     assert line == f"attnlab: error: {name} must be positive, got {value}"
+
+
+@pytest.mark.parametrize("given, missing", [("eval_src_path", "eval_tgt_path"), ("eval_tgt_path", "eval_src_path")])
+def test_translation_evaluation_needs_both_sides(capsys, tmp_path, monkeypatch, given, missing):
+    monkeypatch.chdir(tmp_path)
+    for name in ("src.txt", "tgt.txt"):
+        (tmp_path / name).write_text("a b c\nd e f\n" * 10, encoding="utf-8")
+    line = one_line_error(capsys, "train", *TINY, "--set", "data.task=translation",
+                          "--set", "model.preset=seq2seq-tiny", "--set", "data.src_path=src.txt",
+                          "--set", "data.tgt_path=tgt.txt", "--set", f"data.{given}=src.txt", "--set", "train.steps=1")
+    assert f"data.{given} is set without data.{missing};" in line and f"set data.{missing} or drop data.{given}" in line

@@ -99,6 +99,12 @@ class DataConfig(Config):
             raise ConfigError(f"data.mask_prob must be in (0, 1], got {self.mask_prob}")
         if self.task == "translation" and not (self.src_path and self.tgt_path):
             raise ConfigError("data.task = 'translation' needs data.src_path and data.tgt_path")
+        if bool(self.eval_src_path) != bool(self.eval_tgt_path):
+            given, missing = "eval_src_path", "eval_tgt_path"
+            if not self.eval_src_path:
+                given, missing = missing, given
+            raise ConfigError(f"data.{given} is set without data.{missing}; evaluating translation needs both "
+                              f"(source sentences and their references): set data.{missing} or drop data.{given}")
         if self.task == "classification" and not self.path:
             raise ConfigError("data.task = 'classification' needs data.path (a TSV, CSV or JSONL file)")
 
@@ -528,7 +534,7 @@ def _prepare_translation(run: RunConfig, saved: Path | None) -> Prepared:
     train_source = ParallelTextSource(src_lines, tgt_lines, tokenizer, tokenizer, t.batch_size,
                                       max_src_length=d.max_length, max_tgt_length=d.max_length, seed=t.seed)
     eval_source = None
-    if d.eval_src_path and d.eval_tgt_path:
+    if d.eval_src_path:  # and d.eval_tgt_path: DataConfig requires both or neither
         eval_source = ParallelTextSource(d.eval_src_path, d.eval_tgt_path, tokenizer, tokenizer, t.batch_size,
                                          max_src_length=d.max_length, max_tgt_length=d.max_length,
                                          seed=t.seed)
