@@ -174,3 +174,13 @@ def test_translation_evaluation_needs_both_sides(capsys, tmp_path, monkeypatch, 
                           "--set", "model.preset=seq2seq-tiny", "--set", "data.src_path=src.txt",
                           "--set", "data.tgt_path=tgt.txt", "--set", f"data.{given}=src.txt", "--set", "train.steps=1")
     assert f"data.{given} is set without data.{missing};" in line and f"set data.{missing} or drop data.{given}" in line
+
+
+def test_parallel_files_of_different_lengths_are_named(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "src.txt").write_text("a b c\n" * 12, encoding="utf-8")
+    (tmp_path / "tgt.txt").write_text("d e f\n" * 5, encoding="utf-8")
+    line = one_line_error(capsys, "train", *TINY, "--set", "data.task=translation",
+                          "--set", "model.preset=seq2seq-tiny", "--set", "data.src_path=src.txt",
+                          "--set", "data.tgt_path=tgt.txt", "--set", "train.steps=1")
+    assert "'src.txt' has 12 lines and 'tgt.txt' has 5" in line

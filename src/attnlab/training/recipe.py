@@ -531,7 +531,8 @@ def _prepare_translation(run: RunConfig, saved: Path | None) -> Prepared:
     src_lines, tgt_lines = read_lines(d.src_path), read_lines(d.tgt_path)
     # One tokenizer for both sides, so the paper's shared embeddings apply.
     tokenizer = _tokenizer(run, src_lines + tgt_lines, saved)
-    train_source = ParallelTextSource(src_lines, tgt_lines, tokenizer, tokenizer, t.batch_size,
+    # The paths, not the lines read above, so that an error (files of different lengths) names the files.
+    train_source = ParallelTextSource(d.src_path, d.tgt_path, tokenizer, tokenizer, t.batch_size,
                                       max_src_length=d.max_length, max_tgt_length=d.max_length, seed=t.seed)
     eval_source = None
     if d.eval_src_path:  # and d.eval_tgt_path: DataConfig requires both or neither
