@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from cli_helpers import one_line_error
+from cli_helpers import one_line_error, run_cli
 
 from attnlab.errors import ConfigError
 from attnlab.models.registry import FAMILIES, _load_families
@@ -184,3 +184,22 @@ def test_parallel_files_of_different_lengths_are_named(capsys, tmp_path, monkeyp
                           "--set", "model.preset=seq2seq-tiny", "--set", "data.src_path=src.txt",
                           "--set", "data.tgt_path=tgt.txt", "--set", "train.steps=1")
     assert "'src.txt' has 12 lines and 'tgt.txt' has 5" in line
+
+
+def test_char_vocab_size_below_the_characters_of_the_text(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "text.txt").write_text("abcdefgh\n" * 40, encoding="utf-8")  # 9 characters with the newline
+    line = one_line_error(capsys, "train", *TINY, "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=1",
+                          "--set", "data.path=text.txt", "--set", "data.vocab_size=5")
+    assert line == "attnlab: error: data.vocab_size=5 keeps 5 of the text's 9 characters; raise it or leave it unset"
+
+
+def test_resuming_on_a_text_with_a_new_character_names_file_and_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.txt").write_text("hello world\nthis is text\n" * 30, encoding="utf-8")
+    (tmp_path / "b.txt").write_text("hello world\nhello\nzebra\n" * 30, encoding="utf-8")
+    argv = ["train", *TINY, "--set", "model.preset=gpt-char-tiny", "--set", "train.out_dir=run"]
+    assert run_cli(capsys, *argv, "--set", "data.path=a.txt", "--set", "train.steps=2")[0] == 0
+    line = one_line_error(capsys, *argv, "--set", "data.path=b.txt", "--set", "train.steps=4", "--resume")
+    assert line.startswith("attnlab: error: b.txt: line 3: 'z' is not in the resumed run's vocabulary")
+    assert "without --resume" in line

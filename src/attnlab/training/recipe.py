@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.config import Config, check_choice, check_positive
-from attnlab.errors import CheckpointError, ConfigError, DataError
+from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError, UnknownToken
 from attnlab.files import write_text_atomic
 
 if sys.version_info >= (3, 11):
@@ -429,18 +429,60 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
         raise ConfigError(f"data.block_size {block} is longer than the model's {limit} positions; lower "
                           "data.block_size or raise the model's block_size")
     data_dir = make_folder(Path(t.out_dir) / "data", "train.out_dir")
-    train_tokens = build_token_file(train_part(), tokenizer, data_dir / "train.bin")
+
+    def encode(part: Callable[[], Iterable[str]], name: str, path: str | None):
+        try:
+            return build_token_file(part(), tokenizer, data_dir / name)
+        except UnknownToken as e:
+            raise _unknown_token_error(run, saved, tokenizer, texts, e, path) from None
+
+    train_tokens = encode(train_part, "train.bin", d.path)
     if len(train_tokens) < block + 1:
         raise DataError(f"the training text has {len(train_tokens)} tokens, fewer than one window of "
                         f"{block + 1}; give a longer text or a smaller data.block_size")
     train_source = CausalLMSource(TokenFile(data_dir / "train.bin"), block, t.batch_size, seed=t.seed)
     eval_source = None
     if eval_part:
-        val_tokens = build_token_file(eval_part(), tokenizer, data_dir / "val.bin")
+        val_tokens = encode(eval_part, "val.bin", d.eval_path or d.path)
         if len(val_tokens) >= block + 1:  # one window of block + 1 tokens is enough to score
             eval_source = CausalLMSource(TokenFile(data_dir / "val.bin"), block, t.batch_size, seed=t.seed)
     return Prepared(model, tokenizer, train_source, eval_source,
                     info={"train_tokens": len(train_tokens), "block_size": block})
+
+
+def _unknown_token_error(run: RunConfig, saved: Path | None, tokenizer, texts: Iterable[str], e: UnknownToken,
+                         path: str | None) -> AttnlabError:
+    """The error for a language model's text (the file `path`, None: the pydoc corpus) holding a token that
+    its vocabulary (a char tokenizer's, without unk) lacks: data.vocab_size too small for a new vocabulary,
+    else the character missing from the vocabulary of the run started from or resumed."""
+    d = run.data
+    if "init_from" not in run.model and saved is None and d.tokenizer == "char" and d.vocab_size is not None:
+        n = len(set().union(*map(set, texts)))
+        return ConfigError(f"data.vocab_size={d.vocab_size} keeps {tokenizer.vocab_size} of the text's {n} "
+                           "characters; raise it or leave it unset")
+    line = _first_line_with(path, e.token) if path else None
+    where = "the pydoc corpus" if not path else f"{path}: line {line}" if line else path
+    if "init_from" in run.model:
+        whose, fix = "the vocabulary of the run in model.init_from", "start from a run trained on text that has it"
+    elif saved is not None:
+        whose, fix = "the resumed run's vocabulary", "train a new run on this text (without --resume)"
+    else:
+        whose, fix = "the vocabulary", "train the tokenizer on text that has it"
+    fix = f"remove it from the text or {fix}" if path else "set data.path to the text the run was trained on"
+    return DataError(f"{where}: {e.token!r} is not in {whose}, which has no unk token; {fix}")
+
+
+def _first_line_with(path: str, token: str) -> int | None:
+    """The number of the first line of the file at `path` that holds `token` (None where none does)."""
+    from attnlab.data.text_files import iter_text_blocks
+
+    line = 1
+    for block in iter_text_blocks(path):
+        at = block.find(token)
+        if at >= 0:
+            return line + block.count("\n", 0, at)
+        line += block.count("\n")
+    return None
 
 
 class _Reread:
