@@ -4,13 +4,15 @@ ignored."""
 
 from __future__ import annotations
 
+import codecs
 import math
+import re
 
 import pytest
 import torch
 from cli_helpers import one_line_error, run_cli
 
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, DataError
 from attnlab.models.registry import FAMILIES, _load_families
 
 TINY = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu"]
@@ -203,3 +205,21 @@ def test_resuming_on_a_text_with_a_new_character_names_file_and_line(capsys, tmp
     line = one_line_error(capsys, *argv, "--set", "data.path=b.txt", "--set", "train.steps=4", "--resume")
     assert line.startswith("attnlab: error: b.txt: line 3: 'z' is not in the resumed run's vocabulary")
     assert "without --resume" in line
+
+
+@pytest.mark.parametrize("data, advice", [
+    ("hello world\n".encode("utf-16"), "iconv -f utf-16 -t utf-8"),
+    ("hello world\n".encode("utf-16-be").join([codecs.BOM_UTF16_BE, b""]), "iconv -f utf-16 -t utf-8"),
+    (b"\x7fELF\x02\x01\x01" + bytes(100) + bytes(range(256)) * 4, "looks like a binary file, not text"),
+    ("h\u00e9llo\n".encode("latin1"), "iconv -f latin1 -t utf-8"),
+], ids=["utf-16-le", "utf-16-be", "binary", "latin1"])
+def test_undecodable_file_advice(capsys, tmp_path, monkeypatch, data, advice):
+    from attnlab.data.text_files import iter_text_blocks, read_text
+
+    (tmp_path / "data.txt").write_bytes(data)
+    for read in (read_text, lambda path: list(iter_text_blocks(path))):
+        with pytest.raises(DataError, match=re.escape(advice)):
+            read(tmp_path / "data.txt")
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(capsys, "train", *TINY, "--set", "data.path=data.txt", "--set", "train.steps=1")
+    assert advice in line and "data.txt" in line

@@ -42,7 +42,15 @@ def check_file(path: str | os.PathLike[str], what: str = "data file") -> Path:
 
 
 def _decode_error(path: Path, err: UnicodeDecodeError, base_offset: int = 0, base_line: int = 0) -> DataError:
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if head in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+        return DataError(f"data file '{path}' is not UTF-8 but UTF-16 (it starts with a UTF-16 byte-order mark); "
+                         f"re-encode it as UTF-8 (e.g. iconv -f utf-16 -t utf-8 '{path}' > new.txt)")
     data = err.object
+    if data[:BLOCK_BYTES].count(0) * 100 > min(len(data), BLOCK_BYTES):  # over 1 % NUL bytes
+        return DataError(f"data file '{path}' looks like a binary file, not text (it is not UTF-8 and holds NUL "
+                         "bytes); give a text file")
     offset = base_offset + err.start
     line = base_line + data[: err.start].count(b"\n") + 1
     bad = data[err.start : err.start + 1].hex()
