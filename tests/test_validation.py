@@ -223,3 +223,17 @@ def test_undecodable_file_advice(capsys, tmp_path, monkeypatch, data, advice):
     monkeypatch.chdir(tmp_path)
     line = one_line_error(capsys, "train", *TINY, "--set", "data.path=data.txt", "--set", "train.steps=1")
     assert advice in line and "data.txt" in line
+
+
+def test_headerless_table_read_with_column_names_suggests_numbers(tmp_path):
+    from attnlab.data.text_files import read_classification_file
+
+    path = tmp_path / "dev.tsv"
+    path.write_text("lovely nice movie\t1\nawful movie\t0\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"first row \['lovely nice movie', '1'\] does not look like a header.*"
+                                        "--text-column 0 --label-column 1"):
+        read_classification_file(path, "sentence", "label")
+    assert read_classification_file(path, 0, 1).texts == ["lovely nice movie", "awful movie"]
+    path.write_text("review\tstars\ngood\t1\n", encoding="utf-8")  # a header, without the column asked for
+    with pytest.raises(DataError, match=r"no text column 'sentence' in the header \['review', 'stars'\]; set"):
+        read_classification_file(path, "sentence", "stars")

@@ -402,6 +402,12 @@ def _column_index(path: Path, column: str | int, names: list[str] | None, what: 
             f"data file '{path}' has no header row, so {what} column {column!r} cannot be found; "
             f"set data.{what}_column (evaluate: --{what}-column) to a 0-based column number instead"
         )
+    if column not in names and not _is_header(names):  # perhaps a headerless file read with named columns
+        raise DataError(
+            f"data file '{path}': no {what} column {column!r}, and its first row {names} does not look like a "
+            "header; if the file has none, give the columns by 0-based number (evaluate: --text-column 0 "
+            "--label-column 1; train: data.text_column and data.label_column), else name one of those columns"
+        )
     if column not in names:
         raise DataError(
             f"data file '{path}': no {what} column {column!r} in the header {names}; "
