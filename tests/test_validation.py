@@ -237,3 +237,29 @@ def test_headerless_table_read_with_column_names_suggests_numbers(tmp_path):
     path.write_text("review\tstars\ngood\t1\n", encoding="utf-8")  # a header, without the column asked for
     with pytest.raises(DataError, match=r"no text column 'sentence' in the header \['review', 'stars'\]; set"):
         read_classification_file(path, "sentence", "stars")
+
+
+@pytest.mark.parametrize("columns", [("label", None), ("label", "label"), ("1", "1"), (None, "sentence")])
+def test_text_column_must_differ_from_label_column(capsys, tmp_path, monkeypatch, columns):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\n" + "good movie\t1\nbad movie\t0\n" * 10, encoding="utf-8")
+    sets = [f"data.{name}_column={value}" for name, value in zip(("text", "label"), columns) if value is not None]
+    line = one_line_error(capsys, "train", *TINY, "--set", "data.task=classification", "--set", "data.path=train.tsv",
+                          "--set", "model.family=encoder", "--set", "train.steps=1",
+                          *[arg for item in sets for arg in ("--set", item)])
+    assert "the labels would be read as the text; set data.text_column" in line
+
+
+@pytest.mark.parametrize("name, text, columns", [
+    ("dev.tsv", "sentence\tlabel\ngood\t1\n", ("label", "label")),
+    ("dev.tsv", "sentence\tlabel\ngood\t1\n", (None, "sentence")),
+    ("dev.tsv", "good\t1\n", (1, 1)),
+    ("dev.jsonl", '{"sentence": "good", "label": 1}\n', ("label", "label")),
+    ("dev.jsonl", '{"sentence": "good", "label": 1}\n', (None, "sentence")),
+])
+def test_reading_a_file_with_the_same_text_and_label_column(tmp_path, name, text, columns):
+    from attnlab.data.text_files import read_classification_file
+
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    with pytest.raises(DataError, match="the text and the label column are the same"):
+        read_classification_file(tmp_path / name, *columns)

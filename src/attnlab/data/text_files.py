@@ -355,6 +355,8 @@ def _read_jsonl(path, text, text_column, label_column, require_labels) -> Classi
                 raise DataError(
                     f"data file '{path}' line {number}: no label field among {sorted(obj)}; pass label_column"
                 )
+        if text_key == label_key:
+            raise _same_columns(path, repr(text_key))
         if text_key not in obj or not isinstance(obj[text_key], str):
             raise DataError(f"data file '{path}' line {number}: no string field {text_key!r}; fix the line")
         texts.append(obj[text_key])
@@ -387,6 +389,12 @@ def _table_rows(path: Path, text: str, fmt: str) -> Iterator[tuple[int, list[str
         raise DataError(
             f"data file '{path}' line {reader.line_num}: malformed CSV ({e}); fix the line"
         ) from None
+
+
+def _same_columns(path: Path, column: str) -> DataError:
+    return DataError(f"data file '{path}': the text and the label column are the same ({column}), so the labels "
+                     "would be read as the text; set data.text_column (evaluate: --text-column) to the column of "
+                     "the texts")
 
 
 def _is_header(cells: list[str]) -> bool:
@@ -445,6 +453,8 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
     text_idx = pick(text_column, TEXT_COLUMN_NAMES, "text", 0)
     label_default = 1 if require_labels or len(first_cells) > 1 else None
     label_idx = pick(label_column, LABEL_COLUMN_NAMES, "label", label_default)
+    if text_idx == label_idx:
+        raise _same_columns(path, f"{names[text_idx]!r}" if names and 0 <= text_idx < len(names) else str(text_idx))
     width = len(first_cells)
     for idx, what in ((text_idx, "text"), (label_idx, "label")):
         if idx is not None and not 0 <= idx < width:

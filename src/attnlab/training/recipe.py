@@ -105,6 +105,9 @@ class DataConfig(Config):
                 given, missing = missing, given
             raise ConfigError(f"data.{given} is set without data.{missing}; evaluating translation needs both "
                               f"(source sentences and their references): set data.{missing} or drop data.{given}")
+        if self.text_column is not None and self.text_column == self.label_column:
+            raise ConfigError(f"data.text_column and data.label_column are both {self.text_column!r}, so the labels "
+                              "would be read as the text; set data.text_column to the column of the texts")
         if self.task == "classification" and not self.path:
             raise ConfigError("data.task = 'classification' needs data.path (a TSV, CSV or JSONL file)")
 
