@@ -263,3 +263,17 @@ def test_reading_a_file_with_the_same_text_and_label_column(tmp_path, name, text
     (tmp_path / name).write_text(text, encoding="utf-8")
     with pytest.raises(DataError, match="the text and the label column are the same"):
         read_classification_file(tmp_path / name, *columns)
+
+
+def test_attnlab_alone_shows_the_help_without_an_empty_error(capsys):
+    code, out, err = run_cli(capsys)
+    assert code == 2 and "Usage" in out + err and "train" in out + err
+    assert "error" not in out + err
+
+
+def test_run_without_an_experiment_is_a_usage_error(capsys):
+    line = one_line_error(capsys, "run")
+    assert "missing the experiment: attnlab run EXPERIMENT, with EXPERIMENT one of: knowledge" in line
+    code, out, _ = run_cli(capsys, "run", "--list")
+    assert code == 0 and out.startswith("knowledge ")
+

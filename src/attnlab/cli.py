@@ -137,7 +137,8 @@ def _run(ctx: typer.Context,
     """Run a reproducible experiment end to end: `attnlab run knowledge`."""
     if ctx.invoked_subcommand is None:
         if not list_all:
-            print("attnlab run EXPERIMENT: choose an experiment (attnlab run --list)")
+            raise _click_exceptions().UsageError(f"missing the experiment: attnlab run EXPERIMENT, with EXPERIMENT "
+                                                 f"one of: {', '.join(EXPERIMENTS)}", ctx=ctx)
         for name, about in EXPERIMENTS.items():
             print(f"{name:<12} {about}")
 
@@ -218,7 +219,12 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as e:
         sys.exit(getattr(e, "exit_code", 0))
     except exceptions.ClickException as e:
-        print(f"attnlab: error: {_usage_line(e)}", file=sys.stderr)
+        if type(e).__name__ == "NoArgsIsHelpError":  # `attnlab` alone: the help, already printed by typer's rich
+            help_text = e.format_message().strip()
+            if help_text:
+                print(help_text, file=sys.stderr)
+        else:
+            print(f"attnlab: error: {_usage_line(e)}", file=sys.stderr)
         sys.exit(2)
     except AttnlabError as e:
         code = getattr(e, "exit_code", 2)
