@@ -277,3 +277,13 @@ def test_run_without_an_experiment_is_a_usage_error(capsys):
     code, out, _ = run_cli(capsys, "run", "--list")
     assert code == 0 and out.startswith("knowledge ")
 
+
+def test_init_from_a_run_of_the_wrong_family_says_so(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(capsys, "train", *TINY, "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=1",
+                   "--set", "train.out_dir=gpt")[0] == 0
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\n" + "good movie\t1\nbad movie\t0\n" * 5, encoding="utf-8")
+    line = one_line_error(capsys, "train", *TINY, "--set", "model.init_from=gpt", "--set", "data.task=classification",
+                          "--set", "data.path=train.tsv")
+    assert line.endswith("not 'gpt'; model.init_from names a gpt run: give it the run folder of a model of family "
+                         "encoder or bert")

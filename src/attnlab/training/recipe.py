@@ -201,9 +201,11 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
         train = train.replace(out_dir=str(Path("runs") / Path(path).stem))
     family = _validate_model_keys(model)
     if family not in TASK_FAMILIES[data.task]:
-        raise ConfigError(f"data.task {data.task!r} needs a model of family "
-                          f"{' or '.join(TASK_FAMILIES[data.task])}, not {family!r}; change model.family "
-                          "or model.preset")
+        families = " or ".join(TASK_FAMILIES[data.task])
+        fix = "change model.family or model.preset"
+        if "init_from" in model:
+            fix = f"model.init_from names a {family} run: give it the run folder of a model of family {families}"
+        raise ConfigError(f"data.task {data.task!r} needs a model of family {families}, not {family!r}; {fix}")
     return RunConfig(model=model, data=data, train=train)
 
 
