@@ -7,6 +7,7 @@ from __future__ import annotations
 import codecs
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -287,3 +288,33 @@ def test_init_from_a_run_of_the_wrong_family_says_so(capsys, tmp_path, monkeypat
                           "--set", "data.path=train.tsv")
     assert line.endswith("not 'gpt'; model.init_from names a gpt run: give it the run folder of a model of family "
                          "encoder or bert")
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "text.txt").write_text("a small text to train on, again and again\n" * 200, encoding="utf-8")
+    paths = [str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH")]  # this checkout's attnlab
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnlab", "train", *TINY, "--set", "model.preset=gpt-char-tiny",
+         "--set", "data.path=text.txt", "--set", "train.steps=100000", "--set", "train.eval_every=0",
+         "--set", "train.log_every=1", "--set", "train.out_dir=run"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.is_file() and metrics.read_text().strip()):  # training has taken its first step
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("attnlab: terminated (SIGTERM): training interrupted at step "), err
+    assert "checkpoint saved in run/checkpoint" in lines[0]
+    assert (tmp_path / "run" / "checkpoint" / "model.safetensors").is_file()

@@ -1,8 +1,10 @@
 """The `attnlab` command line. Thin: it parses, calls the library, and turns known errors into one
-line on stderr with exit code 2 (130 for an interrupted run)."""
+line on stderr with exit code 2 (130 for a run interrupted by Ctrl-C, 143 for one terminated by SIGTERM)."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 import warnings
 
@@ -207,8 +209,42 @@ def _out_of_memory(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what Slurm, docker and systemd send to stop a job), raised where Ctrl-C raises
+    KeyboardInterrupt, so that the same path saves a checkpoint."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """While the command runs, SIGTERM raises `Terminated` (once: a second SIGTERM, as Slurm sends to every
+    process of a job and torchrun forwards to its workers, must not cut the checkpoint's save short).
+    Yields a list that holds the signal once received."""
+    received: list[int] = []
+
+    def handler(signum, frame):
+        if not received:
+            received.append(signum)
+            raise Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave the signal alone
+        yield received
+        return
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the app; known errors become one line on stderr and exit code 2 (130 for Ctrl-C)."""
+    """Entry point: run the app; known errors become one line on stderr and exit code 2 (130 for Ctrl-C,
+    143 for SIGTERM)."""
+    with _sigterm_as_interrupt() as terminated:
+        _main(argv, terminated)
+
+
+def _main(argv: list[str] | None, terminated: list[int]) -> None:
     exceptions = _click_exceptions()
     # Warnings as one line each, without the source line Python shows by default.
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"attnlab: warning: {message}\n"
@@ -228,6 +264,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except AttnlabError as e:
         code = getattr(e, "exit_code", 2)
+        if code == 130 and terminated:  # stopped (a checkpoint saved) by SIGTERM, not Ctrl-C
+            print(f"attnlab: terminated (SIGTERM): {e}", file=sys.stderr)
+            sys.exit(143)
         print(f"attnlab: {'' if code == 130 else 'error: '}{e}", file=sys.stderr)
         sys.exit(code)
     except (MemoryError, RuntimeError) as e:
@@ -240,7 +279,10 @@ def main(argv: list[str] | None = None) -> None:
         where = f": {e.filename}" if e.filename else ""
         print(f"attnlab: error: {e.strerror or e}{where}; check the path and its permissions", file=sys.stderr)
         sys.exit(2)
-    if result == 130:  # typer turns Ctrl-C outside our own handlers into a return value of 130
+    if result == 130 and terminated:
+        print("attnlab: terminated (SIGTERM)", file=sys.stderr)
+        result = 143
+    elif result == 130:  # typer turns Ctrl-C outside our own handlers into a return value of 130
         print("attnlab: interrupted", file=sys.stderr)
     if isinstance(result, int) and result:
         sys.exit(result)
