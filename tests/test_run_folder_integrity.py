@@ -217,6 +217,23 @@ def test_a_resumed_run_saves_its_data_settings_in_the_checkpoint(capsys, tmp_pat
     assert saved["data"]["max_length"] == 32
 
 
+def test_resuming_a_classifier_on_other_classes_is_refused(capsys, tmp_path, cls_run):
+    # The same number of classes under other names trained on silently: output 0 went on meaning "0" to the
+    # weights and became "a" to the run.
+    run = tmp_path / "run"
+    shutil.copytree(cls_run, run)
+    line = one_line_error(capsys, "train", "--resume", *_classifier(cls_run.parent / "flip.tsv", run, steps=21))
+    assert "--resume: " in line and "has the classes ['a', 'z'], the run was trained on ['0', '1']" in line
+
+
+def test_params_of_a_corrupt_config_says_what_to_give(capsys, lm_copy):
+    (lm_copy / "checkpoint" / "config.json").write_text("{not json", encoding="utf-8")
+    line = one_line_error(capsys, "params", str(lm_copy))
+    assert "not a readable JSON config" in line and "attnlab params --list" in line
+    (lm_copy / "checkpoint" / "config.json").write_text("[1, 2]", encoding="utf-8")
+    assert "a preset name" in one_line_error(capsys, "params", str(lm_copy))
+
+
 def test_resuming_with_another_architecture_says_how_to_continue(capsys, lm_copy):
     line = one_line_error(capsys, "train", "--resume", "--set", "train.steps=4", "--set", "model.position=rotary",
                           "--set", f"train.out_dir={_q(lm_copy)}", *LM)
@@ -260,3 +277,11 @@ def test_generate_refuses_decoding_options_it_would_ignore(capsys, mt_run, lm_ru
     check_decoding_options("gpt", temperature=0.5, top_k=3, top_p=0.9, seed=1)
     check_decoding_options("gpt", greedy=True, seed=1)
     check_decoding_options("seq2seq", greedy=True)
+
+
+def test_cli_temperature_and_seed(capsys, mt_run, lm_run):
+    mt = ["generate", str(mt_run), "-p", "a b c", "-n", "4", "--device", "cpu"]
+    assert "drop --temperature, --seed" in one_line_error(capsys, *mt, "--temperature", "0.8", "--seed", "0")
+    line = one_line_error(capsys, "generate", str(lm_run), "-p", "The", "-n", "3", "--device", "cpu", "--greedy",
+                          "--temperature", "0.5")
+    assert "drop --temperature, or drop --greedy" in line

@@ -67,24 +67,26 @@ def generate(
     prompt: list[str] = typer.Option(..., "--prompt", "-p", help="The text to continue (or to translate); "
                                      "repeat for several, decoded as one batch and printed in order."),
     max_new_tokens: int = typer.Option(200, "--max-new-tokens", "-n", help="How many tokens to add."),
-    temperature: float = typer.Option(0.8, help="Sampling temperature (ignored with --greedy)."),
+    temperature: float | None = typer.Option(None, help="Sampling temperature (default 0.8)."),
     top_k: int | None = typer.Option(None, "--top-k", help="Sample among the k most likely tokens."),
     top_p: float | None = typer.Option(None, "--top-p", help="Sample from the smallest set with mass p."),
     greedy: bool = typer.Option(False, "--greedy", help="Always take the most likely token."),
     beam_size: int = typer.Option(1, "--beam-size", help="Beam search width (translation models)."),
-    seed: int | None = typer.Option(0, help="Seed of the sampler (same seed, same text)."),
+    seed: int | None = typer.Option(None, help="Seed of the sampler (same seed, same text; default 0)."),
     best: bool = typer.Option(False, "--best", help="Use the run's best/ checkpoint instead of the latest."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or mps."),
     dtype: str = typer.Option("fp32", help="Weights: fp32 (as trained), bf16 or fp16 (half the memory read "
                               "per token: faster decoding of wide models; results differ by rounding)."),
 ) -> None:
     """Generate text from a trained language model (with a KV cache), or translate with a seq2seq model."""
-    from attnlab.inference.runs import generate_texts, load_run
+    from attnlab.inference.runs import check_decoding_options, generate_texts, load_run
     from attnlab.training.device import select_device
 
     run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint", dtype=dtype)
-    texts = generate_texts(run, prompt, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
-                           top_k=top_k, top_p=top_p, seed=seed, beam_size=beam_size)
+    check_decoding_options(run.family, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    texts = generate_texts(run, prompt, max_new_tokens=max_new_tokens, greedy=greedy,
+                           temperature=0.8 if temperature is None else temperature, top_k=top_k, top_p=top_p,
+                           seed=0 if seed is None else seed, beam_size=beam_size)
     shown = texts if run.family == "seq2seq" else [p + text for p, text in zip(prompt, texts)]
     print("\n\n".join(shown))  # several prompts: one blank line between their texts
 

@@ -814,14 +814,16 @@ def load_config(name: str) -> tuple[str, Config]:
         try:
             data = json.loads(file.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ConfigError(f"{file}: not a readable JSON config ({e})") from None
+            raise ConfigError(f"{file}: not a readable JSON config ({e}); give a run or checkpoint folder written "
+                              "by attnlab, or a preset name (attnlab params --list)") from None
         if isinstance(data, dict) and "family" not in data and isinstance(data.get("model"), dict):
             data = data["model"]  # a run's full config: {"model": {...}, "train": {...}}
             if "family" not in data:  # run.json keeps the [model] table as written (a preset, init_from...)
                 raise ConfigError(f"{file} describes a run, not a model; give its run folder "
                                   f"({str(file.parent)!r}): the checkpoint's config.json is the trained model's")
         if not isinstance(data, dict):
-            raise ConfigError(f"{file}: expected a JSON object with a 'family' key")
+            raise ConfigError(f"{file}: expected a JSON object with a 'family' key; give a run or checkpoint "
+                              "folder written by attnlab, or a preset name (attnlab params --list)")
         return str(path), config_from_dict(data)[1]
     try:
         return name, get_preset(name)[1]

@@ -551,6 +551,8 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
     if len(train_data.label_names) < 2:
         raise DataError(f"data file '{d.path}': every example has the label {train_data.label_names[0]!r}; "
                         "a classifier needs examples of at least two classes")
+    if saved is not None:  # resuming: the classifier's outputs stand for the checkpoint's classes, in its order
+        _check_resumed_labels(saved, train_data.label_names, d.path)
     tokenizer = _tokenizer(run, train_data.texts, saved)
     prefix = [tokenizer.cls_id] if tokenizer.cls_id is not None else []
     train_source = ClassificationSource(train_data, tokenizer, t.batch_size, max_length=d.max_length,
@@ -568,6 +570,17 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
     model = _build(run, config)
     return Prepared(model, tokenizer, train_source, eval_source, classification_counts,
                     info={"labels": train_source.label_names})
+
+
+def _check_resumed_labels(checkpoint: Path, labels: list[str], path: str | None) -> None:
+    from attnlab.training.checkpoint import read_trainer_state
+
+    extra = read_trainer_state(checkpoint).get("extra_state")
+    saved = extra.get("labels") if isinstance(extra, dict) else None
+    if isinstance(saved, list) and saved and list(saved) != list(labels):
+        raise ConfigError(f"--resume: {path} has the classes {list(labels)[:8]}, the run was trained on "
+                          f"{list(saved)[:8]}; resume with the run's data file, or start without --resume "
+                          "(or in another train.out_dir)")
 
 
 def _prepare_translation(run: RunConfig, saved: Path | None) -> Prepared:
