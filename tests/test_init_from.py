@@ -161,3 +161,22 @@ def test_a_new_kind_of_head_starts_fresh_even_when_its_shapes_match(tmp_path):
     for key, value in fresh.items():
         assert torch.equal(classifier.state_dict()[key], value)  # untouched: the classifier's own init
     assert torch.equal(classifier.encoder.layers[0].ff.fc1.weight, lm.encoder.layers[0].ff.fc1.weight)
+
+
+def test_a_classifier_head_is_kept_only_for_the_same_classes(files, bert_run):
+    # A classifier fine-tuned again keeps its head for the same classes; for other classes of the same number
+    # (output 0 meant "neg", now "bad") the head starts fresh instead of carrying the old meaning.
+    first = files / "cls"
+    train_run(_classify(files, bert_run))
+    head = load_model(first).state_dict()["classifier.weight"]
+    again = prepare(_classify(files, first, f"train.out_dir={_q(files / 'cls-again')}"))
+    assert torch.equal(again.model.state_dict()["classifier.weight"], head)
+    renamed = files / "renamed.tsv"
+    renamed.write_text((files / "cls.tsv").read_text(encoding="utf-8").replace("\tneg", "\tbad")
+                       .replace("\tpos", "\tgood"), encoding="utf-8")
+    other = prepare(_classify(files, first, f"data.path={_q(renamed)}", f"data.eval_path={_q(renamed)}",
+                              f"train.out_dir={_q(files / 'cls-renamed')}"))
+    assert other.info["labels"] == ["bad", "good"]
+    ours, saved = other.model.state_dict(), load_model(first).state_dict()
+    assert not torch.equal(ours["classifier.weight"], head)
+    assert all(torch.equal(v, saved[k]) for k, v in ours.items() if not k.startswith("classifier."))

@@ -327,8 +327,9 @@ def _from_first_process(tokenizer, device: str):
     return tokenizer_from_dict(json.loads(first))
 
 
-def _build(run: RunConfig, config: Config):
-    """The model for `config`, with the weights of model.init_from where it names a pretrained run."""
+def _build(run: RunConfig, config: Config, *, labels: list[str] | None = None):
+    """The model for `config`, with the weights of model.init_from where it names a pretrained run. A
+    classifier (`labels`, the class names in output order) keeps the pretrained head only for the same classes."""
     from attnlab.models.registry import build_model
 
     limit = getattr(config, "max_len", None)
@@ -337,15 +338,29 @@ def _build(run: RunConfig, config: Config):
                           f"in model.init_from; set data.max_length to at most {limit}")
     model = build_model(config)
     if "init_from" in run.model:
-        init_from_pretrained(model, run.model["init_from"])
+        other_classes = labels is not None and _saved_labels(run.model["init_from"]) not in (None, labels)
+        init_from_pretrained(model, run.model["init_from"], new_heads=other_classes)
     return model
 
 
-def init_from_pretrained(model, path: str | Path) -> dict[str, list[str]]:
+def _saved_labels(path: str | Path) -> list[str] | None:
+    """The class names a classifier checkpoint was trained with, in output order (None: none saved)."""
+    from attnlab.training.checkpoint import find_checkpoint, read_trainer_state
+
+    try:
+        extra = read_trainer_state(find_checkpoint(path)).get("extra_state")
+    except CheckpointError:  # a checkpoint without a trainer state (saved by hand): nothing known
+        return None
+    labels = extra.get("labels") if isinstance(extra, dict) else None
+    return list(labels) if isinstance(labels, list) and labels else None
+
+
+def init_from_pretrained(model, path: str | Path, *, new_heads: bool = False) -> dict[str, list[str]]:
     """Copy into `model` the weights of the checkpoint at `path` (a run or checkpoint folder of the same
     family). The body must all be there; each head module (and BERT's pooler) is taken whole when the model
     keeps the same kind of head and the checkpoint has it with the same shapes, else it starts fresh (the
-    pretrain-then-finetune step). Returns {"loaded": names, "new": names}.
+    pretrain-then-finetune step); `new_heads` starts every head fresh (a classifier for other classes).
+    Returns {"loaded": names, "new": names}.
 
     Raises:
         CheckpointError: another family, or a body weight missing or of another shape.
@@ -366,7 +381,7 @@ def init_from_pretrained(model, path: str | Path) -> dict[str, list[str]]:
     modules = heads + OPTIONAL_PREFIXES.get(family, ())
     # Another kind of head ("lm" -> "classification", pre-training heads -> classifier): every head is new.
     head_kind = [getattr(c, name, None) for c in (model.config, pretrained.config) for name in ("head", "heads")]
-    head_changed = head_kind[:2] != head_kind[2:]
+    head_changed = new_heads or head_kind[:2] != head_kind[2:]
 
     def fits(module: str) -> bool:  # a head module is taken whole from the checkpoint, or not at all
         keys = [k for k in ours if k.startswith(module)]
@@ -567,7 +582,7 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, n_classes=train_source.num_labels,
                           max_len=max(d.max_length, 8), head="classification", heads="classification",
                           pad_id=tokenizer.pad_id or 0)
-    model = _build(run, config)
+    model = _build(run, config, labels=train_source.label_names)
     return Prepared(model, tokenizer, train_source, eval_source, classification_counts,
                     info={"labels": train_source.label_names})
 
