@@ -275,7 +275,8 @@ def test_generate_refuses_decoding_options_it_would_ignore(capsys, mt_run, lm_ru
     with pytest.raises(ConfigError, match="drop --temperature, or drop --greedy"):
         check_decoding_options("gpt", greedy=True, temperature=0.5)
     check_decoding_options("gpt", temperature=0.5, top_k=3, top_p=0.9, seed=1)
-    check_decoding_options("gpt", greedy=True, seed=1)
+    with pytest.raises(ConfigError, match="drop --seed, or drop --greedy"):  # greedy decoding draws nothing
+        check_decoding_options("gpt", greedy=True, seed=1)
     check_decoding_options("seq2seq", greedy=True)
 
 
@@ -285,3 +286,6 @@ def test_cli_temperature_and_seed(capsys, mt_run, lm_run):
     line = one_line_error(capsys, "generate", str(lm_run), "-p", "The", "-n", "3", "--device", "cpu", "--greedy",
                           "--temperature", "0.5")
     assert "drop --temperature, or drop --greedy" in line
+    line = one_line_error(capsys, "generate", str(lm_run), "-p", "The", "-n", "3", "--device", "cpu", "--greedy",
+                          "--seed", "3")
+    assert "drop --seed, or drop --greedy" in line

@@ -122,8 +122,9 @@ def check_decoding_options(family: str, *, greedy: bool = False, temperature: fl
         given = sampling + (["--seed"] if seed is not None else [])
         if given:
             raise ConfigError(f"translation decodes greedily or with --beam-size; drop {', '.join(given)}")
-    elif greedy and sampling:
-        raise ConfigError(f"--greedy always takes the most likely token; drop {', '.join(sampling)}, or drop "
+    elif greedy and (sampling or seed is not None):
+        given = sampling + (["--seed"] if seed is not None else [])
+        raise ConfigError(f"--greedy always takes the most likely token; drop {', '.join(given)}, or drop "
                           "--greedy to sample")
 
 
