@@ -208,3 +208,17 @@ def test_trimmed_batches_give_the_same_loss_and_gradient(source_kind):
         torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-5, atol=1e-6)
         for g1, g2 in zip(grads[0][1], grads[1][1]):
             torch.testing.assert_close(g1, g2, rtol=1e-4, atol=1e-6)
+
+
+def test_a_new_run_in_an_old_folder_warns_and_leaves_no_stale_rows(tmp_path):
+    files = write_files(tmp_path)
+    out = tmp_path / "out"
+    args = dict(corpus=files["corpus"], train=files["train"], eval_path=files["eval"], device="cpu", overrides=TINY,
+                progress=False, echo=lambda *_: None)
+    run_knowledge(out, variants="none,dot", **args)
+    with pytest.warns(UserWarning, match="already holds the results of a knowledge run"):
+        summary = run_knowledge(out, variants="none", **args)
+    assert [r["variant"] for r in summary["variants"]] == ["none"]
+    # The dot row's folders and predictions were the earlier run's: they must not sit beside the new table.
+    assert not (out / "pretrain-dot").exists() and not (out / "finetune-dot").exists()
+    assert sorted(p.name for p in (out / "predictions").iterdir()) == ["none.tsv"]

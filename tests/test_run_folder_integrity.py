@@ -289,3 +289,55 @@ def test_cli_temperature_and_seed(capsys, mt_run, lm_run):
     line = one_line_error(capsys, "generate", str(lm_run), "-p", "The", "-n", "3", "--device", "cpu", "--greedy",
                           "--seed", "3")
     assert "drop --seed, or drop --greedy" in line
+
+
+# ----------------------------------------------------------------------------------------------------
+# Second audit: options that fell back or were ignored, and folders that were not the user's choice
+
+
+def test_best_without_a_best_checkpoint_is_refused(capsys, mt_run, lm_copy):
+    # --best fell back to the latest weights when the run kept no best/ (it never evaluated).
+    assert not (mt_run / "best").exists()
+    line = one_line_error(capsys, "evaluate", str(mt_run), "-d", str(mt_run.parent / "train.src"),
+                          "--target", str(mt_run.parent / "train.tgt"), "--best", "--device", "cpu")
+    assert "has no best/ checkpoint" in line and "drop --best" in line
+    assert "has no best/" in one_line_error(capsys, "generate", str(mt_run), "-p", "a b", "--best", "--device", "cpu")
+    # A run with best/, or the best/ folder itself, is fine.
+    for path in (lm_copy, lm_copy / "best"):
+        code, _, err = run_cli(capsys, "generate", str(path), "-p", "The", "-n", "2", "--best", "--device", "cpu")
+        assert code == 0, err
+
+
+def test_translation_refuses_options_of_other_models(capsys, mt_run):
+    data = ["-d", str(mt_run.parent / "train.src"), "--target", str(mt_run.parent / "train.tgt"), "--device", "cpu"]
+    assert "--text-column and --label-column are for classifiers" in one_line_error(
+        capsys, "evaluate", str(mt_run), *data, "--text-column", "0")
+    for n in ("0", "-5"):  # -5 was a traceback from torch.zeros, 0 an empty translation
+        line = one_line_error(capsys, "generate", str(mt_run), "-p", "a b", "-n", n, "--device", "cpu")
+        assert "-n is the longest translation in tokens" in line
+
+
+def test_empty_out_folders_are_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # "" was the working directory: the run's files landed among the user's
+    assert "out_dir is empty" in one_line_error(capsys, "train", "--set", "train.out_dir=", *LM)
+    assert "--out is empty" in one_line_error(capsys, "run", "knowledge", "--out", "")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_config_file_with_a_byte_order_mark_or_in_yaml(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbf[model]\npreset = \"gpt-char-tiny\"\n[train]\nstepz = 3\n")
+    # Read past the mark (it was 'invalid TOML' at line 1): the unknown key is what gets reported.
+    assert "unknown setting train.stepz" in one_line_error(capsys, "train", str(bom))
+    yaml = tmp_path / "run.yaml"
+    yaml.write_text("model:\n  preset: gpt-char-tiny\n", encoding="utf-8")
+    assert "config files are TOML (.yaml is not read)" in one_line_error(capsys, "train", str(yaml))
+
+
+def test_knowledge_out_folder_rules(capsys, tmp_path, lm_run):
+    from attnlab.experiments.knowledge import parse_variants
+
+    assert "holds a training run or checkpoint" in one_line_error(capsys, "run", "knowledge", "--out", str(lm_run))
+    with pytest.raises(Exception, match="e.g. --variants dot\\+none,dot\\+none"):
+        parse_variants("none+none")  # "none,none" would mean the no-pretraining row twice

@@ -66,7 +66,8 @@ def generate(
     run_dir: str = typer.Argument(..., help="A run folder written by `attnlab train` (or a checkpoint folder)."),
     prompt: list[str] = typer.Option(..., "--prompt", "-p", help="The text to continue (or to translate); "
                                      "repeat for several, decoded as one batch and printed in order."),
-    max_new_tokens: int = typer.Option(200, "--max-new-tokens", "-n", help="How many tokens to add."),
+    max_new_tokens: int = typer.Option(200, "--max-new-tokens", "-n", help="How many tokens to add (for a "
+                                       "translation: the longest output, in tokens)."),
     temperature: float | None = typer.Option(None, help="Sampling temperature (default 0.8)."),
     top_k: int | None = typer.Option(None, "--top-k", help="Sample among the k most likely tokens."),
     top_p: float | None = typer.Option(None, "--top-p", help="Sample from the smallest set with mass p."),

@@ -23,7 +23,9 @@ import hashlib
 import json
 import math
 import platform
+import shutil
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,9 +165,11 @@ def parse_variants(spec: str | list[str] | tuple[str, ...] | None) -> list[Varia
             kind = "attention variant" if part in VARIANTS.names() else \
                 "position scheme" if part in POSITIONS.names() else None
             if kind is not None and kind in given:
+                # Position schemes as rows of their own go after an attention variant ("none" alone is the row
+                # without pretraining, "dot+none" the one without positions).
+                rows = f"{given[kind]},{part}" if kind == "attention variant" else f"dot+{given[kind]},dot+{part}"
                 raise ConfigError(f"variant {name!r} names two {kind}s ({given[kind]} and {part}); a row has one "
-                                  "of each: give them as separate rows, e.g. --variants "
-                                  f"{given[kind]},{part}")
+                                  f"of each: give them as separate rows, e.g. --variants {rows}")
             if kind is not None:
                 given[kind] = part
             if kind == "attention variant":
@@ -403,9 +407,18 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
         raise ConfigError(f"--seed must be an integer from 0 to 2**63 - 1, got {seed!r}")
     dev_name = select_device(device)  # settings that can be refused are checked before anything is written
     precision = "bf16 autocast" if resolve_precision(settings.precision, dev_name) is not None else "fp32"
+    if not str(out_dir).strip():  # "" would write into the working directory
+        raise ConfigError("--out is empty; give the experiment's folder, e.g. runs/knowledge")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {str(out)!r} is a file, not a folder; choose another path")
+    if (out / "checkpoint").is_dir() or (out / "model.safetensors").is_file():
+        raise ConfigError(f"--out: {str(out)!r} holds a training run or checkpoint; give the experiment a folder "
+                          "of its own, e.g. runs/knowledge")
+    replacing = not resume and (out / "results.json").is_file()
+    if replacing:
+        warnings.warn(f"{out} already holds the results of a knowledge run; this run replaces them (--resume "
+                      "continues it instead)", stacklevel=2)
     # The user's files are read before the folder is made (a missing file leaves nothing behind).
     data = load_data(out, settings, corpus=corpus, train=train, eval_path=eval_path, predict=predict, seed=seed)
     make_folder(out, "--out")
@@ -433,6 +446,13 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     finetune_source = QASource(data.train, vocab, settings.block_size, settings.finetune_batch, seed=seed,
                                name=data.files.get("train", "fine-tuning pairs"), trim=True)
     results: list[dict[str, Any]] = []
+    if replacing:  # everything is checked by now: the earlier run's rows must not sit beside the new ones
+        for stale in [out / "predictions", *out.glob("pretrain-*"), *out.glob("finetune-*"), out / "results.json",
+                      out / "results.md"]:
+            if stale.is_dir():
+                shutil.rmtree(stale)
+            else:
+                stale.unlink(missing_ok=True)
     (out / "predictions").mkdir(exist_ok=True)
     fingerprints = {"pretrain": data_fingerprint(data.corpus), "finetune": data_fingerprint(data.train)}
     sources = {"pretrain": pretrain_source, "finetune": finetune_source}

@@ -60,6 +60,9 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
     path = Path(path)
     if which not in ("checkpoint", "best"):
         raise ConfigError(f"which must be 'checkpoint' or 'best', got {which!r}")
+    if which == "best" and not (path / "best").exists() and path.name != "best":  # no fallback to the latest
+        raise CheckpointError(f"{path} has no best/ checkpoint (the run kept one only where it evaluated during "
+                              "training: data.eval_path or data.val_fraction, train.eval_every); drop --best")
     folder = find_checkpoint(path / which if (path / which).exists() else path)
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(f"{folder} has no tokenizer.json; generate and evaluate need a run trained "
@@ -154,6 +157,9 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
     check_decoding_options(run.family, greedy=greedy, top_k=top_k, top_p=top_p)
     encoded = [_encode_prompt(tok, prompt) for prompt in prompts]
     if run.family == "seq2seq":
+        if max_new_tokens < 1:
+            raise ConfigError(f"-n is the longest translation in tokens for a translation model; give at least 1, "
+                              f"got {max_new_tokens}")
         texts = []
         for ids in encoded:
             src = torch.tensor([ids], device=device)
@@ -197,6 +203,9 @@ def evaluate_file(run: LoadedRun, data: str | Path, *, target: str | Path | None
     if beam_size < 1:
         raise ConfigError(f"--beam-size must be at least 1, got {beam_size}")
     if run.family == "seq2seq":
+        if text_column is not None or label_column is not None:
+            raise ConfigError("--text-column and --label-column are for classifiers; a translation model reads "
+                              "source sentences (--data) and references (--target), one per line")
         return _evaluate_translation(run, data, target, batch_size, beam_size)
     if beam_size != 1:
         raise ConfigError("--beam-size is for translation models")

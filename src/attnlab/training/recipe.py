@@ -161,8 +161,11 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
             raise ConfigError(f"config file {str(p)!r} not found; give the path of a .toml file "
                               "(see configs/ for examples)")
         try:
-            raw = tomllib.loads(p.read_text(encoding="utf-8"))
+            raw = tomllib.loads(p.read_text(encoding="utf-8-sig"))  # a byte-order mark (Notepad) is not TOML
         except tomllib.TOMLDecodeError as e:
+            if p.suffix.lower() in (".yaml", ".yml", ".json"):
+                raise ConfigError(f"{p}: config files are TOML ({p.suffix} is not read); write it as "
+                                  "[section] tables of key = value lines, as in configs/") from None
             raise ConfigError(f"{p}: invalid TOML: {e}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"{p}: not UTF-8 text; save the config as UTF-8") from None

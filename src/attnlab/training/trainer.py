@@ -144,6 +144,8 @@ class TrainerConfig(Config):
         check_choice("schedule", self.schedule, SCHEDULES)
         if self.schedule == "noam" and self.warmup_steps == 0:
             raise ConfigError("schedule \"noam\" needs warmup_steps > 0 (the paper uses 4000)")
+        if self.out_dir is not None and not str(self.out_dir).strip():  # "" would be the working directory
+            raise ConfigError("out_dir is empty; give the run's folder, e.g. runs/my-run")
         if self.best_mode is None:  # accuracy kept under "min" would keep the worst evaluation in best/
             self.best_mode = "max" if self.best_metric.endswith(HIGHER_IS_BETTER) else "min"
         check_choice("best_mode", self.best_mode, ("min", "max"))
