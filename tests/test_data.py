@@ -328,6 +328,28 @@ def test_bert_source_batches(word_tok):
     assert sum(b["input_ids"].shape[0] for b in source.iter_batches(10)) == len(pairs)
 
 
+def test_bert_evaluation_masks_do_not_depend_on_the_batch_size(word_tok):
+    # They were drawn per batch: `attnlab evaluate --batch-size` changed the masked tokens and the scores.
+    pairs = NSPPairs(documents(), word_tok, max_length=12)
+    source = BertSource(pairs, batch_size=64, masking=MaskSpec.from_tokenizer(word_tok), seed=1)
+
+    def rows(size):
+        out = []
+        for batch in source.iter_batches(size):
+            for r in range(batch["input_ids"].shape[0]):
+                n = int(batch["attention_mask"][r].sum())
+                out.append(tuple(tuple(batch[k][r, :n].tolist()) for k in ("input_ids", "labels", "token_type_ids"))
+                           + (int(batch["next_sentence_label"][r]),))
+        return out
+
+    one = rows(1)
+    assert len(one) == len(pairs) and any(label != -100 for row in one for label in row[1])
+    assert rows(3) == one and rows(64) == one and rows(1000) == one
+    again = BertSource(pairs, batch_size=8, masking=MaskSpec.from_tokenizer(word_tok), seed=1)
+    labels = [b["labels"].tolist() for b in source.iter_batches(5)]
+    assert [b["labels"].tolist() for b in again.iter_batches(5)] == labels  # the source's own batch size: no matter
+
+
 def test_nsp_needs_documents(word_tok):
     with pytest.raises(DataError) as err:
         NSPPairs([["one sentence"], ["another"]], word_tok)

@@ -502,15 +502,27 @@ class BertSource:
         _check_common(batch_size, seed)
         self.pairs, self.batch_size, self.masking, self.seed = pairs, batch_size, masking, seed
 
-    def _collate(self, a: np.ndarray, b: np.ndarray, is_next: np.ndarray, rng: np.random.Generator) -> Batch:
+    def _collate(self, a: np.ndarray, b: np.ndarray, is_next: np.ndarray, rng: np.random.Generator | None,
+                 *, first_row: int = 0) -> Batch:
+        """Encode, pad and mask pairs: the whole batch by `rng` (training), or, with `rng` None, each pair by its
+        own generator, numbered from `first_row` (evaluation: the masks do not depend on the batch size)."""
         sents = self.pairs.sentences
         encoded = [self.pairs.encode_pair(sents[i], sents[j]) for i, j in zip(a.tolist(), b.tolist())]
         out = pad_batch([ids for ids, _ in encoded], self.pairs.pad_id)
         length = out["input_ids"].shape[1]
         out["token_type_ids"] = _long(_pad([types for _, types in encoded], 0, length))
-        out["input_ids"], out["labels"] = mask_tokens(
-            out["input_ids"], self.masking, torch_generator(rng), attention_mask=out["attention_mask"]
-        )
+        if rng is not None:
+            out["input_ids"], out["labels"] = mask_tokens(
+                out["input_ids"], self.masking, torch_generator(rng), attention_mask=out["attention_mask"]
+            )
+        else:
+            ids, labels = out["input_ids"].clone(), torch.full_like(out["input_ids"], IGNORE_INDEX)
+            for r, (pair, _) in enumerate(encoded):
+                generator = torch_generator(step_rng(self.seed, first_row + r + 1, _EVAL_SALT))
+                n = len(pair)
+                ids[r:r + 1, :n], labels[r:r + 1, :n] = mask_tokens(out["input_ids"][r:r + 1, :n], self.masking,
+                                                                     generator)
+            out["input_ids"], out["labels"] = ids, labels
         out["next_sentence_label"] = _long(1 - is_next)  # BERT's convention: 0 = B follows A
         return out
 
@@ -519,12 +531,13 @@ class BertSource:
         return self._collate(*self.pairs.sample(rng, self.batch_size), rng)
 
     def iter_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
-        """Every anchor sentence once, in order, with fixed random partners and masking."""
+        """Every anchor sentence once, in order, with fixed random partners and masking: the same pairs and
+        masks whatever the batch size."""
         size = batch_size or self.batch_size
         a, b, is_next = self.pairs.in_order(step_rng(self.seed, 0, _EVAL_SALT))
-        for k, start in enumerate(range(0, len(a), size)):
+        for start in range(0, len(a), size):
             part = slice(start, start + size)
-            yield self._collate(a[part], b[part], is_next[part], step_rng(self.seed, k + 1, _EVAL_SALT))
+            yield self._collate(a[part], b[part], is_next[part], None, first_row=start)
 
 
 # ------------------------------------------------------------------------------------------------
