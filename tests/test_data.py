@@ -23,6 +23,7 @@ from attnlab.data.sources import (
     pad_batch,
 )
 from attnlab.data.text_files import (
+    ClassificationData,
     iter_text_blocks,
     line_split_offset,
     read_classification_file,
@@ -464,6 +465,22 @@ def test_classification_shared_labels_and_small_sets(tmp_path, char_tok):
 # ------------------------------------------------------------------------------------------------
 # Parallel text
 # ------------------------------------------------------------------------------------------------
+def test_cut_and_one_sided_examples_are_reported(tmp_path):
+    # They were cut, or trained on, without a word: 500 identical words before the text left every example
+    # looking the same; pairs with one empty side taught translating to nothing.
+    words = ["bad"] * 12 + ["good", "fine"]
+    tok = WordTokenizer.train([" ".join(words)])
+    long = ClassificationData(texts=[" ".join(words), "good"], labels=["0", "1"], line_numbers=[1, 2])
+    with pytest.warns(UserWarning, match=r"1 of 2 texts are longer than data.max_length allows \(8 tokens with "
+                                         r"specials\) and were cut \(the longest has 15\)"):
+        ClassificationSource(long, tok, batch_size=2, max_length=8, prefix_ids=[0])
+    src = write(tmp_path / "a.src", "x y\nz\n\ny\n")
+    tgt = write(tmp_path / "a.tgt", "y x\n\nx\ny\n")
+    src_tok = WordTokenizer.train(["x y z"], specials={"bos": "<s>", "eos": "</s>", "pad": "<pad>", "unk": "<unk>"})
+    with pytest.warns(UserWarning, match="2 of 4 sentence pairs have one side empty .the first at line 2 of '.*a.src'"):
+        ParallelTextSource(src, tgt, src_tok, src_tok, batch_size=2)
+
+
 def test_parallel_text_source(tmp_path):
     src_lines = [f"ein satz {'x ' * (i % 7)}nummer {i}" for i in range(30)]
     tgt_lines = [f"a sentence {'y ' * (i % 5)}number {i}" for i in range(30)]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -103,6 +104,16 @@ def _long(a: np.ndarray) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------
 # Padding
 # ------------------------------------------------------------------------------------------------
+def _warn_cut(lengths: Sequence[int], room: int, what: str, setting: str, extra: int = 0) -> None:
+    """Warn, with counts, when sequences are cut to `room` tokens (`extra`: the special tokens the setting
+    also counts): a cut the user does not know of changes what is learned or scored."""
+    cut = [n for n in lengths if n > room]
+    if cut:
+        warnings.warn(f"{len(cut)} of {len(lengths)} {what} are longer than {setting} allows ({room + extra} "
+                      f"tokens with specials) and were cut (the longest has {max(cut) + extra}); raise {setting} "
+                      "to keep them whole", stacklevel=3)
+
+
 def _pad(sequences: Sequence[Sequence[int]], value: int, length: int) -> np.ndarray:
     out = np.full((len(sequences), length), value, dtype=np.int64)
     for i, seq in enumerate(sequences):
@@ -579,9 +590,12 @@ class ClassificationSource(_ExampleSource):
             raise ConfigError(
                 f"max_length {max_length} leaves no room for text beside the prefix and suffix ids"
             )
+        encoded = tokenizer.encode_batch(data.texts)
+        if body is not None:
+            _warn_cut([len(ids) for ids in encoded], body, "texts", "data.max_length", max_length - body)
         self.examples = [
             [*prefix_ids, *(ids if body is None else ids[:body]), *suffix_ids]
-            for ids in tokenizer.encode_batch(data.texts)
+            for ids in encoded
         ]
         if data.labels is not None:
             self.label_names = list(label_names) if label_names is not None else data.label_names
@@ -668,9 +682,19 @@ class ParallelTextSource(_ExampleSource):
         self.bos_id, self.eos_id = tgt_tokenizer.bos_id, tgt_tokenizer.eos_id
         self.src_pad_id = src_tokenizer.pad_id if src_tokenizer.pad_id is not None else 0
         self.tgt_pad_id = tgt_tokenizer.pad_id if tgt_tokenizer.pad_id is not None else 0
+        one_sided = [i for i, (a, b) in enumerate(zip(src_lines, tgt_lines)) if bool(a.strip()) != bool(b.strip())]
+        if one_sided:
+            warnings.warn(f"{len(one_sided)} of {len(src_lines)} sentence pairs have one side empty (the first at "
+                          f"line {one_sided[0] + 1} of '{_name(src_path)}' and '{_name(tgt_path)}'): they teach "
+                          "translating to or from nothing; check that the files are aligned", stacklevel=2)
         body = None if max_tgt_length is None else max_tgt_length - 1
-        self.src = [ids[:max_src_length] for ids in src_tokenizer.encode_batch(src_lines)]
-        self.tgt = [ids[:body] for ids in tgt_tokenizer.encode_batch(tgt_lines)]
+        src_ids, tgt_ids = src_tokenizer.encode_batch(src_lines), tgt_tokenizer.encode_batch(tgt_lines)
+        if max_src_length is not None:
+            _warn_cut([len(ids) for ids in src_ids], max_src_length, "source sentences", "data.max_length")
+        if body is not None:
+            _warn_cut([len(ids) for ids in tgt_ids], body, "target sentences", "data.max_length", 1)
+        self.src = [ids[:max_src_length] for ids in src_ids]
+        self.tgt = [ids[:body] for ids in tgt_ids]
         lengths = np.array([len(s) for s in self.src], dtype=np.int64) if bucket_by_length else None
         self._order = _EpochOrder(len(self.src), batch_size, seed, lengths)
 
