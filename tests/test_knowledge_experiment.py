@@ -222,3 +222,21 @@ def test_a_new_run_in_an_old_folder_warns_and_leaves_no_stale_rows(tmp_path):
     # The dot row's folders and predictions were the earlier run's: they must not sit beside the new table.
     assert not (out / "pretrain-dot").exists() and not (out / "finetune-dot").exists()
     assert sorted(p.name for p in (out / "predictions").iterdir()) == ["none.tsv"]
+
+
+def test_resume_looks_only_at_the_requested_rows(tmp_path):
+    # A phase folder of a row not asked for (left by an earlier run) was compared too and blamed the files.
+    from attnlab.data.knowledge import KnowledgeVocab
+
+    files = write_files(tmp_path)
+    out = tmp_path / "out"
+    args = dict(corpus=files["corpus"], train=files["train"], eval_path=files["eval"], device="cpu", overrides=TINY,
+                progress=False, echo=lambda *_: None)
+    first = run_knowledge(out, variants="none", **args)
+    (out / "finetune-alibi" / "checkpoint").mkdir(parents=True)
+    KnowledgeVocab.from_texts("xyz").to_tokenizer().save(out / "finetune-alibi" / "checkpoint")
+    again = run_knowledge(out, variants="none", resume=True, **args)
+    assert again["variants"][0]["finetune"].get("skipped")
+    assert again["variants"][0]["accuracy"] == first["variants"][0]["accuracy"]
+    with pytest.raises(ConfigError, match="--resume: the files give a vocabulary of .* finetune-alibi was trained"):
+        run_knowledge(out, variants="none,alibi", resume=True, **args)

@@ -277,13 +277,14 @@ def _phase_done(folder: Path, steps: int) -> bool:
         return False
 
 
-def _check_resumed_vocabulary(out: Path, vocab) -> None:
+def _check_resumed_vocabulary(out: Path, vocab, variants: list[Variant]) -> None:
     """--resume continues phases trained on a vocabulary of the run's files: the same files must give the
     same characters (a --predict file with new ones would change every embedding's shape)."""
     from attnlab.data.knowledge import KnowledgeVocab
     from attnlab.data.tokenizers import load_tokenizer
 
-    for saved in sorted(out.glob("*/checkpoint/tokenizer.json")):
+    phases = {f"{kind}-{v.name}" for v in variants for kind in ("pretrain", "finetune")}
+    for saved in sorted(p for p in out.glob("*/checkpoint/tokenizer.json") if p.parent.parent.name in phases):
         try:
             before = KnowledgeVocab.from_tokenizer(load_tokenizer(saved.parent)).itos
         except AttnlabError:
@@ -296,8 +297,8 @@ def _check_resumed_vocabulary(out: Path, vocab) -> None:
             raise ConfigError(f"--resume: the files give a vocabulary of {len(vocab.itos)} characters, but "
                               f"{saved.parent.parent.name} was trained with {len(before)} "
                               f"({change or 'another order'}); "
-                              "resume with the same --corpus/--train/--eval/--predict files, or start "
-                              "without --resume")
+                              "resume with the same --corpus/--train/--eval/--predict files (or, for the "
+                              "synthetic world, the same --seed and n_people), or start without --resume")
         return
 
 
@@ -425,7 +426,7 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     qa_text = "".join(q + a for q, a in data.train + data.dev) + "".join(data.predict)
     vocab = KnowledgeVocab.from_texts("".join(data.corpus), qa_text)
     if resume:
-        _check_resumed_vocabulary(out, vocab)
+        _check_resumed_vocabulary(out, vocab, rows)
     tokenizer = vocab.to_tokenizer()
     dev_q, dev_a = [q for q, _ in data.dev], [a for _, a in data.dev]
     train_q, train_a = [q for q, _ in data.train], [a for _, a in data.train]
