@@ -318,3 +318,25 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("attnlab: terminated (SIGTERM): training interrupted at step "), err
     assert "checkpoint saved in run/checkpoint" in lines[0]
     assert (tmp_path / "run" / "checkpoint" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("task, extra, needle", [
+    ("mlm", [], "data.max_length = 4 is too short for data.task = 'mlm' ([CLS] A [SEP] B [SEP] needs 5)"),
+    ("translation", ["data.src_path=a", "data.tgt_path=b"], "data.max_length = 1 is too short for data.task = "
+                                                             "'translation' (bos or eos and one token needs 2)"),
+])
+def test_max_length_too_short_for_the_task_names_the_setting(task, extra, needle):
+    # They were refused deep in the data sources, as 'sentence pair max_length' / 'max_tgt_length'.
+    from attnlab.training.recipe import load_run_config
+
+    length = 4 if task == "mlm" else 1
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_run_config(None, [f"data.task={task}", f"data.max_length={length}", *extra])
+
+
+def test_tokenizer_vocabulary_too_small_names_the_specials_and_the_setting():
+    from attnlab.data.tokenizers import WordPieceTokenizer
+
+    with pytest.raises(ConfigError, match=r"must exceed the \d+ special tokens, got 5; raise vocab_size "
+                                          r"\(data.vocab_size in a run config\)"):
+        WordPieceTokenizer.train(["some text here"], vocab_size=5)

@@ -298,7 +298,7 @@ class CharTokenizer(Tokenizer):
                 raise ConfigError(
                     f"char vocab_size {vocab_size} leaves no room beside "
                     f"{len(specials.tokens())} special tokens; "
-                    "raise vocab_size"
+                    "raise vocab_size (data.vocab_size in a run config)"
                 )
             if len(chars) > room:
                 chars = sorted(sorted(counts, key=lambda c: (-counts[c], c))[:room])
@@ -455,7 +455,7 @@ class WordTokenizer(Tokenizer):
                 raise ConfigError(
                     f"word vocab_size {vocab_size} leaves no room beside "
                     f"{len(specials.tokens())} special tokens; "
-                    "raise vocab_size"
+                    "raise vocab_size (data.vocab_size in a run config)"
                 )
             words = words[:room]
         return cls([*specials.tokens(), *words], specials=specials, pattern=pattern, lowercase=lowercase)
@@ -649,7 +649,8 @@ class WordPieceTokenizer(_HFTokenizer):
                 "wordpiece needs an unk special token for words it cannot split; set specials.unk"
             )
         if vocab_size is None or vocab_size <= len(specials.tokens()):
-            raise ConfigError(f"wordpiece vocab_size must exceed the number of specials, got {vocab_size}")
+            raise ConfigError(f"wordpiece vocab_size must exceed the {len(specials.tokens())} special tokens, got "
+                              f"{vocab_size}; raise vocab_size (data.vocab_size in a run config)")
         def pipeline(model):
             hf = HFTokenizer(model)
             hf.normalizer = normalizers.BertNormalizer(

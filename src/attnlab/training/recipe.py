@@ -110,6 +110,11 @@ class DataConfig(Config):
                               "would be read as the text; set data.text_column to the column of the texts")
         if self.task == "classification" and not self.path:
             raise ConfigError("data.task = 'classification' needs data.path (a TSV, CSV or JSONL file)")
+        # The least length that holds the task's special tokens and one token of text.
+        least = {"mlm": (5, "[CLS] A [SEP] B [SEP]"), "translation": (2, "bos or eos and one token")}.get(self.task)
+        if least is not None and self.max_length < least[0]:
+            raise ConfigError(f"data.max_length = {self.max_length} is too short for data.task = '{self.task}' "
+                              f"({least[1]} needs {least[0]}); raise it (the default is 128)")
 
 
 @dataclass
