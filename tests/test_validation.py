@@ -340,3 +340,12 @@ def test_tokenizer_vocabulary_too_small_names_the_specials_and_the_setting():
     with pytest.raises(ConfigError, match=r"must exceed the \d+ special tokens, got 5; raise vocab_size "
                                           r"\(data.vocab_size in a run config\)"):
         WordPieceTokenizer.train(["some text here"], vocab_size=5)
+
+
+def test_wordpiece_vocabulary_below_the_alphabet_is_reported():
+    # It was raised to what the text needs without a word (data.vocab_size=10 gave 43 tokens).
+    from attnlab.data.tokenizers import WordPieceTokenizer
+
+    with pytest.warns(UserWarning, match=r"wordpiece vocab_size 10 is below the \d+ tokens the text's 8 characters"):
+        tok = WordPieceTokenizer.train(["abcd efgh"], vocab_size=10)
+    assert tok.vocab_size > 10

@@ -22,6 +22,7 @@ import inspect
 import json
 import os
 import re
+import warnings
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -672,8 +673,14 @@ class WordPieceTokenizer(_HFTokenizer):
                            for word, _ in hf.pre_tokenizer.pre_tokenize_str(hf.normalizer.normalize_str(text))
                            for c in word})
         fixed = specials.tokens() + ["##" + c for c in alphabet]
+        least = len(fixed) + len(alphabet)  # every character, alone and as "##" piece, and the specials
+        if vocab_size < least:
+            warnings.warn(f"wordpiece vocab_size {vocab_size} is below the {least} tokens the text's {len(alphabet)} "
+                          f"characters need (each alone and as a '##' piece, with {len(specials.tokens())} specials); "
+                          f"the vocabulary has {least} tokens; raise vocab_size (data.vocab_size) to learn "
+                          "longer pieces", stacklevel=2)
         trainer = trainers.WordPieceTrainer(
-            vocab_size=max(vocab_size, len(fixed) + len(alphabet)),
+            vocab_size=max(vocab_size, least),
             min_frequency=min_frequency,
             special_tokens=fixed,
             initial_alphabet=alphabet,
