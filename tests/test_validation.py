@@ -349,3 +349,12 @@ def test_wordpiece_vocabulary_below_the_alphabet_is_reported():
     with pytest.warns(UserWarning, match=r"wordpiece vocab_size 10 is below the \d+ tokens the text's 8 characters"):
         tok = WordPieceTokenizer.train(["abcd efgh"], vocab_size=10)
     assert tok.vocab_size > 10
+
+
+def test_mlm_text_without_sentence_pairs_is_refused_first(capsys, tmp_path, monkeypatch):
+    # A one-sentence file warned "nothing held out for evaluation" before its real error.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "one.txt").write_text("alpha beta.\n\ngamma delta.\n", encoding="utf-8")
+    line = one_line_error(capsys, "train", str(Path(__file__).resolve().parents[1] / "configs" / "bert-mlm.toml"),
+                          "--set", "data.path=one.txt", "--set", "train.device=cpu")
+    assert "one.txt: no document has two sentences" in line and "one sentence per line" in line

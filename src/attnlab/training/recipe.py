@@ -634,6 +634,9 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
 
     d, t = run.data, run.train
     documents = split_documents(read_text(d.path) if d.path else pydoc_corpus())
+    if not any(len(doc) > 1 for doc in documents):  # before holding any out: no pairs at all is the problem
+        raise DataError(f"{d.path or 'the pydoc texts'}: no document has two sentences, so there are no sentence "
+                        "pairs; write one sentence per line, with blank lines only between documents")
     if d.eval_path:
         eval_documents = split_documents(read_text(d.eval_path))
     else:
