@@ -240,3 +240,13 @@ def test_resume_looks_only_at_the_requested_rows(tmp_path):
     assert again["variants"][0]["accuracy"] == first["variants"][0]["accuracy"]
     with pytest.raises(ConfigError, match="--resume: the files give a vocabulary of .* finetune-alibi was trained"):
         run_knowledge(out, variants="none,alibi", resume=True, **args)
+
+
+def test_resume_after_a_changed_world_names_the_data(tmp_path):
+    # It was reported as a vocabulary change of the files, though no file was given (--set n_people changed).
+    out = tmp_path / "out"
+    small = {**TINY, "n_people": 12, "pretrain_epochs": 1}
+    run_knowledge(out, variants="none", device="cpu", overrides=small, progress=False, echo=lambda *_: None)
+    with pytest.raises(ConfigError, match=r"the data \(other files, or a world of another --seed or n_people\)"):
+        run_knowledge(out, variants="none", device="cpu", overrides={**small, "n_people": 16}, progress=False,
+                      resume=True, echo=lambda *_: None)

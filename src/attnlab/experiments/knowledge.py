@@ -329,8 +329,8 @@ def _check_resumable(folder: Path, model_settings: dict[str, Any], config: dict[
         if key in saved and saved[key] != now:
             changes.append(f"{key} {saved[key]!r} → {now!r}")
     model_now = json.loads(json.dumps(model_settings))
-    changes += [f"model.{k} {saved_model[k]!r} → {model_now[k]!r}" for k in model_now
-                if k in saved_model and saved_model[k] != model_now[k]]
+    changes += [f"model.{k} {saved_model[k]!r} → {model_now[k]!r}" for k in model_now  # the vocabulary: below
+                if k in saved_model and saved_model[k] != model_now[k] and k != "vocab_size"]
     extra = state.get("extra_state") if isinstance(state.get("extra_state"), dict) else {}
     if extra.get("data_sha256") not in (None, fingerprint):
         changes.append("the data (other files, or a world of another --seed or n_people)")
@@ -425,8 +425,6 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     make_folder(out, "--out")
     qa_text = "".join(q + a for q, a in data.train + data.dev) + "".join(data.predict)
     vocab = KnowledgeVocab.from_texts("".join(data.corpus), qa_text)
-    if resume:
-        _check_resumed_vocabulary(out, vocab, rows)
     tokenizer = vocab.to_tokenizer()
     dev_q, dev_a = [q for q, _ in data.dev], [a for _, a in data.dev]
     train_q, train_a = [q for q, _ in data.train], [a for _, a in data.train]
@@ -479,6 +477,8 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
                 if (folder / "checkpoint").exists():
                     _check_resumable(folder, model_config(settings, vocab.vocab_size, variant).to_dict(), cfg,
                                      fingerprints[kind])
+        # Settings and data first (they name what changed); then the characters (a --predict file with new ones).
+        _check_resumed_vocabulary(out, vocab, rows)
     n_phases = sum(1 + v.pretrain for v in rows)
     phase = 0
     for variant in rows:
