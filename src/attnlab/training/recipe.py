@@ -596,13 +596,10 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
 
 
 def _check_resumed_labels(checkpoint: Path, labels: list[str], path: str | None) -> None:
-    from attnlab.training.checkpoint import read_trainer_state
-
-    extra = read_trainer_state(checkpoint).get("extra_state")
-    saved = extra.get("labels") if isinstance(extra, dict) else None
-    if isinstance(saved, list) and saved and list(saved) != list(labels):
+    saved = _saved_labels(checkpoint)
+    if saved is not None and saved != list(labels):
         raise ConfigError(f"--resume: {path} has the classes {list(labels)[:8]}, the run was trained on "
-                          f"{list(saved)[:8]}; resume with the run's data file, or start without --resume "
+                          f"{saved[:8]}; resume with the run's data file, or start without --resume "
                           "(or in another train.out_dir)")
 
 
@@ -640,10 +637,9 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
     if d.eval_path:
         eval_documents = split_documents(read_text(d.eval_path))
     else:
-        # Random next sentences need two held-out documents. (The vocabulary is trained on the training part,
-        # so it is not known yet: a placeholder size, only the model's nsp setting is read.)
-        nsp = bool(model_config(run.model, vocab_size=1).nsp)
-        documents, eval_documents = held_out_documents(documents, d.val_fraction, min_documents=2 if nsp else 1)
+        # Random next sentences need two held-out documents.
+        documents, eval_documents = held_out_documents(documents, d.val_fraction,
+                                                       min_documents=2 if _predicts_next_sentence(run) else 1)
         if not eval_documents and d.val_fraction > 0:
             where = d.path or "the pydoc texts"
             warnings.warn(f"nothing held out for evaluation: {where} has {len(documents)} document(s), too few to "
@@ -663,6 +659,12 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
         if eval_documents else None
     return Prepared(_build(run, config), tokenizer, train_source, eval_source, pretraining_counts,
                     info={"documents": len(documents), "sentence_pairs": len(train_source.pairs)})
+
+
+def _predicts_next_sentence(run: RunConfig) -> bool:
+    """Whether the BERT of an mlm run has the next-sentence head. Read before the vocabulary is trained, so
+    from a model config built with a placeholder vocabulary size."""
+    return bool(model_config(run.model, vocab_size=1).nsp)
 
 
 def sentence_pair_source(documents, tokenizer, config, data: DataConfig, batch_size: int, seed: int):
@@ -734,7 +736,7 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     # its eval counts): a misspelt train.best_metric is refused now, not at the first evaluation.
     evaluated = {"lm": ["perplexity"], "translation": ["perplexity"], "classification": ["accuracy"],
                  "mlm": ["perplexity", "mlm_accuracy"]}[run.data.task]
-    if run.data.task == "mlm" and model_config(run.model, vocab_size=1).nsp:
+    if run.data.task == "mlm" and _predicts_next_sentence(run):
         evaluated.append("nsp_accuracy")
     if run.train.best_metric not in ("loss", *evaluated):
         raise ConfigError(f"train.best_metric {run.train.best_metric!r} is not a metric that data.task = "
