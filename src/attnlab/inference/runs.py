@@ -119,14 +119,12 @@ def check_decoding_options(family: str, *, greedy: bool = False, temperature: fl
     Raises:
         ConfigError: naming the options to drop.
     """
-    sampling = [flag for flag, value in (("--temperature", temperature), ("--top-k", top_k), ("--top-p", top_p))
-                if value is not None]
+    given = [flag for flag, value in (("--temperature", temperature), ("--top-k", top_k), ("--top-p", top_p),
+                                      ("--seed", seed)) if value is not None]
     if family == "seq2seq":
-        given = sampling + (["--seed"] if seed is not None else [])
         if given:
             raise ConfigError(f"translation decodes greedily or with --beam-size; drop {', '.join(given)}")
-    elif greedy and (sampling or seed is not None):
-        given = sampling + (["--seed"] if seed is not None else [])
+    elif greedy and given:
         raise ConfigError(f"--greedy always takes the most likely token; drop {', '.join(given)}, or drop "
                           "--greedy to sample")
 
