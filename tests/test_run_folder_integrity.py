@@ -341,3 +341,28 @@ def test_knowledge_out_folder_rules(capsys, tmp_path, lm_run):
     assert "holds a training run or checkpoint" in one_line_error(capsys, "run", "knowledge", "--out", str(lm_run))
     with pytest.raises(Exception, match="e.g. --variants dot\\+none,dot\\+none"):
         parse_variants("none+none")  # "none,none" would mean the no-pretraining row twice
+
+
+@pytest.mark.filterwarnings("ignore:.*already holds a trained run")
+def test_a_run_over_another_does_not_keep_its_best_checkpoint(capsys, monkeypatch, lm_copy):
+    # A from-scratch run without evaluations left the replaced run's best/ beside its own checkpoint, and
+    # `generate --best` then sampled from the other run's weights.
+    from attnlab.errors import DataError
+    from attnlab.training.trainer import Trainer
+
+    assert (lm_copy / "best" / "model.safetensors").is_file()
+    argv = ["--set", "train.steps=2", "--set", "data.val_fraction=0", "--set", f"train.out_dir={_q(lm_copy)}", *LM]
+    original = Trainer._train_step
+
+    def fails(self, step):
+        raise DataError("the training data went away")
+
+    monkeypatch.setattr(Trainer, "_train_step", fails)
+    assert "went away" in one_line_error(capsys, "train", *argv)
+    assert (lm_copy / "best" / "model.safetensors").is_file()  # a run that saved nothing leaves the old one whole
+    monkeypatch.setattr(Trainer, "_train_step", original)
+    (lm_copy / ".best.old").mkdir()  # as a crash between the two renames of a save leaves it
+    _train(*argv)
+    assert not (lm_copy / "best").exists() and not (lm_copy / ".best.old").exists()
+    line = one_line_error(capsys, "generate", str(lm_copy), "--best", "--prompt", "a", "-n", "2")
+    assert "best" in line

@@ -180,6 +180,15 @@ def _swap_into_place(new: Path, folder: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def remove_checkpoint(folder: str | os.PathLike[str]) -> None:
+    """Delete a checkpoint folder and the `.old` copy a crash between two renames may have left beside it."""
+    folder = Path(folder)
+    for path in (folder, _sibling(folder, "old")):
+        if path.exists():
+            shutil.rmtree(path)
+    fsync_path(folder.parent)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Model weights
 

@@ -357,6 +357,7 @@ class Trainer:
         self.best: dict[str, Any] | None = None
         self._best_eval_loss: float | None = None
         self._bad_evals = 0
+        self._stale_best = False  # a best/ left by the run this from-scratch run replaces (see _save)
         self._in_step = False
         self._rng_at_step_start: tuple | None = None
         self._totals = _Totals()
@@ -540,6 +541,11 @@ class Trainer:
         if self.world.is_main:
             ckpt.save_checkpoint(folder, self.model, self.optimizer if with_optimizer else None,
                                  self._trainer_state([json.loads(s) for s in states]), self.tokenizer)
+            if self._stale_best and folder != self.out_dir / BEST_DIR:
+                # The best/ of the run this one replaces goes once this run has weights of its own to show
+                # (until then the folder still holds that run whole); `--best` never loads the other run's weights.
+                ckpt.remove_checkpoint(self.out_dir / BEST_DIR)
+            self._stale_best = False
         return folder
 
     def save(self) -> Path:
@@ -679,6 +685,8 @@ class Trainer:
         seed_everything(cfg.seed + self.world.rank)
         if resume:
             self._restore()
+        best = self.out_dir / BEST_DIR
+        self._stale_best = not resume and (best.exists() or ckpt._sibling(best, "old").exists())
         if on_start is not None and self.world.is_main:
             on_start()
         self.log.start(keep_until_step=self.step if resume else None)
