@@ -166,10 +166,31 @@ def test_too_long_input_is_a_clear_error():
         model(torch.zeros(1, 25, dtype=torch.long))
 
 
-def test_generation_past_the_block_slides_the_window():
+@pytest.mark.parametrize("fast", [True, False])
+def test_generation_past_the_block_slides_the_window(fast, monkeypatch):
+    # Each token past the 24 positions is the model's choice over the last 24 tokens alone; the KV cache serves
+    # until the block is full (the same tokens as recomputing every step), rows of any length together.
+    torch.manual_seed(0)
     model = GPT(tiny()).eval()
-    out = generate(model, [[1] * 20], 10, greedy=True)
-    assert len(out[0]) == 10
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5]]
+    out = generate(model, prompts, 30, greedy=True, fast=fast)
+    with torch.no_grad():
+        for prompt, new in zip(prompts, out, strict=True):
+            seq = list(prompt)
+            for token in new:
+                window = torch.tensor([seq[-24:]])
+                assert token == int(model(window).logits[0, -1].argmax())
+                seq.append(token)
+    assert generate(model, prompts, 30, greedy=True, use_cache=False) == out
+    forward, lengths = GPT.forward, []
+
+    def counted(self, input_ids, *args, **kwargs):
+        lengths.append(input_ids.shape[1])
+        return forward(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", counted)
+    assert generate(model, prompts[:1], 30, greedy=True, fast=False) == out[:1]
+    assert lengths == [8] + [1] * 16 + [24] * 13  # cached to the 24th position, then the window recomputed
 
 
 def test_attention_weights_and_hidden_states():

@@ -80,6 +80,9 @@ def generate(
         eos_id: stop a row when it produces this id (the id is kept in its output).
         seed: seed of the sampling generator (deterministic sampling).
         use_cache: reuse keys/values (the default); False recomputes the whole prefix each step.
+            A model with a bounded context (`max_len`: learned positions, a block size) sees at most its
+            last `max_len` tokens: once the sequence is longer, each step recomputes that window, whose
+            positions start again at 0, with or without the cache (which serves until then).
         fast: with the cache, use `FastGPTDecoder` where the model supports it (the
             same tokens in far fewer framework calls); False forces the general forward.
 
@@ -101,7 +104,7 @@ def generate(
     padded = any(len(r) != longest for r in rows)
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     limit = getattr(model, "max_len", None)
-    cached = use_cache and (limit is None or total <= limit)
+    cached = use_cache and (limit is None or longest <= limit)  # the cache serves while the sequence fits
 
     was_training = model.training
     model.eval()
@@ -135,25 +138,26 @@ def generate(
 def _decoder(model: nn.Module, ids: Tensor, mask: Tensor, total: int, *, padded: bool, cached: bool,
              fast: bool, limit: int | None):
     """A function cur -> (B, V) logits of the token after ids[:, :cur], called for cur = longest, longest+1...:
-    the low-overhead decoder where it applies, else the model's forward with or without a KV cache."""
+    the low-overhead decoder where it applies, else the model's forward with a KV cache; past a bounded model's
+    `limit` positions (and without a cache), the forward over the last `limit` tokens, recomputed each step."""
     from attnlab.inference.fast_decode import FastGPTDecoder
 
-    decoder = FastGPTDecoder.for_model(model, ids.shape[0], total, mask if padded else None) if cached and fast \
-        else None
-    if decoder is not None:
-        return lambda cur: decoder.step(ids[:, decoder.pos : cur])
-    cache = model.new_cache(capacity=total) if cached else None
+    capacity = total if limit is None else min(total, limit)
+    decoder = FastGPTDecoder.for_model(model, ids.shape[0], capacity, mask[:, :capacity] if padded else None) \
+        if cached and fast else None
+    cache = model.new_cache(capacity=capacity) if cached and decoder is None else None
     fed = 0  # tokens already in the cache
 
     def step(cur: int) -> Tensor:
         nonlocal fed
-        if cached:
-            start = fed
-            fed = cur
-        else:  # recompute, over the last `limit` tokens when the model is bounded
-            start = 0 if limit is None else max(0, cur - limit)
-        step_mask = mask[:, start if not cached else 0 : cur] if padded else None
-        return model(ids[:, start:cur], attention_mask=step_mask, cache=cache).logits[:, -1]
+        if decoder is not None and cur <= capacity:
+            return decoder.step(ids[:, decoder.pos : cur])
+        if cache is not None and cur <= capacity:
+            start, fed = fed, cur
+            return model(ids[:, start:cur], attention_mask=mask[:, :cur] if padded else None,
+                         cache=cache).logits[:, -1]
+        start = 0 if limit is None else max(0, cur - limit)  # the window slides: positions restart at its start
+        return model(ids[:, start:cur], attention_mask=mask[:, start:cur] if padded else None).logits[:, -1]
 
     return step
 
