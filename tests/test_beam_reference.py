@@ -52,3 +52,15 @@ def test_beams_that_end_do_not_take_the_place_of_live_ones(seed, k):
     model, src = _model(seed), _sources(seed)
     assert beam_search(model, src, beam_size=k, max_len=6, length_penalty=2.0) == [
         _reference_beam(model, src, k, 6, 2.0)]
+
+
+@pytest.mark.parametrize("seed, k, alpha", [(25, 2, 0.6), (34, 3, 2.0), (92, 2, 0.6), (188, 3, 2.0)])
+def test_a_batch_of_sources_gets_what_each_gets_alone(seed, k, alpha):
+    # Every source of a batch searched at once (beams of sources that stop early go on as dead rows): each gets
+    # the reference's target for it alone, whichever step its search ends at. Models and sources found by search
+    # for targets of three or more lengths.
+    model = _model(seed)
+    sources = torch.cat([_sources(seed + i) for i in range(8)])
+    expected = [_reference_beam(model, sources[i : i + 1], k, 6, alpha) for i in range(8)]
+    assert len({len(target) for target in expected}) >= 3  # searches of different lengths
+    assert beam_search(model, sources, beam_size=k, max_len=6, length_penalty=alpha) == expected

@@ -197,7 +197,12 @@ def _until_eos(ids: list[int], eos_id: int) -> list[int]:
 @torch.no_grad()
 def beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = None, *, beam_size: int = 4,
                 max_len: int = 64, length_penalty: float = 0.6) -> list[list[int]]:
-    """Beam search per source sentence, with the GNMT length penalty ((5 + |y|) / 6)^α.
+    """Beam search with the GNMT length penalty ((5 + |y|) / 6)^α, every source of the batch at once.
+
+    Each step ranks the 2k best continuations of a source's live beams: those that end (eos) become finished
+    hypotheses, scored log p / penalty(length counting eos); the first k others live on. A source stops once
+    no live beam can beat its best finished hypothesis (log-probabilities only fall and α ≥ 0), and at
+    `max_len` its live beams are finished as they are. Each source gets the tokens it gets alone.
 
     Returns the best target ids of each source (without bos and eos).
     """
@@ -206,56 +211,67 @@ def beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = Non
     if length_penalty < 0:  # the early stop bounds a live beam's best score assuming α ≥ 0
         raise ConfigError(f"length_penalty must be >= 0, got {length_penalty}")
     model.eval()
-    return [_beam_one(model, src_ids[i : i + 1], None if src_mask is None else src_mask[i : i + 1],
-                      beam_size, max_len, length_penalty) for i in range(src_ids.shape[0])]
-
-
-def _beam_one(model, src, src_mask, k, max_len, alpha) -> list[int]:
-    c = model.config
-    memory, _, _ = model.encode(src, src_mask)
+    c, k, device = model.config, beam_size, src_ids.device
+    b = src_ids.shape[0]
+    memory, _, _ = model.encode(src_ids, src_mask)
+    memory = memory.repeat_interleave(k, dim=0)  # (B·k, S, D): beam j of source i is row i·k + j
+    mask = None if src_mask is None else src_mask.repeat_interleave(k, dim=0)
     cache = model.new_cache()
-    tokens = torch.full((1, 1), c.bos_id, dtype=torch.long, device=src.device)
-    scores = torch.zeros(1, device=src.device)  # log-probabilities of the live beams
-    history: list[list[int]] = [[]]
-    finished: list[tuple[float, list[int]]] = []
+    tokens = torch.full((b * k, 1), c.bos_id, dtype=torch.long, device=device)
+    scores = torch.full((b, k), -math.inf, device=device)  # log-probabilities of the live beams; -inf: none
+    scores[:, 0] = 0.0  # one live beam (bos) to start
+    history = torch.zeros((b, k, max_len), dtype=torch.long, device=device)  # each live beam's tokens
+    best = torch.full((b,), -math.inf, device=device)  # each source's best finished score
+    best_history = torch.zeros((b, max_len), dtype=torch.long, device=device)
+    best_length = torch.zeros(b, dtype=torch.long, device=device)
+    active = torch.ones(b, dtype=torch.bool, device=device)  # sources still searching
+    rows = torch.arange(b, device=device)
 
     def penalty(n: int) -> float:
-        return ((5 + n) / 6) ** alpha
+        return ((5 + n) / 6) ** length_penalty
 
+    def finish(candidate: Tensor, beams: Tensor, length: int) -> None:
+        """Keep, per source, the first best of `candidate` (B, n) scores where it beats the best so far."""
+        value, at = candidate.max(dim=1)  # the first of equal scores, as a list ranked in order keeps it
+        better = value > best
+        best.copy_(torch.where(better, value, best))
+        chosen = history[rows, beams[rows, at]]  # (B, max_len)
+        best_history.copy_(torch.where(better[:, None], chosen, best_history))
+        best_length.copy_(torch.where(better, torch.full_like(best_length, length), best_length))
+
+    step = 0
     for step in range(1, max_len + 1):
-        n_live = tokens.shape[0]
-        mem = memory.expand(n_live, -1, -1)
-        mask = None if src_mask is None else src_mask.expand(n_live, -1)
-        logits, _, _, _ = model.decode(tokens, mem, mask, cache=cache)
-        logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (live, V)
-        cand = (scores[:, None] + logp).flatten()
-        top, idx = torch.topk(cand, min(2 * k, cand.numel()))
+        logits, _, _, _ = model.decode(tokens, memory, mask, cache=cache)
+        logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B·k, V)
         vocab = logp.shape[-1]
-        beam_idx, tok_idx = idx // vocab, idx % vocab
-        keep_beams, keep_tokens, keep_scores = [], [], []
-        for s, bi, ti in zip(top.tolist(), beam_idx.tolist(), tok_idx.tolist()):
-            if ti == c.eos_id:
-                finished.append((s / penalty(step), history[bi]))
-            else:
-                keep_beams.append(bi)
-                keep_tokens.append(ti)
-                keep_scores.append(s)
-            if len(keep_beams) == k:
-                break
-        best_finished = max((f[0] for f in finished), default=-math.inf)
-        # Stop when no live beam can still beat the best finished hypothesis.
-        if not keep_beams or (finished and max(keep_scores) / penalty(max_len) < best_finished):
+        cand = (scores[:, :, None] + logp.view(b, k, vocab)).view(b, k * vocab)
+        top, idx = torch.topk(cand, min(2 * k, k * vocab), dim=1)  # (B, 2k), best first
+        beam, token = idx // vocab, idx % vocab
+        valid = torch.isfinite(top)  # candidates of beams that exist
+        ends = (token == c.eos_id) & valid
+        goes_on = ~ends & valid
+        kept_before = torch.cumsum(goes_on.long(), dim=1) - goes_on.long()  # live candidates ranked ahead
+        keep = goes_on & (kept_before < k)
+        ended = ends & (kept_before < k)  # ranked before the k-th live one
+        finish(torch.where(ended, top / penalty(step), torch.full_like(top, -math.inf)), beam, step - 1)
+        # The k live candidates of each source (fewer: the rest are -inf slots that never win).
+        order = torch.argsort((~keep).long(), dim=1, stable=True)[:, :k]  # kept ones first, in rank order
+        new_scores = torch.where(keep.gather(1, order), top.gather(1, order), torch.full_like(top[:, :k], -math.inf))
+        new_beam = beam.gather(1, order)
+        stop = ~keep.any(dim=1) | ((best > -math.inf) & (new_scores.max(dim=1).values / penalty(max_len) < best))
+        active &= ~stop
+        if not bool(active.any()):
             break
-        index = torch.tensor(keep_beams, device=src.device)
+        history = history[rows[:, None], new_beam]  # (B, k, max_len): each new beam's parent's tokens
+        history[:, :, step - 1] = token.gather(1, order)
+        scores = torch.where(active[:, None], new_scores, torch.full_like(new_scores, -math.inf))
+        index = (rows[:, None] * k + new_beam).flatten()
         for self_cache, cross_cache in cache:
             self_cache.reorder(index)
             cross_cache.reorder(index)
-        history = [history[bi] + [ti] for bi, ti in zip(keep_beams, keep_tokens)]
-        tokens = torch.tensor(keep_tokens, device=src.device)[:, None]
-        scores = torch.tensor(keep_scores, device=src.device)
-    else:
-        for s, h in zip(scores.tolist(), history):
-            finished.append((s / penalty(len(h)), h))
-    if not finished:
-        finished = [(s / penalty(len(h)), h) for s, h in zip(scores.tolist(), history)]
-    return max(finished, key=lambda f: f[0])[1]
+        tokens = history[:, :, step - 1].reshape(b * k, 1)
+    else:  # max_len reached: the live beams of the sources still searching end as they are
+        live = torch.where(active[:, None], scores / penalty(step), torch.full_like(scores, -math.inf))
+        beams = torch.arange(k, device=device).expand(b, k)
+        finish(live, beams, step)
+    return [best_history[i, : int(best_length[i])].tolist() for i in range(b)]
