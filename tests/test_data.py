@@ -33,7 +33,6 @@ from attnlab.data.text_files import (
 from attnlab.data.tokenizers import BPETokenizer, CharTokenizer, WordTokenizer
 from attnlab.errors import ConfigError, DataError
 
-DATA = Path("/work/shared/data")
 TEXT = "To be, or not to be: that is the question.\nWhether 'tis nobler in the mind to suffer\n" * 20
 
 
@@ -533,22 +532,16 @@ def test_parallel_mismatched_files(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # Real data sets (skipped where the shared folder is missing)
 # ------------------------------------------------------------------------------------------------
-def need(path: Path) -> Path:
-    if not path.exists():
-        pytest.skip(f"{path} is missing")
-    return path
-
-
 @pytest.mark.slow
-def test_real_sst2_dev():
-    data = read_classification_file(need(DATA / "sst2" / "dev.tsv"))
+def test_real_sst2_dev(shared_data):
+    data = read_classification_file(shared_data("sst2", "dev.tsv"))
     assert len(data) == 872 and data.label_names == ["0", "1"]
     assert sum(data.label_ids()) == 444
 
 
 @pytest.mark.slow
-def test_real_tinyshakespeare_token_file(tmp_path):
-    path = need(DATA / "tinyshakespeare" / "input.txt")
+def test_real_tinyshakespeare_token_file(tmp_path, shared_data):
+    path = shared_data("tinyshakespeare", "input.txt")
     text = read_text(path)
     tok = CharTokenizer.train(text)
     tf = build_token_file(path, tok, tmp_path / "shakespeare.bin")
@@ -558,8 +551,8 @@ def test_real_tinyshakespeare_token_file(tmp_path):
 
 
 @pytest.mark.slow
-def test_real_multi30k_val():
-    de, en = need(DATA / "multi30k" / "val.de"), need(DATA / "multi30k" / "val.en")
+def test_real_multi30k_val(shared_data):
+    de, en = shared_data("multi30k", "val.de"), shared_data("multi30k", "val.en")
     src_tok = BPETokenizer.train(read_lines(de), vocab_size=500)
     tgt_tok = BPETokenizer.train(read_lines(en), vocab_size=500)
     source = ParallelTextSource(de, en, src_tok, tgt_tok, batch_size=32, bucket_by_length=True)

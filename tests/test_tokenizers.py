@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -270,10 +269,8 @@ def test_decode_out_of_range_id():
 
 
 @pytest.mark.slow
-def test_real_corpus_tokenizers(tmp_path):
-    path = Path("/work/shared/data/tinyshakespeare/input.txt")
-    if not path.exists():
-        pytest.skip("shared data folder is missing")
+def test_real_corpus_tokenizers(tmp_path, shared_data):
+    path = shared_data("tinyshakespeare", "input.txt")
     text = path.read_text(encoding="utf-8")
     char = CharTokenizer.train(text)
     assert char.decode(char.encode(text)) == text
