@@ -57,6 +57,25 @@ def test_nsp_truncation_matches_bert_for_every_length_pair(max_length):
             assert types == [0] * (len(ta) + 2) + [1] * (len(tb) + 1), (la, lb)
 
 
+def test_mlm_evaluation_masks_do_not_depend_on_the_batch_size():
+    """Like BertSource's: the evaluation loss of an MLMSource must not change with the evaluation batch size
+    (the trainer evaluates in micro-batches, `attnlab evaluate` takes --batch-size)."""
+    from attnlab.data.sources import MaskSpec, MLMSource
+
+    tokens = np.random.default_rng(0).integers(2, 60, size=400)
+    source = MLMSource(tokens, block_size=8, batch_size=4, masking=MaskSpec(mask_id=1, vocab_size=60,
+                                                                             special_ids=(0, 1)), seed=0)
+    runs = [{k: torch.cat([b[k] for b in source.iter_batches(size)]) for k in ("input_ids", "labels")}
+            for size in (1, 4, 7, 50)]
+    assert runs[0]["labels"].shape == (50, 8)
+    for other in runs[1:]:
+        assert torch.equal(other["input_ids"], runs[0]["input_ids"])
+        assert torch.equal(other["labels"], runs[0]["labels"])
+    picked = runs[0]["labels"] != -100
+    assert torch.equal(runs[0]["labels"][picked], torch.as_tensor(tokens[:400]).reshape(50, 8)[picked])
+    assert (picked.sum(1) >= 1).all() and len({tuple(r) for r in picked.tolist()}) > 10  # rows differ
+
+
 def test_a_string_corpus_is_cut_into_blocks_at_line_ends():
     from attnlab.data.corpus import _blocks
 

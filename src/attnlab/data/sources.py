@@ -398,12 +398,17 @@ class MLMSource(_TokenWindows):
         return self._masked(self._windows(self._random_starts(rng), self.block_size), rng)
 
     def iter_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
-        """Consecutive full windows (a shorter tail is left out), masked with a fixed seed per batch."""
+        """Consecutive full windows (a shorter tail is left out), each masked by its own fixed generator, so
+        the masks (and the scores) do not depend on the batch size."""
         size = batch_size or self.batch_size
         n_windows = len(self.tokens) // self.block_size
-        for b, first in enumerate(range(0, n_windows, size)):
-            starts = np.arange(first, min(first + size, n_windows)) * self.block_size
-            yield self._masked(self._windows(starts, self.block_size), step_rng(self.seed, b, _EVAL_SALT))
+        for first in range(0, n_windows, size):
+            windows = np.arange(first, min(first + size, n_windows))
+            ids = _long(self._windows(windows * self.block_size, self.block_size))
+            rows = [mask_tokens(ids[r:r + 1], self.masking,
+                                torch_generator(step_rng(self.seed, int(w) + 1, _EVAL_SALT)))
+                    for r, w in enumerate(windows)]
+            yield {"input_ids": torch.cat([m for m, _ in rows]), "labels": torch.cat([lab for _, lab in rows])}
 
 
 class NSPPairs:
