@@ -59,3 +59,48 @@ def test_bert_settings_come_from_the_config():
     base = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
     config = bert_config_from_hf({**base, "pad_token_id": 3, "layer_norm_eps": 1e-6, "type_vocab_size": 1})
     assert (config.pad_id, config.layer_norm_eps, config.type_vocab_size) == (3, 1e-6, 1)
+
+
+def _tiny_bert_config(**changes):
+    return transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                   intermediate_size=37, max_position_embeddings=64, **changes)
+
+
+def test_bert_untied_mlm_decoder_keeps_its_own_weights():
+    """tie_word_embeddings = false: the MLM decoder is its own matrix. A converter that ignored the setting
+    would tie it to the token embeddings, and one of the two loaded matrices would overwrite the other."""
+    torch.manual_seed(0)
+    hf = _randomise(transformers.BertForPreTraining(_tiny_bert_config(tie_word_embeddings=False)))
+    assert not torch.equal(hf.cls.predictions.decoder.weight, hf.bert.embeddings.word_embeddings.weight)
+    config, state = bert_from_hf(hf.state_dict(), hf.config.to_dict())
+    assert not config.tie_output
+    ours = BertModel(config)
+    ours.load_state_dict(state)
+    ours.eval()
+    ids = torch.randint(1, 99, (2, 10))
+    with torch.no_grad():
+        expected = hf(ids)
+        out = ours(ids)
+    torch.testing.assert_close(out.logits, expected.prediction_logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.extra["nsp_logits"], expected.seq_relationship_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_bert_without_a_pooler_converts():
+    """HF BertModel(add_pooling_layer=False) has no pooler keys: the converter must not ask for one."""
+    torch.manual_seed(0)
+    hf = _randomise(transformers.BertModel(_tiny_bert_config(), add_pooling_layer=False))
+    config, state = bert_from_hf(hf.state_dict(), hf.config.to_dict())
+    assert config.heads == "none" and not config.has_pooler
+    ours = BertModel(config)
+    ours.load_state_dict(state)
+    ours.eval()
+    ids = torch.randint(1, 99, (2, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, hf(ids).last_hidden_state, atol=1e-4, rtol=0)
+
+
+def test_bert_dropouts_come_from_their_own_settings():
+    base = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    config = bert_config_from_hf({**base, "hidden_dropout_prob": 0.05, "attention_probs_dropout_prob": 0.25,
+                                  "classifier_dropout": 0.4})
+    assert (config.dropout, config.attention_dropout, config.classifier_dropout) == (0.05, 0.25, 0.4)
