@@ -76,6 +76,23 @@ def test_fully_masked_rows_are_zero_even_where_the_fused_kernel_returns_nan(monk
     torch.testing.assert_close(out[0], attention(q[:1], k[:1], v[:1])[0][0])
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_a_float_mask_and_a_bias_are_both_added(causal, need_weights):
+    """Mutant: `_add_bias` returning a float mask without the bias (the fused path then drops a position
+    bias whenever the user's mask is additive). Reference: softmax(q·kᵀ/sqrt(d) + mask + bias [+ causal])·v."""
+    q, k, v = (torch.randn(2, 2, 5, 8) for _ in range(3))
+    float_mask = torch.randn(2, 1, 1, 5)
+    float_mask[0, ..., 3] = float("-inf")
+    bias = torch.randn(1, 2, 5, 5)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(8) + float_mask + bias
+    if causal:
+        scores = scores.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf"))
+    expected = torch.softmax(scores, -1) @ v
+    out, _ = attention(q, k, v, mask=float_mask, bias=bias, causal=causal, need_weights=need_weights)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
 # --------------------------------------------------------------------------------------------------
 # Variants and layers
 # --------------------------------------------------------------------------------------------------
