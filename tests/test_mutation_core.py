@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.inference.fast_decode import FastGPTDecoder
-from attnlab.inference.generate import beam_search, generate
+from attnlab.inference.generate import beam_search, generate, greedy_translate
 from attnlab.models.bert import BertConfig, BertModel
 from attnlab.models.encoder import EncoderConfig, EncoderModel
 from attnlab.models.gpt import GPT, GPTConfig
@@ -325,3 +325,25 @@ def test_fast_decoder_uses_the_configured_layer_norm_eps():
     steps = [decoder.step(ids[:, :4])] + [decoder.step(ids[:, t : t + 1]) for t in range(4, 8)]
     torch.testing.assert_close(torch.stack(steps, 1), full[:, 3:], atol=1e-5, rtol=1e-5)
     assert generate(model, [[1, 2, 3]], 6, greedy=True) == generate(model, [[1, 2, 3]], 6, greedy=True, fast=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# REAL BUG (found by this audit, not a mutant): greedy_translate and beam_search called model.eval() and
+# never restored the training mode, unlike `generate`. Decoding a validation batch in the middle of a training
+# loop therefore switched off every dropout for the rest of training, silently. Fixed in generate.py.
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("decode", ["greedy", "beam"])
+def test_seq2seq_decoding_restores_the_training_mode(decode):
+    from test_seq2seq_decoding import _model, _sources
+
+    model, src = _model(0), _sources(0)
+    for mode in (True, False):
+        model.train(mode)
+        if decode == "greedy":
+            greedy_translate(model, src, max_len=4)
+        else:
+            beam_search(model, src, beam_size=2, max_len=4)
+        assert model.training is mode
+        assert all(m.training is mode for m in model.modules())
