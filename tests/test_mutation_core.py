@@ -250,8 +250,14 @@ class _TableLM:
         self.config = SimpleNamespace(bos_id=self.BOS, eos_id=self.EOS)
         self.table, self.default, self.live = table, default, []
 
-    def eval(self):
+    training = False
+
+    def train(self, mode: bool = True):
+        self.training = mode
         return self
+
+    def eval(self):
+        return self.train(False)
 
     def encode(self, src, src_mask=None):
         return torch.zeros(src.shape[0], src.shape[1], 1), [], []

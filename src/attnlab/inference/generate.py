@@ -171,8 +171,16 @@ def _decoder(model: nn.Module, ids: Tensor, mask: Tensor, total: int, *, padded:
 def greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = None, *,
                      max_len: int = 64) -> list[list[int]]:
     """Greedy decoding for a batch of sources with a KV cache; returns target ids without bos, up to eos."""
-    c = model.config
+    was_training = model.training
     model.eval()
+    try:
+        return _greedy_translate(model, src_ids, src_mask, max_len)
+    finally:
+        model.train(was_training)
+
+
+def _greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, max_len: int) -> list[list[int]]:
+    c = model.config
     memory, _, _ = model.encode(src_ids, src_mask)
     b = src_ids.shape[0]
     cache = model.new_cache()
@@ -210,7 +218,16 @@ def beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = Non
         raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
     if length_penalty < 0:  # the early stop bounds a live beam's best score assuming α ≥ 0
         raise ConfigError(f"length_penalty must be >= 0, got {length_penalty}")
+    was_training = model.training
     model.eval()
+    try:
+        return _beam_search(model, src_ids, src_mask, beam_size, max_len, length_penalty)
+    finally:
+        model.train(was_training)
+
+
+def _beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, beam_size: int, max_len: int,
+                 length_penalty: float) -> list[list[int]]:
     c, k, device = model.config, beam_size, src_ids.device
     b = src_ids.shape[0]
     memory, _, _ = model.encode(src_ids, src_mask)
