@@ -234,21 +234,22 @@ class _PrefixCache:
     """Stands in for a KV cache: the target prefix of each live row, reordered with the beams."""
 
     def __init__(self):
-        self.rows: list[tuple[int, ...]] = [()]
+        self.rows: list[tuple[int, ...]] | None = None  # one empty prefix per row at the first step
 
     def reorder(self, index: torch.Tensor) -> None:
-        self.rows = [self.rows[i] for i in index.tolist()]
+        if self.rows is not None:
+            self.rows = [self.rows[i] for i in index.tolist()]
 
 
 class _TableLM:
     """A stand-in encoder-decoder whose next-token distribution is a fixed table keyed by the target prefix
-    (bos excluded); `live` records how many rows each decoding step was given."""
+    (bos excluded)."""
 
     PAD, BOS, EOS, A, B, C = range(6)
 
     def __init__(self, table: dict[tuple[int, ...], dict[int, float]], default: dict[int, float]):
         self.config = SimpleNamespace(bos_id=self.BOS, eos_id=self.EOS)
-        self.table, self.default, self.live = table, default, []
+        self.table, self.default = table, default
 
     training = False
 
@@ -267,8 +268,9 @@ class _TableLM:
 
     def decode(self, tokens, memory, src_mask=None, *, cache):
         prefixes = cache[0][0]
-        self.live.append(tokens.shape[0])
-        if len(self.live) > 1:  # the first step's token is bos
+        if prefixes.rows is None:  # the first step's tokens are bos
+            prefixes.rows = [()] * tokens.shape[0]
+        else:
             prefixes.rows = [row + (t,) for row, t in zip(prefixes.rows, tokens[:, 0].tolist())]
         logits = torch.full((tokens.shape[0], 6), -1e9)
         for r, prefix in enumerate(prefixes.rows):
@@ -278,8 +280,9 @@ class _TableLM:
 
 
 def test_beams_that_end_never_take_the_place_of_live_ones():
-    """Mutant: ranking k + 1 candidates per step instead of 2k. At step 2 both live beams rank eos first;
-    those two candidates finish, and beam search must still keep k = 2 live beams (a a and b c)."""
+    """Mutant: ranking k + 1 candidates per step instead of 2k. At step 2 the two live beams (a, b) both rank
+    eos first; those two candidates finish, and beam search must still keep k = 2 live beams (a a and b c):
+    the best target goes on from b c, the fourth-ranked candidate."""
     A, B, C, EOS = _TableLM.A, _TableLM.B, _TableLM.C, _TableLM.EOS
     table = {
         (): {A: 0.32, B: 0.30, C: 0.2, EOS: 0.18},
@@ -291,7 +294,6 @@ def test_beams_that_end_never_take_the_place_of_live_ones():
     # α = 2 rewards length: "b c eos" (0.30·0.33·0.97, over (8/6)²) beats "a eos" (0.32·0.34, over (7/6)²),
     # the best of every target (checked by enumeration), but it is reachable only through the live beam "b c".
     best = beam_search(lm, torch.zeros(1, 3, dtype=torch.long), beam_size=2, max_len=4, length_penalty=2.0)
-    assert lm.live[:3] == [1, 2, 2]
     assert best == [[B, C]]
 
 
