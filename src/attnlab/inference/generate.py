@@ -8,6 +8,8 @@ positions count real tokens only, so every row produces what it would produce al
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -52,6 +54,18 @@ def _check_options(max_new_tokens: int, temperature: float, top_k: int | None, t
         raise ConfigError(f"top_k (--top-k) must be >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ConfigError(f"top_p (--top-p) must be in (0, 1], got {top_p}")
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Run a block with `model` in eval mode (no dropout), then give it back the mode it had: decoding in the
+    middle of training must not leave dropout off."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()
@@ -106,9 +120,7 @@ def generate(
     limit = getattr(model, "max_len", None)
     cached = use_cache and (limit is None or longest <= limit)  # the cache serves while the sequence fits
 
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         step = _decoder(model, ids, mask, total, padded=padded, cached=cached, fast=fast, limit=limit)
         done = torch.zeros(b, dtype=torch.bool, device=device)
         cur = longest
@@ -124,8 +136,6 @@ def generate(
                 done |= nxt == eos_id
                 if bool(done.all()):
                     break
-    finally:
-        model.train(was_training)
     out = []
     for i in range(b):
         new = ids[i, longest:cur].tolist()
@@ -171,12 +181,8 @@ def _decoder(model: nn.Module, ids: Tensor, mask: Tensor, total: int, *, padded:
 def greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = None, *,
                      max_len: int = 64) -> list[list[int]]:
     """Greedy decoding for a batch of sources with a KV cache; returns target ids without bos, up to eos."""
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         return _greedy_translate(model, src_ids, src_mask, max_len)
-    finally:
-        model.train(was_training)
 
 
 def _greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, max_len: int) -> list[list[int]]:
@@ -218,12 +224,8 @@ def beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = Non
         raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
     if length_penalty < 0:  # the early stop bounds a live beam's best score assuming α ≥ 0
         raise ConfigError(f"length_penalty must be >= 0, got {length_penalty}")
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         return _beam_search(model, src_ids, src_mask, beam_size, max_len, length_penalty)
-    finally:
-        model.train(was_training)
 
 
 def _beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, beam_size: int, max_len: int,

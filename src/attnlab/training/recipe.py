@@ -704,14 +704,12 @@ def evaluate_batches(model, batches, counts=None) -> tuple[dict[str, float], dic
     as total / count. Returns (those values, their sizes: "targets" and each metric's count)."""
     import torch
 
+    from attnlab.inference.generate import eval_mode
     from attnlab.training.trainer import evaluation_sums
 
-    model_was_training = model.training
-    model.eval()
-    with torch.no_grad():
+    with eval_mode(model), torch.no_grad():
         sums, counted = evaluation_sums(lambda batch: model(**batch), batches, next(model.parameters()).device,
                                         counts)
-    model.train(model_was_training)
     loss_sum, targets, mlm_sum = sums.tolist()
     values = {"loss": loss_sum / max(targets, 1), "mlm_loss": mlm_sum / max(targets, 1)}
     sizes = {"targets": targets}
