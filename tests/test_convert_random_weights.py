@@ -46,10 +46,7 @@ def test_bert_tf_style_layernorm_names_load_as_weight_and_bias():
         max_position_embeddings=64, layer_norm_eps=1e-3)))
     tf_names = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
                 for k, v in hf.state_dict().items()}
-    config, state = bert_from_hf(tf_names, hf.config.to_dict())
-    ours = BertModel(config)
-    ours.load_state_dict(state)
-    ours.eval()
+    _, ours = _converted(tf_names, hf)
     ids = torch.randint(1, 99, (2, 10))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids).logits, hf(ids).last_hidden_state, atol=1e-4, rtol=0)
@@ -59,6 +56,14 @@ def test_bert_settings_come_from_the_config():
     base = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
     config = bert_config_from_hf({**base, "pad_token_id": 3, "layer_norm_eps": 1e-6, "type_vocab_size": 1})
     assert (config.pad_id, config.layer_norm_eps, config.type_vocab_size) == (3, 1e-6, 1)
+
+
+def _converted(state: dict, hf) -> tuple:
+    """Our BERT (config, model in eval mode) from a state dict in HF's names and the HF model's config."""
+    config, ours_state = bert_from_hf(state, hf.config.to_dict())
+    ours = BertModel(config)
+    ours.load_state_dict(ours_state)
+    return config, ours.eval()
 
 
 def _tiny_bert_config(**changes):
@@ -72,11 +77,8 @@ def test_bert_untied_mlm_decoder_keeps_its_own_weights():
     torch.manual_seed(0)
     hf = _randomise(transformers.BertForPreTraining(_tiny_bert_config(tie_word_embeddings=False)))
     assert not torch.equal(hf.cls.predictions.decoder.weight, hf.bert.embeddings.word_embeddings.weight)
-    config, state = bert_from_hf(hf.state_dict(), hf.config.to_dict())
+    config, ours = _converted(hf.state_dict(), hf)
     assert not config.tie_output
-    ours = BertModel(config)
-    ours.load_state_dict(state)
-    ours.eval()
     ids = torch.randint(1, 99, (2, 10))
     with torch.no_grad():
         expected = hf(ids)
@@ -89,11 +91,8 @@ def test_bert_without_a_pooler_converts():
     """HF BertModel(add_pooling_layer=False) has no pooler keys: the converter must not ask for one."""
     torch.manual_seed(0)
     hf = _randomise(transformers.BertModel(_tiny_bert_config(), add_pooling_layer=False))
-    config, state = bert_from_hf(hf.state_dict(), hf.config.to_dict())
+    config, ours = _converted(hf.state_dict(), hf)
     assert config.heads == "none" and not config.has_pooler
-    ours = BertModel(config)
-    ours.load_state_dict(state)
-    ours.eval()
     ids = torch.randint(1, 99, (2, 10))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids).logits, hf(ids).last_hidden_state, atol=1e-4, rtol=0)
