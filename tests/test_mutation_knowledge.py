@@ -303,3 +303,32 @@ def test_run_knowledge_command_passes_its_options(monkeypatch, tmp_path):
     assert default_out == "runs/knowledge" and defaults == {
         "scale": "quick", "variants": "none,dot,synthesizer-dense", "corpus": None, "train": None, "eval_path": None,
         "predict": None, "seed": 0, "device": "auto", "overrides": {}, "resume": False, "progress": True}
+
+
+def test_collectives_move_tensors_to_the_backends_device(monkeypatch):
+    """A tensor on another device than the backend's is summed through a copy, and summed all the same."""
+    import attnlab.training.distributed as distributed
+
+    monkeypatch.setattr(distributed, "world", lambda: distributed.World(0, 2, 0))
+    monkeypatch.setattr(distributed, "dist", _FakeDist(peer_tensor=torch.tensor([3.0, 1.0])))
+    monkeypatch.setattr(distributed, "_comm_device", lambda: torch.device("cpu", 0))  # not torch.device("cpu")
+    assert distributed.all_reduce_sum(torch.tensor([1.0, 2.0])).tolist() == [4.0, 3.0]
+
+
+def test_each_process_uses_the_gpu_of_its_local_rank(monkeypatch):
+    """Process 3 of 4 is the second process of its node (LOCAL_RANK 1): GPU 1, not GPU 3."""
+    import attnlab.training.distributed as distributed
+
+    for name, value in (("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1")):
+        monkeypatch.setenv(name, value)
+    fake = _FakeDist()
+    fake.is_available = lambda: True
+    fake.is_initialized = lambda: True  # joined already: nothing to initialise
+    monkeypatch.setattr(distributed, "dist", fake)
+    monkeypatch.setattr(distributed, "world", lambda: distributed.World(3, 4, 1))
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    w, dev = distributed.init_distributed("auto")
+    assert w.rank == 3 and dev == torch.device("cuda", 1) and chosen == [torch.device("cuda", 1)]
