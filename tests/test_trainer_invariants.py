@@ -112,6 +112,20 @@ def test_auto_device_prefers_cuda_and_bf16_follows_the_gpu(monkeypatch):
     assert device.resolve_precision("auto", "cuda") is torch.bfloat16
 
 
+@pytest.mark.parametrize("supported", [True, False])
+def test_cuda_bf16_asks_the_gpu_and_a_failing_query_means_fp32(monkeypatch, supported):
+    from attnlab.training import device
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: supported)
+    assert device._cuda_bf16(torch.device("cuda")) is supported
+
+    def old_driver(*args, **kwargs):
+        raise RuntimeError("CUDA driver version is insufficient")
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", old_driver)
+    assert device._cuda_bf16(torch.device("cuda")) is False
+
+
 def _trained():
     from attnlab.training import TrainerConfig, build_optimizer
 
