@@ -306,6 +306,14 @@ def test_best_without_a_best_checkpoint_is_refused(capsys, mt_run, lm_copy):
     for path in (lm_copy, lm_copy / "best"):
         code, _, err = run_cli(capsys, "generate", str(path), "-p", "The", "-n", "2", "--best", "--device", "cpu")
         assert code == 0, err
+    # As for the latest checkpoint, the .best.old a crash between the two renames of a save left is read.
+    argv = ["generate", str(lm_copy), "-p", "The", "-n", "4", "--greedy", "--best", "--device", "cpu"]
+    code, before, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    (lm_copy / "best").rename(lm_copy / ".best.old")
+    code, after, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    assert after == before
 
 
 def test_translation_refuses_options_of_other_models(capsys, mt_run):

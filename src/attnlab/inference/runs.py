@@ -55,15 +55,23 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
             and faster decoding where reading the weights is the limit; results differ from fp32 by rounding).
     """
     from attnlab.data.tokenizers import load_tokenizer
-    from attnlab.training.checkpoint import find_checkpoint, load_model, read_config, read_trainer_state
+    from attnlab.training.checkpoint import (
+        checkpoint_present,
+        find_checkpoint,
+        load_model,
+        read_config,
+        read_trainer_state,
+    )
 
     path = Path(path)
     if which not in ("checkpoint", "best"):
         raise ConfigError(f"which must be 'checkpoint' or 'best', got {which!r}")
-    if which == "best" and not (path / "best").exists() and path.name != "best":  # no fallback to the latest
+    # best/ and checkpoint/ (or the .old copy a crash between two renames left) are read as the latest is.
+    chosen = checkpoint_present(path / which)
+    if which == "best" and not chosen and path.name != "best":  # no fallback to the latest
         raise CheckpointError(f"{path} has no best/ checkpoint (the run kept one only where it evaluated during "
                               "training: data.eval_path or data.val_fraction, train.eval_every); drop --best")
-    folder = find_checkpoint(path / which if (path / which).exists() else path)
+    folder = find_checkpoint(path / which if chosen else path)
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(f"{folder} has no tokenizer.json; generate and evaluate need a run trained "
                               "by `attnlab train` (it saves the tokenizer beside the weights)")

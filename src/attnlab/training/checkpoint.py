@@ -180,6 +180,13 @@ def _swap_into_place(new: Path, folder: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def checkpoint_present(folder: str | os.PathLike[str]) -> bool:
+    """Whether a checkpoint folder is there (complete or not), or the `.old` copy a crash between two renames
+    left in its place."""
+    folder = Path(folder)
+    return folder.exists() or _sibling(folder, "old").exists()
+
+
 def remove_checkpoint(folder: str | os.PathLike[str]) -> None:
     """Delete a checkpoint folder and the `.old` copy a crash between two renames may have left beside it."""
     folder = Path(folder)

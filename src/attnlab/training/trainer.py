@@ -685,8 +685,7 @@ class Trainer:
         seed_everything(cfg.seed + self.world.rank)
         if resume:
             self._restore()
-        best = self.out_dir / BEST_DIR
-        self._stale_best = not resume and (best.exists() or ckpt._sibling(best, "old").exists())
+        self._stale_best = not resume and ckpt.checkpoint_present(self.out_dir / BEST_DIR)
         if on_start is not None and self.world.is_main:
             on_start()
         self.log.start(keep_until_step=self.step if resume else None)
