@@ -375,6 +375,20 @@ def mask_tokens(
     return out.to(input_ids.device), labels.to(input_ids.device)
 
 
+def _mask_each_row(input_ids: torch.Tensor, spec: MaskSpec, seed: int, first_row: int,
+                  lengths: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`mask_tokens` for evaluation: row r (the `first_row + r`-th of the evaluation set) masked over its first
+    `lengths[r]` tokens (all of them without `lengths`) by a generator of its own, so a row's masks do not depend
+    on the batch it is in. Returns (masked input_ids, labels); positions past a row's length keep their ids and
+    are ignored by the loss."""
+    ids, labels = input_ids.clone(), torch.full_like(input_ids, IGNORE_INDEX)
+    for r in range(input_ids.shape[0]):
+        n = input_ids.shape[1] if lengths is None else lengths[r]
+        generator = torch_generator(step_rng(seed, first_row + r + 1, _EVAL_SALT))
+        ids[r:r + 1, :n], labels[r:r + 1, :n] = mask_tokens(input_ids[r:r + 1, :n], spec, generator)
+    return ids, labels
+
+
 class MLMSource(_TokenWindows):
     """Random windows of `block_size` tokens of a stream, masked BERT-style (no sentence pairs)."""
 
@@ -403,12 +417,9 @@ class MLMSource(_TokenWindows):
         size = batch_size or self.batch_size
         n_windows = len(self.tokens) // self.block_size
         for first in range(0, n_windows, size):
-            windows = np.arange(first, min(first + size, n_windows))
-            ids = _long(self._windows(windows * self.block_size, self.block_size))
-            rows = [mask_tokens(ids[r:r + 1], self.masking,
-                                torch_generator(step_rng(self.seed, int(w) + 1, _EVAL_SALT)))
-                    for r, w in enumerate(windows)]
-            yield {"input_ids": torch.cat([m for m, _ in rows]), "labels": torch.cat([lab for _, lab in rows])}
+            starts = np.arange(first, min(first + size, n_windows)) * self.block_size
+            ids, labels = _mask_each_row(_long(self._windows(starts, self.block_size)), self.masking, self.seed, first)
+            yield {"input_ids": ids, "labels": labels}
 
 
 class NSPPairs:
@@ -532,13 +543,8 @@ class BertSource:
                 out["input_ids"], self.masking, torch_generator(rng), attention_mask=out["attention_mask"]
             )
         else:
-            ids, labels = out["input_ids"].clone(), torch.full_like(out["input_ids"], IGNORE_INDEX)
-            for r, (pair, _) in enumerate(encoded):
-                generator = torch_generator(step_rng(self.seed, first_row + r + 1, _EVAL_SALT))
-                n = len(pair)
-                ids[r:r + 1, :n], labels[r:r + 1, :n] = mask_tokens(out["input_ids"][r:r + 1, :n], self.masking,
-                                                                     generator)
-            out["input_ids"], out["labels"] = ids, labels
+            out["input_ids"], out["labels"] = _mask_each_row(out["input_ids"], self.masking, self.seed, first_row,
+                                                            [len(ids) for ids, _ in encoded])
         out["next_sentence_label"] = _long(1 - is_next)  # BERT's convention: 0 = B follows A
         return out
 
