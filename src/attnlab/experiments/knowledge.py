@@ -277,16 +277,16 @@ def _phase_done(folder: Path, steps: int) -> bool:
         return False
 
 
-def _check_resumed_vocabulary(out: Path, vocab, variants: list[Variant]) -> None:
-    """--resume continues phases trained on a vocabulary of the run's files: the same files must give the
-    same characters (a --predict file with new ones would change every embedding's shape)."""
+def _check_resumed_vocabulary(phases: list[Path], vocab) -> None:
+    """--resume continues phases (their folders, with a checkpoint) trained on a vocabulary of the run's
+    files: the same files must give the same characters (a --predict file with new ones would change every
+    embedding's shape). Each phase's saved vocabulary is compared (a folder left by another run can differ)."""
     from attnlab.data.knowledge import KnowledgeVocab
     from attnlab.data.tokenizers import load_tokenizer
 
-    phases = {f"{kind}-{v.name}" for v in variants for kind in ("pretrain", "finetune")}
-    for saved in sorted(p for p in out.glob("*/checkpoint/tokenizer.json") if p.parent.parent.name in phases):
+    for folder in phases:
         try:
-            before = KnowledgeVocab.from_tokenizer(load_tokenizer(saved.parent)).itos
+            before = KnowledgeVocab.from_tokenizer(load_tokenizer(folder / "checkpoint")).itos
         except AttnlabError:
             continue  # a damaged phase: its own checkpoint check reports it
         if before != vocab.itos:
@@ -295,11 +295,10 @@ def _check_resumed_vocabulary(out: Path, vocab, variants: list[Variant]) -> None
             change = ", ".join(filter(None, [f"new {''.join(new)!r}" if new else "",
                                              f"missing {''.join(gone)!r}" if gone else ""]))
             raise ConfigError(f"--resume: the files give a vocabulary of {len(vocab.itos)} characters, but "
-                              f"{saved.parent.parent.name} was trained with {len(before)} "
+                              f"{folder.name} was trained with {len(before)} "
                               f"({change or 'another order'}); "
                               "resume with the same --corpus/--train/--eval/--predict files (or, for the "
                               "synthetic world, the same --seed and n_people), or start without --resume")
-        return
 
 
 # What a finished or interrupted phase must share with this run for --resume to continue it.
@@ -471,14 +470,16 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
         return plan
 
     if resume:  # every phase on disk is checked before any is trained
+        trained = []
         for variant in rows:
             for kind, cfg in phases(variant):
                 folder = out / f"{kind}-{variant.name}"
                 if (folder / "checkpoint").exists():
                     _check_resumable(folder, model_config(settings, vocab.vocab_size, variant).to_dict(), cfg,
                                      fingerprints[kind])
+                    trained.append(folder)
         # Settings and data first (they name what changed); then the characters (a --predict file with new ones).
-        _check_resumed_vocabulary(out, vocab, rows)
+        _check_resumed_vocabulary(trained, vocab)
     n_phases = sum(1 + v.pretrain for v in rows)
     phase = 0
     for variant in rows:
