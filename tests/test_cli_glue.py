@@ -634,3 +634,22 @@ def test_evaluate_json_counts_are_integers(tmp_path, capsys, lm_runs):
     assert code == 0, err
     metrics = json.loads(out)
     assert metrics["tokens"] == len(sample.read_text()) - 1 and isinstance(metrics["tokens"], int)
+
+
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_translating_several_prompts_gives_each_its_translation_alone(mt_run, monkeypatch, beam_size):
+    """`generate` translates its prompts in padded, masked batches (here of 2, so the last batch is short):
+    each prompt, whatever its length and its neighbours', gets the tokens it gets alone."""
+    import attnlab.inference.runs as runs
+
+    run = runs.load_run(mt_run)
+    torch.manual_seed(1)
+    with torch.no_grad():  # weights far from a 2-step run's, so that the prompts translate differently
+        for p in run.model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 1.0)
+    prompts = ["a", "a b c d e", "e d", "c a e b d b", "b"]
+    alone = [runs.generate_texts(run, [p], max_new_tokens=6, greedy=True, beam_size=beam_size)[0] for p in prompts]
+    monkeypatch.setattr(runs, "_TRANSLATE_BATCH", 2)
+    assert runs.generate_texts(run, prompts, max_new_tokens=6, greedy=True, beam_size=beam_size) == alone
+    assert len(set(alone)) > 1  # the prompts do not all translate alike, so a mix-up of rows would show

@@ -112,6 +112,9 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
     return LoadedRun(model, tokenizer, read_config(folder)["family"], folder, data)
 
 
+_TRANSLATE_BATCH = 64  # sources translated at once by `generate`; bounds the memory of a long list of prompts
+
+
 def _encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     ids = tokenizer.encode(prompt)  # raises DataError for characters/words the tokenizer cannot encode
     if not ids:
@@ -150,7 +153,9 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
                    seed: int | None = None, beam_size: int = 1) -> list[str]:
     """Continue each prompt with a language model (one batch: prompts of different lengths are padded, and
     greedy decoding gives each the text it would get alone; sampling draws for all rows at once, so a seed
-    reproduces the texts of the same list of prompts), or translate each with a seq2seq model."""
+    reproduces the texts of the same list of prompts), or translate each with a seq2seq model (sources padded
+    and masked in batches: each gets the translation it gets alone)."""
+    from attnlab.data.sources import pad_batch
     from attnlab.inference.generate import beam_search, generate, greedy_translate
 
     tok, model = run.tokenizer, run.model
@@ -167,11 +172,13 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
             raise ConfigError(f"-n is the longest translation in tokens for a translation model; give at least 1, "
                               f"got {max_new_tokens}")
         texts = []
-        for ids in encoded:
-            src = torch.tensor([ids], device=device)
-            out = (beam_search(model, src, beam_size=beam_size, max_len=max_new_tokens) if beam_size > 1
-                   else greedy_translate(model, src, max_len=max_new_tokens))
-            texts.append(tok.decode(out[0], skip_special_tokens=True))
+        pad = tok.pad_id if tok.pad_id is not None else 0
+        for start in range(0, len(encoded), _TRANSLATE_BATCH):  # sources padded together, masked per row
+            batch = pad_batch(encoded[start: start + _TRANSLATE_BATCH], pad)
+            src, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+            out = (beam_search(model, src, mask, beam_size=beam_size, max_len=max_new_tokens) if beam_size > 1
+                   else greedy_translate(model, src, mask, max_len=max_new_tokens))
+            texts.extend(tok.decode(ids, skip_special_tokens=True) for ids in out)
         return texts
     if run.family not in LM_FAMILIES and not (run.family == "encoder" and model.config.head == "lm"):
         raise ConfigError(f"a {run.family!r} model with this head does not generate text; "
