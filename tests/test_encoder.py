@@ -182,3 +182,93 @@ def test_config_validation_and_round_trip():
     assert cfg.replace(head="lm").is_causal is True  # "automatic" survives replace
     rebuilt = build_model(config_to_dict(cfg))
     assert rebuilt.config == cfg
+
+
+# ---- decoding with a KV cache ---------------------------------------------------------------------------------
+
+def _decoding_lm(**kw) -> EncoderModel:
+    """A causal encoder LM with weights far from their initialisation (fresh ones make many scores nearly equal)."""
+    torch.manual_seed(0)
+    base = dict(vocab_size=20, d_model=16, n_heads=2, d_ff=16, n_layers=2, dropout=0.0, max_len=12)
+    model = EncoderModel(EncoderConfig(**{**base, **kw}))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 1.0)
+    return model.eval()
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+@pytest.mark.parametrize("position,attention", [("sinusoidal", "dot"), ("learned", "dot"), ("rotary", "dot"),
+                                                ("t5-bias", "dot"), ("relative", "dot"), ("alibi", "dot"),
+                                                ("learned", "synthesizer-dense")])
+def test_a_causal_encoder_lm_gives_the_same_logits_with_a_cache(norm, position, attention):
+    """The tutorial's model under its causal mask is a decoder-only LM: fed piece by piece through a KV cache,
+    with or without a mask over padded keys, it gives the logits of one full pass (post-norm layers too). The
+    weights are large (logits in the tens), hence the float32 tolerance of 1e-4."""
+    model = _decoding_lm(norm=norm, position=position, attention=attention)
+    ids = torch.randint(0, 20, (2, 10))
+    full = model(ids).logits
+    cache = model.new_cache()
+    pieces = [model(ids[:, a:b], cache=cache).logits for a, b in [(0, 4), (4, 5), (5, 8), (8, 10)]]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-4, rtol=1e-4)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[0, :2] = 0  # row 0 is left-padded by two: its tokens sit at positions 0..9
+    padded = torch.cat([torch.zeros(2, 2, dtype=torch.long), ids], dim=1)
+    padded[1] = torch.cat([ids[1], torch.zeros(2, dtype=torch.long)])
+    mask[1, 10:] = 0  # row 1 is right-padded
+    cache = model.new_cache()
+    steps = [model(padded[:, a:b], attention_mask=mask[:, :b], cache=cache).logits for a, b in [(0, 6), (6, 12)]]
+    cached = torch.cat(steps, dim=1)
+    torch.testing.assert_close(cached[0, 2:], full[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(cached[1, :10], full[1], atol=1e-4, rtol=1e-4)
+
+
+def test_an_encoder_lm_generates_with_a_cache_what_it_generates_without():
+    """`generate` keeps a KV cache for the causal encoder LM (it had none and failed with the default
+    use_cache=True): the same tokens as recomputing every step, prompts of any length batched, one forward per new
+    token once the prompt is in; past max_len the window slides as for GPT (it failed as too long)."""
+    from attnlab.inference.generate import generate
+
+    model = _decoding_lm(position="learned")
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9]]
+    out = generate(model, prompts, 15, greedy=True)
+    assert out == generate(model, prompts, 15, greedy=True, use_cache=False)
+    assert out == [generate(model, [p], 15, greedy=True, use_cache=False)[0] for p in prompts]
+    assert len(set(map(tuple, out))) == 3
+    with torch.no_grad():  # each token is the model's choice over the last 12 tokens alone
+        seq = list(prompts[2])
+        for token in out[2]:
+            assert token == int(model(torch.tensor([seq[-12:]])).logits[0, -1].argmax())
+            seq.append(token)
+    forward, lengths = EncoderModel.forward, []
+
+    def counted(self, input_ids, *args, **kwargs):
+        lengths.append(input_ids.shape[1])
+        return forward(self, input_ids, *args, **kwargs)
+
+    EncoderModel.forward = counted
+    try:
+        assert generate(model, prompts[2:], 15, greedy=True) == out[2:]
+    finally:
+        EncoderModel.forward = forward
+    assert lengths == [5] + [1] * 7 + [12] * 7  # cached to the 12th position, then the window recomputed
+
+
+def test_a_bidirectional_lm_or_a_classifier_decodes_without_a_cache():
+    """A bidirectional LM's earlier states change with every token added: it keeps no cache, and `generate`
+    recomputes it each step (what it gives with use_cache=False)."""
+    from attnlab.inference.generate import generate
+
+    model = _decoding_lm(causal=False)
+    assert not model.supports_cache and not _decoding_lm(head="classification", causal=True).supports_cache
+    with pytest.raises(ConfigError, match="causal LM head"):
+        model.new_cache()
+    with pytest.raises(ConfigError, match="causal LM head"):
+        model(torch.tensor([[1, 2]]), cache=[])
+    out = generate(model, [[1, 2, 3]], 6, greedy=True)
+    with torch.no_grad():
+        seq = [1, 2, 3]
+        for token in out[0]:
+            assert token == int(model(torch.tensor([seq])).logits[0, -1].argmax())
+            seq.append(token)

@@ -87,13 +87,15 @@ def generate(
     """Continue each prompt by up to `max_new_tokens` tokens.
 
     Args:
-        model: a decoder-only model with `forward(input_ids, attention_mask=..., cache=...)`,
-            `new_cache(capacity)` and `max_len` (None when unbounded), e.g. `GPT`.
+        model: a causal LM with `forward(input_ids, attention_mask=..., cache=...)`, `new_cache(capacity)`
+            and `max_len` (None when unbounded), e.g. `GPT` or an `EncoderModel` with the LM head; a model
+            whose `supports_cache` is False (a bidirectional LM) is decoded without the cache.
         prompt: (B, T) ids, or a list of id lists of any lengths (left-padded internally).
         greedy: take the argmax; otherwise sample with `temperature`, `top_k`, `top_p`.
         eos_id: stop a row when it produces this id (the id is kept in its output).
         seed: seed of the sampling generator (deterministic sampling).
-        use_cache: reuse keys/values (the default); False recomputes the whole prefix each step.
+        use_cache: reuse keys/values (the default, where the model supports it); False recomputes the whole
+            prefix each step.
             A model with a bounded context (`max_len`: learned positions, a block size) sees at most its
             last `max_len` tokens: once the sequence is longer, each step recomputes that window, whose
             positions start again at 0, with or without the cache (which serves until then).
@@ -118,7 +120,9 @@ def generate(
     padded = any(len(r) != longest for r in rows)
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     limit = getattr(model, "max_len", None)
-    cached = use_cache and (limit is None or longest <= limit)  # the cache serves while the sequence fits
+    # The cache serves while the sequence fits, in a model that can keep one (`supports_cache`: a causal LM).
+    cached = use_cache and getattr(model, "supports_cache", hasattr(model, "new_cache")) and (
+        limit is None or longest <= limit)
 
     with eval_mode(model):
         step = _decoder(model, ids, mask, total, padded=padded, cached=cached, fast=fast, limit=limit)

@@ -192,8 +192,7 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
         raise DataError(f"a prompt of {longest} tokens is longer than the model's {limit} positions; "
                         f"shorten it to at most {limit} tokens")
     new = generate(model, encoded, max_new_tokens, greedy=greedy, temperature=temperature, top_k=top_k,
-                   top_p=top_p, eos_id=tok.eos_id, pad_id=tok.pad_id if tok.pad_id is not None else 0, seed=seed,
-                   use_cache=hasattr(model, "new_cache"))
+                   top_p=top_p, eos_id=tok.eos_id, pad_id=tok.pad_id if tok.pad_id is not None else 0, seed=seed)
     return [tok.decode(ids, skip_special_tokens=True) for ids in new]
 
 

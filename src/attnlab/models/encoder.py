@@ -32,7 +32,7 @@ from attnlab.models.common import (
 )
 from attnlab.models.output import ModelOutput
 from attnlab.models.registry import register_family, register_preset
-from attnlab.modules.attention import key_mask
+from attnlab.modules.attention import KVCache, key_mask
 from attnlab.modules.blocks import NORM_PLACEMENTS, Encoder, LayerSpec
 from attnlab.modules.feedforward import ACTIVATIONS
 from attnlab.modules.positions import POSITIONS, build_position, check_compatible
@@ -190,6 +190,8 @@ class EncoderModel(nn.Module):
     (B, T, V) for the "lm" head (labels (B, T), already shifted by the data) or (B, C) for the
     "classification" head (labels (B,)). Padding is masked out of attention (as keys) and of pooling;
     positions count real tokens only, so left and right padding give the same outputs on real tokens.
+    A causal LM decodes with a cache from `new_cache()` as GPT does: only the new tokens are given, and
+    attention_mask (if any) covers the cached keys too.
     """
 
     def __init__(self, config: EncoderConfig):
@@ -203,13 +205,25 @@ class EncoderModel(nn.Module):
         # The tutorial's init_weights: uniform(-0.1, 0.1) embedding and output weights, zero output bias.
         nn.init.uniform_(self.embed.token.weight, -0.1, 0.1)
         self._init_head()
+        # The longest sequence (None: unbounded); generation slides a window of this size past it.
+        self.max_len = length_limit(c.attention, self.position, c.max_len)
 
     def _init_head(self) -> None:
         nn.init.uniform_(self.head.proj.weight, -0.1, 0.1)
         nn.init.zeros_(self.head.proj.bias)
 
-    def _max_len(self) -> int | None:
-        return length_limit(self.config.attention, self.position, self.config.max_len)
+    @property
+    def supports_cache(self) -> bool:
+        """Whether decoding may keep keys and values: only under the causal LM head (a bidirectional model's
+        earlier states change with every token added after them)."""
+        return self.config.head == "lm" and self.config.is_causal
+
+    def new_cache(self, capacity: int = 0) -> list[KVCache]:
+        """One KV cache per layer; `capacity` preallocates that many positions."""
+        if not self.supports_cache:
+            raise ConfigError("a KV cache needs the causal LM head (head = \"lm\", causal not false); decode "
+                              "this model without a cache")
+        return [KVCache(capacity=capacity) for _ in range(self.config.n_layers)]
 
     def _keep(self, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor | None:
         """(B, T) bool, True on real tokens; None when every token is real."""
@@ -219,27 +233,36 @@ class EncoderModel(nn.Module):
             return input_ids != self.config.pad_id
         return None
 
-    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, need_weights: bool = False,
-               output_hidden_states: bool = False) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, cache: list[KVCache] | None = None,
+               need_weights: bool = False, output_hidden_states: bool = False
+               ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """(B, T) ids -> (final states (B, T, D), per-layer attention weights, hidden states)."""
         b, t = input_ids.shape
-        check_length(t, self._max_len())
-        keep = self._keep(input_ids, attention_mask)
+        if cache is not None and not self.supports_cache:
+            raise ConfigError("a KV cache needs the causal LM head; call the model without a cache")
+        past = cache[0].length if cache else 0
+        check_length(past + t, self.max_len)
+        # With a cache, padding comes from attention_mask over every key (config.pad_id sees only new tokens).
+        keep = self._keep(input_ids, attention_mask) if cache is None else (
+            None if attention_mask is None else attention_mask.bool())
         if keep is None:
-            positions, mask = default_positions(t, 0, input_ids.device), None
-        else:
-            positions, mask = positions_from_mask(keep), key_mask(keep)  # (B, T), (B, 1, 1, T)
+            positions, key_positions, mask = default_positions(t, past, input_ids.device), None, None
+        else:  # (B, S) keep -> positions over real tokens, (B, 1, 1, S) key mask
+            key_positions, mask = positions_from_mask(keep), key_mask(keep)
+            positions = key_positions[:, -t:]
+            key_positions = key_positions if cache is not None else None
         x = self.embed(input_ids, positions, self.position)  # (B, T, D)
         return self.encoder(x, mask=mask, causal=self.config.is_causal, positions=positions,
-                            position=self.position, need_weights=need_weights,
-                            output_hidden_states=output_hidden_states)
+                            key_positions=key_positions, position=self.position, cache=cache,
+                            need_weights=need_weights, output_hidden_states=output_hidden_states)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None,
-                *, need_weights: bool = False, output_hidden_states: bool = False,
-                **_unused: Tensor) -> ModelOutput:
-        h, weights, hidden = self.encode(input_ids, attention_mask, need_weights=need_weights,
+                *, cache: list[KVCache] | None = None, need_weights: bool = False,
+                output_hidden_states: bool = False, **_unused: Tensor) -> ModelOutput:
+        h, weights, hidden = self.encode(input_ids, attention_mask, cache=cache, need_weights=need_weights,
                                          output_hidden_states=output_hidden_states)
-        out = ModelOutput(logits=self.head(h, self._keep(input_ids, attention_mask)))
+        keep = None if cache is not None else self._keep(input_ids, attention_mask)  # the LM head reads no keep
+        out = ModelOutput(logits=self.head(h, keep))
         if labels is not None:
             out.loss, out.n_targets = token_loss(out.logits, labels,
                                                  label_smoothing=self.config.label_smoothing)

@@ -115,6 +115,8 @@ class GPT(nn.Module):
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
 
+    supports_cache = True  # decoding keeps keys and values (a causal model's earlier states never change)
+
     def new_cache(self, capacity: int = 0) -> list[KVCache]:
         """One KV cache per layer; `capacity` preallocates that many positions."""
         return [KVCache(capacity=capacity) for _ in range(self.config.n_layers)]
