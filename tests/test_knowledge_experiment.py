@@ -4,6 +4,7 @@ scales (the assignment's parameter count), and the trimming of pad columns (same
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -250,3 +251,26 @@ def test_resume_after_a_changed_world_names_the_data(tmp_path):
     with pytest.raises(ConfigError, match=r"the data \(other files, or a world of another --seed or n_people\)"):
         run_knowledge(out, variants="none", device="cpu", overrides={**small, "n_people": 16}, progress=False,
                       resume=True, echo=lambda *_: None)
+
+
+def test_a_new_run_over_an_unfinished_one_leaves_no_stale_rows(tmp_path):
+    """A run stopped before its table (no results.json) left phase folders and predictions; a new run without
+    --resume kept the ones of variants it does not run beside its own table. It warns and removes them."""
+    files = write_files(tmp_path)
+    out = tmp_path / "out"
+    args = dict(corpus=files["corpus"], train=files["train"], eval_path=files["eval"], device="cpu", overrides=TINY,
+                progress=False, echo=lambda *_: None)
+    run_knowledge(out, variants="none,dot", **args)
+    for name in ("results.json", "results.md", "curves.png", "accuracy.png"):
+        (out / name).unlink()  # as a run interrupted after its last phase leaves the folder
+    (out / "pretrain-notes.txt").write_text("the user's", encoding="utf-8")  # not a phase folder: kept
+    with pytest.warns(UserWarning, match=r"already holds an unfinished knowledge run \(predictions, pretrain-dot"):
+        summary = run_knowledge(out, variants="none", **args)
+    assert [r["variant"] for r in summary["variants"]] == ["none"]
+    assert not (out / "pretrain-dot").exists() and not (out / "finetune-dot").exists()
+    assert sorted(p.name for p in (out / "predictions").iterdir()) == ["none.tsv"]
+    assert (out / "pretrain-notes.txt").is_file()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fresh folder, or --resume, has nothing to replace
+        run_knowledge(tmp_path / "fresh", variants="none", **args)
+        run_knowledge(out, variants="none", resume=True, **args)

@@ -381,6 +381,9 @@ def answer_questions(model, vocab, questions: list[str], *, batch_size: int = 12
 # ------------------------------------------------------------------------------------------------
 
 
+_OUTPUT_FILES = ("results.json", "results.md", "curves.png", "accuracy.png")  # written at the end of a run
+
+
 def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick",
                   variants: str | list[str] | None = None, corpus: str | None = None, train: str | None = None,
                   eval_path: str | None = None, predict: str | None = None, seed: int = 0,
@@ -415,10 +418,17 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     if (out / "checkpoint").is_dir() or (out / "model.safetensors").is_file():
         raise ConfigError(f"--out: {str(out)!r} holds a training run or checkpoint; give the experiment a folder "
                           "of its own, e.g. runs/knowledge")
-    replacing = not resume and (out / "results.json").is_file()
-    if replacing:
-        warnings.warn(f"{out} already holds the results of a knowledge run; this run replaces them (--resume "
-                      "continues it instead)", stacklevel=2)
+    # Without --resume, an earlier run's outputs (finished, or stopped before its table) are replaced: rows of
+    # variants this run leaves out must not sit beside its table.
+    earlier = [] if resume or not out.is_dir() else [
+        path for path in [out / "predictions", *sorted(out.glob("pretrain-*/")), *sorted(out.glob("finetune-*/")),
+                          *(out / name for name in _OUTPUT_FILES)] if path.exists()]
+    if earlier:
+        what = ("the results of a knowledge run" if (out / "results.json").is_file() else
+                "an unfinished knowledge run (" + ", ".join(p.name for p in earlier[:3])
+                + (", ..." if len(earlier) > 3 else "") + ")")
+        warnings.warn(f"{out} already holds {what}; this run replaces it (--resume continues it instead)",
+                      stacklevel=2)
     # The user's files are read before the folder is made (a missing file leaves nothing behind).
     data = load_data(out, settings, corpus=corpus, train=train, eval_path=eval_path, predict=predict, seed=seed)
     make_folder(out, "--out")
@@ -444,13 +454,11 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     finetune_source = QASource(data.train, vocab, settings.block_size, settings.finetune_batch, seed=seed,
                                name=data.files.get("train", "fine-tuning pairs"), trim=True)
     results: list[dict[str, Any]] = []
-    if replacing:  # everything is checked by now: the earlier run's rows must not sit beside the new ones
-        for stale in [out / "predictions", *out.glob("pretrain-*"), *out.glob("finetune-*"), out / "results.json",
-                      out / "results.md"]:
-            if stale.is_dir():
-                shutil.rmtree(stale)
-            else:
-                stale.unlink(missing_ok=True)
+    for stale in earlier:  # everything is checked by now: the earlier run's rows must not sit beside the new ones
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        else:
+            stale.unlink(missing_ok=True)
     (out / "predictions").mkdir(exist_ok=True)
     fingerprints = {"pretrain": data_fingerprint(data.corpus), "finetune": data_fingerprint(data.train)}
     sources = {"pretrain": pretrain_source, "finetune": finetune_source}
