@@ -423,14 +423,15 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     earlier = [] if resume or not out.is_dir() else [
         path for path in [out / "predictions", *sorted(out.glob("pretrain-*/")), *sorted(out.glob("finetune-*/")),
                           *(out / name for name in _OUTPUT_FILES)] if path.exists()]
+    # The user's files are read before the folder is made (a missing file leaves nothing behind), and before
+    # the warning that this run replaces an earlier one (refused files replace nothing).
+    data = load_data(out, settings, corpus=corpus, train=train, eval_path=eval_path, predict=predict, seed=seed)
     if earlier:
         what = ("the results of a knowledge run" if (out / "results.json").is_file() else
                 "an unfinished knowledge run (" + ", ".join(p.name for p in earlier[:3])
                 + (", ..." if len(earlier) > 3 else "") + ")")
         warnings.warn(f"{out} already holds {what}; this run replaces it (--resume continues it instead)",
                       stacklevel=2)
-    # The user's files are read before the folder is made (a missing file leaves nothing behind).
-    data = load_data(out, settings, corpus=corpus, train=train, eval_path=eval_path, predict=predict, seed=seed)
     make_folder(out, "--out")
     qa_text = "".join(q + a for q, a in data.train + data.dev) + "".join(data.predict)
     vocab = KnowledgeVocab.from_texts("".join(data.corpus), qa_text)
