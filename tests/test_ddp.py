@@ -61,3 +61,47 @@ def test_two_processes_match_one(tmp_path):
     assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == [
         "best", "checkpoint", "loss.png", "metrics.jsonl"]
     assert len(json.loads((tmp_path / "ddp" / "checkpoint" / "trainer_state.json").read_text())["rng"]) == 2
+
+
+# ---- messages under torchrun: every process runs the same command ----------------------------------------------
+
+
+@pytest.mark.parametrize("rank,shown", [("0", True), ("1", False)])
+def test_a_refused_setting_is_reported_by_rank_zero_alone(capsys, monkeypatch, rank, shown):
+    """Under torchrun each process refuses the same bad setting: the line came once per process."""
+    from cli_helpers import run_cli
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    code, _, err = run_cli(capsys, "train", "--set", "train.stpes=3")
+    assert code == 2
+    assert ("attnlab: error: unknown setting train.stpes" in err) is shown
+    assert (err.strip() == "") is not shown
+    code, _, err = run_cli(capsys, "train", "--no-such-option")  # the command line too
+    assert code == 2 and (err.strip() != "") is shown
+
+
+def test_a_data_error_in_another_rank_names_its_rank(capsys, monkeypatch, tmp_path):
+    """A file or data error may be one process's own (a file missing on one node): every process reports it,
+    the others than rank 0 under their rank; their warnings, repeats of rank 0's, are not shown."""
+    import warnings
+
+    from cli_helpers import run_cli
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    missing = tmp_path / "missing.txt"
+    code, _, err = run_cli(capsys, "evaluate", str(tmp_path), "--data", str(missing))
+    assert code == 2
+    assert err.startswith("attnlab (rank 1): error: ") and len(err.strip().splitlines()) == 1, err
+    with warnings.catch_warnings():
+        from attnlab.cli import _main
+
+        def warn(*args, **kwargs):
+            warnings.warn("the same for every process", stacklevel=1)
+            raise SystemExit(0)
+
+        monkeypatch.setattr("attnlab.cli.app", warn)
+        with pytest.raises(SystemExit):
+            _main([], [])
+    assert capsys.readouterr().err == ""

@@ -4,13 +4,14 @@ line on stderr with exit code 2 (130 for a run interrupted by Ctrl-C, 143 for on
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import warnings
 
 import typer
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, ConfigError
 
 app = typer.Typer(
     name="attnlab",
@@ -247,10 +248,30 @@ def main(argv: list[str] | None = None) -> None:
         _main(argv, terminated)
 
 
+def _other_rank() -> str | None:
+    """Under torchrun, this process's rank when it is not rank 0 (None in rank 0 and in a single process)."""
+    rank, size = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    return rank if size not in ("", "1") and rank not in ("", "0") else None
+
+
+def _report(message: str, *, same_in_every_process: bool = False) -> None:
+    """Print one line on stderr. Under torchrun every process runs the same command: a message each of them gives
+    alike (a refused command line or setting, Ctrl-C) comes from rank 0 alone, and any other names its rank."""
+    rank = _other_rank()
+    if rank is not None:
+        if same_in_every_process:
+            return
+        message = message.replace("attnlab:", f"attnlab (rank {rank}):", 1)
+    print(message, file=sys.stderr)
+
+
 def _main(argv: list[str] | None, terminated: list[int]) -> None:
     exceptions = _click_exceptions()
-    # Warnings as one line each, without the source line Python shows by default.
+    # Warnings as one line each, without the source line Python shows by default; under torchrun from rank 0
+    # only (every process reads the same settings and data, so the others would repeat its warnings).
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"attnlab: warning: {message}\n"
+    if _other_rank() is not None:
+        warnings.simplefilter("ignore")
     try:
         result = app(args=argv, standalone_mode=False)
     except (typer.Abort, KeyboardInterrupt):
@@ -261,31 +282,33 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
         if type(e).__name__ == "NoArgsIsHelpError":  # `attnlab` alone: the help, already printed by typer's rich
             help_text = e.format_message().strip()
             if help_text:
-                print(help_text, file=sys.stderr)
+                _report(help_text, same_in_every_process=True)
         else:
-            print(f"attnlab: error: {_usage_line(e)}", file=sys.stderr)
+            _report(f"attnlab: error: {_usage_line(e)}", same_in_every_process=True)
         sys.exit(2)
     except AttnlabError as e:
         code = getattr(e, "exit_code", 2)
         if code == 130 and terminated:  # stopped (a checkpoint saved) by SIGTERM, not Ctrl-C
-            print(f"attnlab: terminated (SIGTERM): {e}", file=sys.stderr)
+            _report(f"attnlab: terminated (SIGTERM): {e}", same_in_every_process=True)
             sys.exit(143)
-        print(f"attnlab: {'' if code == 130 else 'error: '}{e}", file=sys.stderr)
+        # A refused setting is refused by every process alike; data and file errors may be one process's own.
+        _report(f"attnlab: {'' if code == 130 else 'error: '}{e}",
+                same_in_every_process=code == 130 or isinstance(e, ConfigError))
         sys.exit(code)
     except (MemoryError, RuntimeError) as e:
         if not _out_of_memory(e):
             raise
-        print("attnlab: error: out of memory; use a smaller model (model.d_model, model.n_layers...) or smaller "
-              "batches (train.batch_size or train.micro_batch_size; --batch-size when evaluating)", file=sys.stderr)
+        _report("attnlab: error: out of memory; use a smaller model (model.d_model, model.n_layers...) or smaller "
+                "batches (train.batch_size or train.micro_batch_size; --batch-size when evaluating)")
         sys.exit(2)
     except OSError as e:  # the system refused a file operation (a folder that cannot be made, a full disk...)
         where = f": {e.filename}" if e.filename else ""
-        print(f"attnlab: error: {e.strerror or e}{where}; check the path and its permissions", file=sys.stderr)
+        _report(f"attnlab: error: {e.strerror or e}{where}; check the path and its permissions")
         sys.exit(2)
     if result == 130 and terminated:
-        print("attnlab: terminated (SIGTERM)", file=sys.stderr)
+        _report("attnlab: terminated (SIGTERM)", same_in_every_process=True)
         result = 143
     elif result == 130:  # typer turns Ctrl-C outside our own handlers into a return value of 130
-        print("attnlab: interrupted", file=sys.stderr)
+        _report("attnlab: interrupted", same_in_every_process=True)
     if isinstance(result, int) and result:
         sys.exit(result)
