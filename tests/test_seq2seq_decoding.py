@@ -121,3 +121,23 @@ def test_beam_size_below_one_and_negative_length_penalty_are_refused():
         beam_search(_model(0), _sources(0), beam_size=0)
     with pytest.raises(ConfigError, match="length_penalty"):
         beam_search(_model(0), _sources(0), length_penalty=-0.5)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_a_translation_ends_at_the_models_last_target_position(beam_size):
+    """A model with learned positions has max_len target positions: asked for longer translations (generate's
+    -n defaults to 200), decoding stopped with 'target sequence ... longer than the model allows' once a
+    translation reached them. It now ends there, as at max_len."""
+    torch.manual_seed(0)
+    config = TransformerConfig(src_vocab_size=V, tgt_vocab_size=V, d_model=16, n_heads=2, d_ff=32,
+                               n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_len=6, position="learned",
+                               share_embeddings=False, tie_output=False, output_bias=True)
+    model = Seq2SeqTransformer(config).eval()
+    with torch.no_grad():  # no eos ever: every translation runs to the end
+        model.lm_head.bias[2] = -100.0
+    src = torch.randint(3, V, (2, 4))
+    decode = (lambda n: greedy_translate(model, src, max_len=n)) if beam_size == 1 else \
+        (lambda n: beam_search(model, src, beam_size=beam_size, max_len=n))
+    out = decode(50)
+    assert out == decode(6) and [len(ids) for ids in out] == [6, 6]
+    assert [len(ids) for ids in decode(4)] == [4, 4]  # a shorter max_len still wins

@@ -184,9 +184,17 @@ def _decoder(model: nn.Module, ids: Tensor, mask: Tensor, total: int, *, padded:
 @torch.no_grad()
 def greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = None, *,
                      max_len: int = 64) -> list[list[int]]:
-    """Greedy decoding for a batch of sources with a KV cache; returns target ids without bos, up to eos."""
+    """Greedy decoding for a batch of sources with a KV cache; returns target ids without bos, up to eos, at most
+    `max_len` of them and at most as many as the model has target positions (a bounded model: learned ones)."""
     with eval_mode(model):
-        return _greedy_translate(model, src_ids, src_mask, max_len)
+        return _greedy_translate(model, src_ids, src_mask, _target_length(model, max_len))
+
+
+def _target_length(model: nn.Module, max_len: int) -> int:
+    """`max_len` capped at the model's target positions: a translation ends there, as it does at `max_len` (token
+    n is predicted from bos and the n - 1 before it, n positions)."""
+    limit = getattr(model, "max_len", None)
+    return max_len if limit is None else min(max_len, limit)
 
 
 def _greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, max_len: int) -> list[list[int]]:
@@ -220,7 +228,8 @@ def beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = Non
     Each step ranks the 2k best continuations of a source's live beams: those that end (eos) become finished
     hypotheses, scored log p / penalty(length counting eos); the first k others live on. A source stops once
     no live beam can beat its best finished hypothesis (log-probabilities only fall and α ≥ 0), and at
-    `max_len` its live beams are finished as they are. Each source gets the tokens it gets alone.
+    `max_len` (capped at the model's target positions) its live beams are finished as they are. Each source gets
+    the tokens it gets alone.
 
     Returns the best target ids of each source (without bos and eos).
     """
@@ -229,7 +238,7 @@ def beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = Non
     if length_penalty < 0:  # the early stop bounds a live beam's best score assuming α ≥ 0
         raise ConfigError(f"length_penalty must be >= 0, got {length_penalty}")
     with eval_mode(model):
-        return _beam_search(model, src_ids, src_mask, beam_size, max_len, length_penalty)
+        return _beam_search(model, src_ids, src_mask, beam_size, _target_length(model, max_len), length_penalty)
 
 
 def _beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, beam_size: int, max_len: int,

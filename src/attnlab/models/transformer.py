@@ -118,13 +118,15 @@ class Seq2SeqTransformer(nn.Module):
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=c.output_bias)
         if c.tie_output:
             self.lm_head.weight = self.tgt_embed.token.weight
+        # The longest source and target (None: unbounded): learned positions or Synthesizer bound them.
+        self.max_len = length_limit(c.attention, self.src_position, c.max_len)
 
     # -- the two halves -----------------------------------------------------------------------------
 
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None, *, need_weights: bool = False,
                output_hidden_states: bool = False) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """(B, S) ids -> memory (B, S, D), encoder attention weights, hidden states."""
-        check_length(src_ids.shape[1], self._max_len(), "source sequence")
+        check_length(src_ids.shape[1], self.max_len, "source sequence")
         # With a mask, positions count real tokens, so a left-padded source reads as it does alone.
         positions = positions_from_mask(src_mask) if src_mask is not None else \
             default_positions(src_ids.shape[1], 0, src_ids.device)
@@ -138,7 +140,7 @@ class Seq2SeqTransformer(nn.Module):
                output_hidden_states: bool = False):
         """(B, T) target ids and memory -> (logits (B, T, V), self weights, cross weights, hidden)."""
         past = cache[0][0].length if cache else 0
-        check_length(past + tgt_ids.shape[1], self._max_len(), "target sequence")
+        check_length(past + tgt_ids.shape[1], self.max_len, "target sequence")
         positions = default_positions(tgt_ids.shape[1], past, tgt_ids.device)
         y = self.tgt_embed(tgt_ids, positions, self.tgt_position)
         memory_mask = key_mask(src_mask.bool()) if src_mask is not None else None
@@ -149,9 +151,6 @@ class Seq2SeqTransformer(nn.Module):
 
     def new_cache(self) -> list[tuple[KVCache, KVCache]]:
         return [(KVCache(), KVCache(static=True)) for _ in range(self.config.n_decoder_layers)]
-
-    def _max_len(self) -> int | None:
-        return length_limit(self.config.attention, self.src_position, self.config.max_len)
 
     # -- training forward ---------------------------------------------------------------------------
 
