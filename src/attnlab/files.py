@@ -57,7 +57,10 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         yield tmp
         fsync_path(tmp)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:  # e.g. a folder in the target's place: name the target, not the temporary file
+            raise type(e)(e.errno, e.strerror, str(path)) from None
     finally:
         tmp.unlink(missing_ok=True)
 

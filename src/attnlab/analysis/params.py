@@ -802,6 +802,8 @@ def load_config(name: str) -> tuple[str, Config]:
     """
     from attnlab.models.registry import config_from_dict, get_preset, preset_names
 
+    if not name.strip():  # Path("") is the working directory
+        raise ConfigError(f"the model name is empty; give a preset name ({', '.join(preset_names())}) or a run folder")
     path = Path(name)
     if path.is_dir() or path.suffix == ".json" or re.search(r"[/\\]", name):
         file = path
@@ -824,7 +826,10 @@ def load_config(name: str) -> tuple[str, Config]:
         if not isinstance(data, dict):
             raise ConfigError(f"{file}: expected a JSON object with a 'family' key; give a run or checkpoint "
                               "folder written by attnlab, or a preset name (attnlab params --list)")
-        return str(path), config_from_dict(data)[1]
+        try:
+            return str(path), config_from_dict(data)[1]
+        except ConfigError as e:  # name the file, as generate and evaluate do: the setting is in it
+            raise ConfigError(f"{file}: {e}") from None
     try:
         return name, get_preset(name)[1]
     except ConfigError as e:

@@ -294,15 +294,20 @@ class World:
         pairs = [(self.people[i].question, self.people[i].answer) for i in order]
         return pairs[n_eval:], pairs[:n_eval]
 
+    @staticmethod
+    def paths(folder: str | PathLike[str]) -> dict[str, Path]:
+        """The paths `write` gives the corpus and the question files in `folder`, by name."""
+        out = Path(folder)
+        return {"corpus": out / "corpus.txt", "train": out / "train.tsv", "dev": out / "dev.tsv"}
+
     def write(
         self, folder: str | PathLike[str], eval_fraction: float = 0.2, seed: int = 0
     ) -> dict[str, Path]:
         """Write ``corpus.txt`` (one biography a line), ``train.tsv`` and ``dev.tsv``
         (``question<TAB>answer`` lines) into `folder`, creating it; returns the three paths by name."""
-        out = Path(folder)
-        out.mkdir(parents=True, exist_ok=True)
+        Path(folder).mkdir(parents=True, exist_ok=True)
         train, dev = self.split(eval_fraction, seed)
-        paths = {"corpus": out / "corpus.txt", "train": out / "train.tsv", "dev": out / "dev.tsv"}
+        paths = self.paths(folder)
         write_text_atomic(paths["corpus"], "".join(line + "\n" for line in self.corpus_lines()))
         for key, pairs in (("train", train), ("dev", dev)):
             write_text_atomic(paths[key], "".join(f"{q}\t{a}\n" for q, a in pairs))

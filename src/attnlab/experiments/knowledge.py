@@ -200,11 +200,13 @@ class KnowledgeData:
     predict: list[str] = field(default_factory=list)
     source: str = "synthetic"
     files: dict[str, str] = field(default_factory=dict)
+    write: Any = None  # the synthetic world: writes its files into data/ once the run's checks have passed
 
 
 def load_data(out: Path, settings: KnowledgeScale, *, corpus: str | None, train: str | None,
               eval_path: str | None, predict: str | None, seed: int) -> KnowledgeData:
-    """The user's files, or a synthetic world written to ``out/data`` (so the run can be inspected)."""
+    """The user's files, or a synthetic world to be written to ``out/data`` (so the run can be inspected) by
+    ``data.write()``, called once everything is checked: a refused run leaves an earlier run's data alone."""
     from attnlab.data.knowledge import read_corpus, read_qa_file
     from attnlab.data.world import make_world
 
@@ -220,10 +222,10 @@ def load_data(out: Path, settings: KnowledgeScale, *, corpus: str | None, train:
                              files={"corpus": str(corpus), "train": str(train), "eval": str(eval_path)})
     else:
         world = make_world(settings.n_people, seed)
-        paths = world.write(out / "data", eval_fraction=settings.eval_fraction, seed=seed)
         train_pairs, dev_pairs = world.split(settings.eval_fraction, seed)
         data = KnowledgeData(world.corpus_lines(), train_pairs, dev_pairs, source="synthetic",
-                             files={k: str(v) for k, v in paths.items()})
+                             files={k: str(v) for k, v in world.paths(out / "data").items()},
+                             write=lambda: world.write(out / "data", eval_fraction=settings.eval_fraction, seed=seed))
     if predict:
         data.predict = [q for q, _ in read_qa_file(predict, require_answers=False, block_size=settings.block_size)]
         data.files["predict"] = str(predict)
@@ -273,7 +275,7 @@ def _phase_done(folder: Path, steps: int) -> bool:
 
     try:
         return int(read_trainer_state(folder).get("step", -1)) >= steps
-    except (CheckpointError, TypeError, ValueError):  # no or unreadable state: not done
+    except (CheckpointError, TypeError, ValueError, OverflowError):  # no or unreadable state: not done
         return False
 
 
@@ -423,16 +425,9 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     earlier = [] if resume or not out.is_dir() else [
         path for path in [out / "predictions", *sorted(out.glob("pretrain-*/")), *sorted(out.glob("finetune-*/")),
                           *(out / name for name in _OUTPUT_FILES)] if path.exists()]
-    # The user's files are read before the folder is made (a missing file leaves nothing behind), and before
-    # the warning that this run replaces an earlier one (refused files replace nothing).
+    # The user's files are read before the folder is made (a missing file leaves nothing behind), and checked
+    # with the settings before the warning that this run replaces an earlier one (a refused run replaces nothing).
     data = load_data(out, settings, corpus=corpus, train=train, eval_path=eval_path, predict=predict, seed=seed)
-    if earlier:
-        what = ("the results of a knowledge run" if (out / "results.json").is_file() else
-                "an unfinished knowledge run (" + ", ".join(p.name for p in earlier[:3])
-                + (", ..." if len(earlier) > 3 else "") + ")")
-        warnings.warn(f"{out} already holds {what}; this run replaces it (--resume continues it instead)",
-                      stacklevel=2)
-    make_folder(out, "--out")
     qa_text = "".join(q + a for q, a in data.train + data.dev) + "".join(data.predict)
     vocab = KnowledgeVocab.from_texts("".join(data.corpus), qa_text)
     tokenizer = vocab.to_tokenizer()
@@ -455,6 +450,13 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     finetune_source = QASource(data.train, vocab, settings.block_size, settings.finetune_batch, seed=seed,
                                name=data.files.get("train", "fine-tuning pairs"), trim=True)
     results: list[dict[str, Any]] = []
+    if earlier:
+        what = ("the results of a knowledge run" if (out / "results.json").is_file() else
+                "an unfinished knowledge run (" + ", ".join(p.name for p in earlier[:3])
+                + (", ..." if len(earlier) > 3 else "") + ")")
+        warnings.warn(f"{out} already holds {what}; this run replaces it (--resume continues it instead)",
+                      stacklevel=2)
+    make_folder(out, "--out")
     for stale in earlier:  # everything is checked by now: the earlier run's rows must not sit beside the new ones
         if stale.is_dir():
             shutil.rmtree(stale)
@@ -489,6 +491,8 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
                     trained.append(folder)
         # Settings and data first (they name what changed); then the characters (a --predict file with new ones).
         _check_resumed_vocabulary(trained, vocab)
+    if data.write is not None:  # the synthetic world's files, now that the run is accepted
+        data.write()
     n_phases = sum(1 + v.pretrain for v in rows)
     phase = 0
     for variant in rows:

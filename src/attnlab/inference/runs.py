@@ -128,8 +128,10 @@ def check_decoding_options(family: str, *, greedy: bool = False, temperature: fl
     decodes greedily or by beam search (no sampling options); a language model told --greedy does not sample.
 
     Raises:
-        ConfigError: naming the options to drop.
+        ConfigError: naming the options to drop, or a seed outside 0 to 2**63 - 1.
     """
+    if seed is not None and not 0 <= seed < 2**63:  # torch's generators take 64-bit seeds, as train.seed
+        raise ConfigError(f"--seed must be an integer from 0 to 2**63 - 1, got {seed}")
     given = [flag for flag, value in (("--temperature", temperature), ("--top-k", top_k), ("--top-p", top_p),
                                       ("--seed", seed)) if value is not None]
     if family == "seq2seq":

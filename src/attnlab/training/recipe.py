@@ -474,6 +474,13 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
         val_tokens = encode(eval_part, "val.bin", d.eval_path or d.path)
         if len(val_tokens) >= block + 1:  # one window of block + 1 tokens is enough to score
             eval_source = CausalLMSource(TokenFile(data_dir / "val.bin"), block, t.batch_size, seed=t.seed)
+        elif d.eval_path:  # a file given for evaluation must not be dropped without a word
+            raise DataError(f"the evaluation text ({d.eval_path}) has {len(val_tokens)} tokens, fewer than one "
+                            f"window of {block + 1}; give a longer data.eval_path or a smaller data.block_size")
+        else:
+            warnings.warn(f"nothing held out for evaluation: the last data.val_fraction = {d.val_fraction} of "
+                          f"{d.path or 'the pydoc texts'} has {len(val_tokens)} tokens, fewer than one window of "
+                          f"{block + 1}; raise data.val_fraction or give data.eval_path", stacklevel=2)
     return Prepared(model, tokenizer, train_source, eval_source,
                     info={"train_tokens": len(train_tokens), "block_size": block})
 

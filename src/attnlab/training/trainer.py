@@ -580,8 +580,11 @@ class Trainer:
         if "step" not in state:
             raise CheckpointError(f"cannot resume: {folder / ckpt.STATE_FILE} has no step; the checkpoint is "
                                   "incomplete, use another one")
+        if isinstance(state["step"], bool) or not isinstance(state["step"], int):  # 3.5, "3", 1e999, true
+            raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed (step {state['step']!r} is not a whole "
+                                  "number); use another checkpoint")
         try:
-            self.step = int(state["step"])
+            self.step = state["step"]
             self.best = state.get("best")
             self._best_eval_loss = state.get("best_eval_loss")
             self._bad_evals = int(state.get("evals_without_improvement", 0))
@@ -592,7 +595,7 @@ class Trainer:
             rng = list(state.get("rng") or [])
             saved_config = dict(state.get("trainer_config") or {})
             saved_world = int(state.get("world_size", 1))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:  # OverflowError: int(1e999)
             raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed ({ckpt._one_line(e)}); "
                                   "use another checkpoint") from None
         if self.step < 0:

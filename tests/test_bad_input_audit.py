@@ -1,0 +1,101 @@
+"""Bad input found by an audit of every command: each case gives one line naming the problem and the fix, exit
+code 2, no traceback, and leaves an existing run folder as it was."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from cli_helpers import one_line_error, run_cli
+from cli_helpers import toml_str as _q
+
+TINY = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu"]
+LM = ["--set", "model.preset=gpt-char-tiny", "--set", "train.eval_every=0", *TINY]
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    """A tiny char GPT (block 32) trained for 2 steps."""
+    out = tmp_path_factory.mktemp("lm") / "run"
+    from attnlab.cli import main
+
+    try:
+        main(["train", "--set", "train.steps=2", "--set", f"train.out_dir={_q(out)}", *LM])
+    except SystemExit as e:
+        assert not e.code
+    return out
+
+
+@pytest.fixture
+def lm_copy(tmp_path, lm_run):
+    shutil.copytree(lm_run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_a_refused_knowledge_run_leaves_the_earlier_runs_data_alone(tmp_path, capsys):
+    out = tmp_path / "k"
+    (out / "data").mkdir(parents=True)
+    (out / "results.json").write_text("{}", encoding="utf-8")
+    (out / "data" / "train.tsv").write_text("Where was A born?\tB\n", encoding="utf-8")
+    # The synthetic world's questions do not fit a block of 5 characters: refused, and without the warning that
+    # this run replaces the earlier one (which it does not).
+    argv = ["run", "knowledge", "--variants", "none", "--quiet", "--device", "cpu", "--set", "block_size=5"]
+    assert "raise block_size" in one_line_error(capsys, *argv, "--out", str(out))
+    assert (out / "data" / "train.tsv").read_text(encoding="utf-8") == "Where was A born?\tB\n"
+    assert sorted(p.name for p in (out / "data").iterdir()) == ["train.tsv"]
+    one_line_error(capsys, *argv, "--out", str(tmp_path / "new"))
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**64)])
+def test_generate_refuses_a_seed_out_of_range(capsys, lm_run, seed):
+    line = one_line_error(capsys, "generate", str(lm_run), "--prompt", "x", "-n", "2", "--device", "cpu",
+                          "--seed", seed)
+    assert f"--seed must be an integer from 0 to 2**63 - 1, got {seed}" in line
+
+
+@pytest.mark.parametrize("step", ["1e999", "2.5", '"2"', "true"])
+def test_resume_refuses_a_step_that_is_not_a_whole_number(capsys, lm_copy, step):
+    path = lm_copy / "checkpoint" / "trainer_state.json"
+    state = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**state, "step": "STEP"}).replace('"STEP"', step), encoding="utf-8")
+    before = (lm_copy / "run.json").read_bytes()
+    line = one_line_error(capsys, "train", "--resume", "--set", "train.steps=4",
+                          "--set", f"train.out_dir={_q(lm_copy)}", *LM)
+    assert "trainer_state.json is malformed" in line and "is not a whole number" in line
+    assert (lm_copy / "run.json").read_bytes() == before
+
+
+def test_an_evaluation_text_shorter_than_a_window_is_refused(tmp_path, capsys):
+    text, short = tmp_path / "text.txt", tmp_path / "short.txt"
+    text.write_text("abcdefghij" * 100 + "\n", encoding="utf-8")
+    short.write_text("abc\n", encoding="utf-8")
+    line = one_line_error(capsys, "train", "--set", f"data.path={_q(text)}", "--set", f"data.eval_path={_q(short)}",
+                          "--set", "train.steps=2", "--set", f"train.out_dir={_q(tmp_path / 'run')}", *LM)
+    assert "the evaluation text" in line and "fewer than one window of 33" in line and "data.eval_path" in line
+
+
+def test_a_held_out_part_shorter_than_a_window_is_said(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("abcdefghij" * 100 + "\nabc\n", encoding="utf-8")  # the last tenth, cut at a line: "abc\n"
+    with pytest.warns(UserWarning, match="nothing held out for evaluation: the last data.val_fraction = 0.1"):
+        code, _, err = run_cli(capsys, "train", "--set", f"data.path={_q(text)}", "--set", "train.steps=2",
+                               "--set", f"train.out_dir={_q(tmp_path / 'run')}", *LM)
+    assert code == 0, err
+
+
+def test_a_folder_in_place_of_a_run_file_is_named(capsys, lm_copy):
+    (lm_copy / "run.json").unlink()
+    (lm_copy / "run.json").mkdir()
+    line = one_line_error(capsys, "train", "--resume", "--set", "train.steps=3",
+                          "--set", f"train.out_dir={_q(lm_copy)}", *LM)
+    assert line.endswith(f"{lm_copy / 'run.json'}; check the path and its permissions") and ".tmp" not in line
+
+
+def test_params_names_the_config_file_that_holds_a_bad_setting(capsys, lm_copy):
+    config = lm_copy / "checkpoint" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text(encoding="utf-8")), "colour": 1}), encoding="utf-8")
+    line = one_line_error(capsys, "params", str(lm_copy))
+    assert line.startswith(f"attnlab: error: {config}: unknown setting model.colour")
+    assert "the model name is empty" in one_line_error(capsys, "params", "")
