@@ -99,3 +99,25 @@ def test_params_names_the_config_file_that_holds_a_bad_setting(capsys, lm_copy):
     line = one_line_error(capsys, "params", str(lm_copy))
     assert line.startswith(f"attnlab: error: {config}: unknown setting model.colour")
     assert "the model name is empty" in one_line_error(capsys, "params", "")
+
+
+@pytest.mark.filterwarnings("ignore:.*already holds a trained run", "ignore:.*were cut")
+def test_max_length_beyond_a_bounded_models_positions_is_refused_before_the_run_folder_changes(tmp_path, capsys):
+    rows = "".join(f"{'great movie ' * 20}\t1\n{'awful movie ' * 20}\t0\n" for _ in range(4))
+    data = tmp_path / "train.tsv"
+    data.write_text("sentence\tlabel\n" + rows, encoding="utf-8")
+    run = tmp_path / "run"
+    common = ["train", "--set", "data.task=classification", "--set", "model.family=encoder", "--set",
+              f"data.path={_q(data)}", "--set", "data.text_column=sentence", "--set", "data.label_column=label",
+              "--set", "data.tokenizer=word", "--set", "model.d_model=16", "--set", "model.n_heads=2", "--set",
+              "model.d_ff=16", "--set", "model.n_layers=1", "--set", "model.max_len=16", "--set", "train.steps=1",
+              "--set", "train.batch_size=4", "--set", f"train.out_dir={_q(run)}", *TINY]
+    code, _, err = run_cli(capsys, *common, "--set", "data.max_length=16")
+    assert code == 0, err
+    before = {name: (run / name).read_bytes() for name in ("run.json", "metrics.jsonl")}
+    # Learned positions stop at 16: texts of 41 tokens used to fail at the first step, after run.json was replaced
+    # and metrics.jsonl emptied.
+    line = one_line_error(capsys, *common, "--set", "data.max_length=64", "--set", "model.position=learned")
+    assert "data.max_length 64 is longer than the model's 16 positions; lower data.max_length or raise model.max_len" \
+        in line
+    assert {name: (run / name).read_bytes() for name in before} == before
