@@ -121,3 +121,13 @@ def test_max_length_beyond_a_bounded_models_positions_is_refused_before_the_run_
     assert "data.max_length 64 is longer than the model's 16 positions; lower data.max_length or raise model.max_len" \
         in line
     assert {name: (run / name).read_bytes() for name in before} == before
+
+
+def test_resume_with_fewer_steps_than_the_checkpoint_is_refused(capsys, lm_copy):
+    before = (lm_copy / "run.json").read_bytes()
+    resume = ["train", "--resume", "--set", f"train.out_dir={_q(lm_copy)}", *LM]
+    line = one_line_error(capsys, *resume, "--set", "train.steps=1")
+    assert "the checkpoint is at step 2, past train.steps = 1; set train.steps above 2" in line
+    assert (lm_copy / "run.json").read_bytes() == before  # not rewritten to describe a run of 1 step
+    code, out, err = run_cli(capsys, *resume, "--set", "train.steps=2")  # a finished run, resumed: nothing to do
+    assert code == 0 and "start_step=2" in out, err

@@ -601,6 +601,10 @@ class Trainer:
         if self.step < 0:
             raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed (step {self.step} is negative); "
                                   "use another checkpoint")
+        if self.step > self.config.steps:  # nothing to train, and run.json would describe a shorter run
+            raise ConfigError(f"cannot resume: the checkpoint is at step {self.step}, past train.steps = "
+                              f"{self.config.steps}; set train.steps above {self.step} to train on (or to {self.step}: "
+                              "the run is finished)")
         changed = [k for k in _RESUME_SENSITIVE if k in saved_config
                    and _as_json(saved_config[k]) != _as_json(getattr(self.config, k))]
         if changed and self.world.is_main:
