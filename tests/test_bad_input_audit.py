@@ -131,3 +131,14 @@ def test_resume_with_fewer_steps_than_the_checkpoint_is_refused(capsys, lm_copy)
     assert (lm_copy / "run.json").read_bytes() == before  # not rewritten to describe a run of 1 step
     code, out, err = run_cli(capsys, *resume, "--set", "train.steps=2")  # a finished run, resumed: nothing to do
     assert code == 0 and "start_step=2" in out, err
+
+
+def test_out_of_memory_while_generating_names_the_number_of_new_tokens(capsys, monkeypatch, lm_run):
+    import attnlab.inference.runs as runs
+
+    def fail(*args, **kwargs):  # what -n 10**11 meets: a (1, 10**11) buffer of token ids
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(runs, "generate_texts", fail)
+    line = one_line_error(capsys, "generate", str(lm_run), "--prompt", "x", "-n", str(10**11), "--device", "cpu")
+    assert "out of memory" in line and "fewer new tokens (-n when generating)" in line

@@ -299,7 +299,8 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
         if not _out_of_memory(e):
             raise
         _report("attnlab: error: out of memory; use a smaller model (model.d_model, model.n_layers...) or smaller "
-                "batches (train.batch_size or train.micro_batch_size; --batch-size when evaluating)")
+                "batches (train.batch_size or train.micro_batch_size; --batch-size when evaluating), or fewer new "
+                "tokens (-n when generating)")
         sys.exit(2)
     except OSError as e:  # the system refused a file operation (a folder that cannot be made, a full disk...)
         where = f": {e.filename}" if e.filename else ""
