@@ -211,6 +211,8 @@ class BertModel(nn.Module):
         self.apply(self._init_weights)
         if self.mlm is not None and c.tie_output:
             self.mlm.decoder.weight = self.embeddings.token.weight
+        # The longest sequence (None: unbounded): learned positions (BERT's) or Synthesizer bound it.
+        self.max_len = length_limit(c.attention, self.embeddings.position, c.max_len)
 
     def _init_weights(self, module: nn.Module) -> None:
         """BERT's init: N(0, initializer_range) weights, zero biases (and pad row), unit LayerNorms."""
@@ -228,9 +230,6 @@ class BertModel(nn.Module):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
 
-    def _max_len(self) -> int | None:
-        return length_limit(self.config.attention, self.embeddings.position, self.config.max_len)
-
     def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                token_type_ids: Tensor | None = None, position_ids: Tensor | None = None, *,
                need_weights: bool = False,
@@ -241,7 +240,7 @@ class BertModel(nn.Module):
         `position_ids` (B|1, T) to override.
         """
         b, t = input_ids.shape
-        check_length(t, self._max_len())
+        check_length(t, self.max_len)
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask) if attention_mask is not None \
                 else default_positions(t, 0, input_ids.device)

@@ -345,7 +345,7 @@ def _build(run: RunConfig, config: Config, *, labels: list[str] | None = None):
         raise ConfigError(f"data.max_length {run.data.max_length} is beyond the {limit} positions of the model "
                           f"in model.init_from; set data.max_length to at most {limit}")
     model = build_model(config)
-    limit = _position_limit(model)
+    limit = getattr(model, "max_len", None)  # the longest sequence the model takes (None: unbounded)
     if run.data.task != "lm" and limit is not None and run.data.max_length > limit:  # lm: data.block_size, below
         # Refused now: the first batch of a long text would fail once the run folder had been replaced.
         raise ConfigError(f"data.max_length {run.data.max_length} is longer than the model's {limit} positions; "
@@ -354,12 +354,6 @@ def _build(run: RunConfig, config: Config, *, labels: list[str] | None = None):
         other_classes = labels is not None and _saved_labels(run.model["init_from"]) not in (None, labels)
         init_from_pretrained(model, run.model["init_from"], new_heads=other_classes)
     return model
-
-
-def _position_limit(model) -> int | None:
-    """The longest sequence `model` takes; None where nothing bounds it (see `models.common.length_limit`)."""
-    limit = getattr(model, "_max_len", None)  # BERT and the encoder-decoder compute it, the others keep it
-    return limit() if callable(limit) else getattr(model, "max_len", None)
 
 
 def _saved_labels(path: str | Path) -> list[str] | None:
