@@ -287,6 +287,22 @@ def test_devices_and_precision():
         resolve_precision("fp8", "cpu")
 
 
+def test_train_device_takes_one_gpu_by_number_as_generate_does(monkeypatch):
+    """train.device refused "cuda:1", which generate --device and run knowledge --device take; under torchrun a
+    numbered GPU is refused (every process would take it: each takes GPU LOCAL_RANK)."""
+    from attnlab.training import distributed
+
+    assert TrainerConfig(device="cuda:1").device == "cuda:1"
+    for bad in ("cuda:x", "cuda:", "gpu", "cpu:0"):
+        with pytest.raises(ConfigError, match=r"choose one of: auto, cpu, cuda, mps, cuda:N"):
+            TrainerConfig(device=bad)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(distributed, "select_device", lambda name: torch.device(name))
+    with pytest.raises(ConfigError, match="each process takes GPU LOCAL_RANK; use device \"cuda\""):
+        distributed.init_distributed("cuda:1")
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_forced_bf16_warns_only_on_a_cpu_without_bf16_instructions(monkeypatch, native):
     import warnings

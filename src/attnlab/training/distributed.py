@@ -88,6 +88,9 @@ def init_distributed(device: str = "auto") -> tuple[World, torch.device]:
         dev = select_device(device)
         if dev.type != "cuda":
             raise ConfigError(f"distributed training cannot use device {device!r}; use \"cuda\" or \"cpu\"")
+        if dev.index is not None:  # every process would take that one GPU
+            raise ConfigError(f"under torchrun each process takes GPU LOCAL_RANK; use device \"cuda\" or \"auto\", "
+                              f"not {device!r} (CUDA_VISIBLE_DEVICES picks the GPUs)")
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
         atexit.register(shutdown)

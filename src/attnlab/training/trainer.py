@@ -22,6 +22,7 @@ import contextlib
 import json
 import math
 import random
+import re
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -89,7 +90,8 @@ class TrainerConfig(Config):
         seed: seed of Python's, numpy's and torch's RNGs (process r uses seed + r).
         precision: "auto" (bf16 where the hardware supports it), "bf16" or "fp32"; weights stay fp32.
         compile: run the model through torch.compile (falls back to eager with a warning).
-        device: "auto", "cpu", "cuda" or "mps".
+        device: "auto", "cpu", "cuda", "cuda:N" (one GPU by number; under torchrun each process takes GPU
+            LOCAL_RANK, so "cuda" or "auto") or "mps".
         log_every: write a training record to metrics.jsonl every this many steps.
         progress: show a progress bar.
         out_dir: the run folder, used when `Trainer` is not given one (config-file runs).
@@ -150,7 +152,8 @@ class TrainerConfig(Config):
             self.best_mode = "max" if self.best_metric.endswith(HIGHER_IS_BETTER) else "min"
         check_choice("best_mode", self.best_mode, ("min", "max"))
         check_choice("precision", self.precision, PRECISIONS)
-        check_choice("device", self.device, DEVICES)
+        if not (isinstance(self.device, str) and re.fullmatch(r"cuda:\d+", self.device)):  # one GPU by number
+            check_choice("device", self.device, (*DEVICES, "cuda:N"))
 
 
 class TrainingInterrupted(AttnlabError):
