@@ -274,3 +274,17 @@ def test_a_new_run_over_an_unfinished_one_leaves_no_stale_rows(tmp_path):
         warnings.simplefilter("error")  # a fresh folder, or --resume, has nothing to replace
         run_knowledge(tmp_path / "fresh", variants="none", **args)
         run_knowledge(out, variants="none", resume=True, **args)
+
+
+def test_bf16_on_a_cpu_without_it_is_warned_once_not_once_per_phase(tmp_path, monkeypatch):
+    from attnlab.training import device
+    from attnlab.training.device import SlowPrecisionWarning
+
+    monkeypatch.setattr(device, "cpu_has_bf16", lambda: False)
+    small = {**TINY, "precision": "bf16", "n_people": 12, "pretrain_epochs": 1}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # every warning raised counts, none is folded by location
+        run_knowledge(tmp_path / "out", variants="none,dot", device="cpu", overrides=small, progress=False,
+                      echo=lambda *_: None)
+    slow = [w for w in caught if issubclass(w.category, SlowPrecisionWarning)]
+    assert len(slow) == 1, [str(w.message) for w in caught]

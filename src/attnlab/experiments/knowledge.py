@@ -344,6 +344,7 @@ def _check_resumable(folder: Path, model_settings: dict[str, Any], config: dict[
 def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer, *, resume: bool,
                  title: str, echo, fingerprint: str) -> dict[str, Any]:
     from attnlab.training.checkpoint import load_checkpoint_into
+    from attnlab.training.device import SlowPrecisionWarning
     from attnlab.training.trainer import Trainer
 
     if resume and _phase_done(folder, config["steps"]):
@@ -352,8 +353,10 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
         return {"steps": config["steps"], "wall_time_s": 0.0, "skipped": True}
     resume_here = resume and (folder / "checkpoint").exists()
     echo(f"{title}: {config['steps']} steps of {config['batch_size']} × {source.block_size} characters")
-    trainer = Trainer(model, config, source, out_dir=folder, tokenizer=tokenizer, resume=resume_here,
-                      extra_state={"data_sha256": fingerprint})
+    with warnings.catch_warnings():  # a slow precision was named once, when the run started; not again each phase
+        warnings.simplefilter("ignore", SlowPrecisionWarning)
+        trainer = Trainer(model, config, source, out_dir=folder, tokenizer=tokenizer, resume=resume_here,
+                          extra_state={"data_sha256": fingerprint})
     summary = trainer.fit()
     return {"steps": summary["steps"], "wall_time_s": summary["wall_time_s"],
             "final_train_loss": summary["final_train_loss"], "tokens_per_s": summary["tokens_per_s"]}

@@ -108,6 +108,10 @@ def _cuda_bf16(device: torch.device) -> bool:
         return False
 
 
+class SlowPrecisionWarning(UserWarning):
+    """bf16 asked for on a CPU that emulates it (a caller that resolves the precision for many runs warns once)."""
+
+
 def resolve_precision(precision: str, device: torch.device | str) -> torch.dtype | None:
     """The autocast dtype for `precision` on `device`; None means plain fp32 (no autocast).
 
@@ -137,7 +141,7 @@ def resolve_precision(precision: str, device: torch.device | str) -> torch.dtype
         # Without AVX512-BF16 or AMX, torch computes bf16 matmuls in a generic loop: correct, but on an
         # AVX2 CPU 50-100x slower than fp32 (1.3 vs 120 GFLOP/s measured on an AMD Zen 3).
         warnings.warn("precision = \"bf16\" on a CPU without bf16 instructions: matmuls are emulated and "
-                      "far slower than fp32; use precision = \"auto\" or \"fp32\"", stacklevel=2)
+                      "far slower than fp32; use precision = \"auto\" or \"fp32\"", SlowPrecisionWarning, stacklevel=2)
     return torch.bfloat16
 
 
