@@ -119,6 +119,10 @@ def test_command_line_train_and_evaluate(tmp_path, capsys):
     assert again == metrics  # masking and pairing are seeded
     code, _, err = run_cli(capsys, "generate", str(out), "--prompt", "the", "--device", "cpu")
     assert code == 2 and "does not generate" in err
+    single = tmp_path / "single.txt"  # one sentence a document: no pairs; the error names the file
+    single.write_text("the cat sat\n\nthe dog ran\n", encoding="utf-8")
+    code, _, err = run_cli(capsys, "evaluate", str(out), "--data", str(single), "--device", "cpu")
+    assert code == 2 and err.startswith(f"attnlab: error: {single}: no document has two sentences"), err
 
 
 def test_resumed_pre_training_ends_with_the_weights_of_an_uninterrupted_run(tmp_path):

@@ -342,6 +342,14 @@ def test_tokenizer_vocabulary_too_small_names_the_specials_and_the_setting():
         WordPieceTokenizer.train(["some text here"], vocab_size=5)
 
 
+def test_bpe_vocabulary_too_small_names_the_setting():
+    from attnlab.data.tokenizers import BPETokenizer
+
+    with pytest.raises(ConfigError, match=r"bpe vocab_size \(data.vocab_size in a run config\) must be at least "
+                                          r"\d+ \(256 byte symbols \+ \d+ specials\), got 100; raise it"):
+        BPETokenizer.train(["some text here"], vocab_size=100)
+
+
 def test_wordpiece_vocabulary_below_the_alphabet_is_reported():
     # It was raised to what the text needs without a word (data.vocab_size=10 gave 43 tokens).
     from attnlab.data.tokenizers import WordPieceTokenizer

@@ -603,9 +603,9 @@ class BPETokenizer(_HFTokenizer):
         smallest = len(alphabet) + len(specials.tokens())
         if vocab_size is None or vocab_size < smallest:
             raise ConfigError(
-                f"bpe vocab_size must be at least {smallest} "
+                f"bpe vocab_size (data.vocab_size in a run config) must be at least {smallest} "
                 f"(256 byte symbols + {len(specials.tokens())} specials), "
-                f"got {vocab_size}; raise vocab_size or use the char tokenizer"
+                f"got {vocab_size}; raise it or use the char tokenizer"
             )
         hf = HFTokenizer(models.BPE(unk_token=specials.unk))
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

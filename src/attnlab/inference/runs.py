@@ -277,7 +277,11 @@ def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> 
     model, tok = run.model, run.tokenizer
     known = set(DataConfig.field_names())
     settings = DataConfig.from_dict({k: v for k, v in run.data.items() if k in known}, where="data")
-    source = sentence_pair_source(split_documents(read_text(data)), tok, model.config, settings, batch_size, 0)
+    documents = split_documents(read_text(data))  # read_text's errors name the file already
+    try:
+        source = sentence_pair_source(documents, tok, model.config, settings, batch_size, 0)
+    except DataError as e:  # no sentence pairs in the file, too few documents...: name the file
+        raise DataError(f"{data}: {e}") from None
     m, sizes = evaluate_batches(model, source.iter_batches(), pretraining_counts)
     return {"loss": m["loss"], "mlm_loss": m["mlm_loss"], "perplexity": math.exp(min(m["mlm_loss"], 700.0)),
             **{k: v for k, v in m.items() if k.endswith("_accuracy")}, "masked_tokens": sizes["targets"],
