@@ -177,6 +177,9 @@ def test_params_reads_a_run_folder(capsys, lm_run):
     assert code == 0, err
     assert json.loads(stdout)["total"] > 0
     assert "describes a run, not a model" in one_line_error(capsys, "params", str(lm_run / "run.json"))
+    # Another JSON file of the run: not a model config (it was told to add a 'family' key to the tokenizer)
+    line = one_line_error(capsys, "params", str(lm_run / "checkpoint" / "tokenizer.json"))
+    assert "tokenizer.json is not a model config" in line and "add family" not in line
 
 
 def test_ctrl_c_outside_training_says_so(capsys, monkeypatch, lm_run):

@@ -823,9 +823,10 @@ def load_config(name: str) -> tuple[str, Config]:
             if "family" not in data:  # run.json keeps the [model] table as written (a preset, init_from...)
                 raise ConfigError(f"{file} describes a run, not a model; give its run folder "
                                   f"({str(file.parent)!r}): the checkpoint's config.json is the trained model's")
-        if not isinstance(data, dict):
-            raise ConfigError(f"{file}: expected a JSON object with a 'family' key; give a run or checkpoint "
-                              "folder written by attnlab, or a preset name (attnlab params --list)")
+        if not isinstance(data, dict) or "family" not in data:  # e.g. a tokenizer.json or trainer_state.json
+            raise ConfigError(f"{file} is not a model config (a JSON object with a 'family' key, as a checkpoint's "
+                              "config.json); give a run or checkpoint folder written by attnlab, or a preset name "
+                              "(attnlab params --list)")
         try:
             return str(path), config_from_dict(data)[1]
         except ConfigError as e:  # name the file, as generate and evaluate do: the setting is in it
