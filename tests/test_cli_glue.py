@@ -653,3 +653,22 @@ def test_translating_several_prompts_gives_each_its_translation_alone(mt_run, mo
     monkeypatch.setattr(runs, "_TRANSLATE_BATCH", 2)
     assert runs.generate_texts(run, prompts, max_new_tokens=6, greedy=True, beam_size=beam_size) == alone
     assert len(set(alone)) > 1  # the prompts do not all translate alike, so a mix-up of rows would show
+
+
+def test_resuming_with_changed_data_settings_warns(tmp_path):
+    """A resumed run with another data.block_size (other batches) or data.tokenizer (the checkpoint's tokenizer
+    is kept) went on without a word, and run.json recorded the new settings."""
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"line {i} of the text\n" for i in range(60)), encoding="utf-8")
+    common = [f"data.path={_q(text)}", "model.d_model=16", "model.n_heads=2", "model.n_layers=1",
+              f"train.out_dir={_q(tmp_path / 'run')}", "train.batch_size=4", *TINY]
+    train_run(load_run_config(None, [*common, "data.block_size=16", "train.steps=2"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same data settings: no warning
+        train_run(load_run_config(None, [*common, "data.block_size=16", "train.steps=3"]), resume=True)
+    with pytest.warns(UserWarning) as caught:
+        train_run(load_run_config(None, [*common, "data.block_size=8", "data.tokenizer=word", "train.steps=4"]),
+                  resume=True)
+    said = [str(w.message) for w in caught]
+    assert any("changed data settings (data.block_size)" in m for m in said), said
+    assert any("keeps the checkpoint's tokenizer: data.tokenizer changed" in m for m in said), said

@@ -772,11 +772,38 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
                       tokenizer=prep.tokenizer, out_dir=out, eval_counts=prep.eval_counts, extra_state=data_state)
 
     def describe() -> None:  # once a resumed checkpoint has proved to fit: a failed resume leaves run.json alone
+        if tokenizer_from is not None:
+            _warn_changed_data(tokenizer_from, data_state["data"])
         trainer.extra_state.update(data_state)  # resumed: this session's settings, as run.json says, not the saved
         write_text_atomic(out / "run.json", json.dumps(description, indent=2))
 
     summary = trainer.fit(resume=resume, on_start=describe)
     return {**summary, **prep.info}
+
+
+def _warn_changed_data(checkpoint: Path, data: dict[str, Any]) -> None:
+    """Warn of data settings a resumed run changes (the trainer warns of its own): another text, block size or
+    masking makes other batches than the uninterrupted run's, and a tokenizer setting is the checkpoint's."""
+    from attnlab.training.checkpoint import read_trainer_state
+
+    try:
+        saved = (read_trainer_state(checkpoint).get("extra_state") or {}).get("data")
+    except AttnlabError:  # an unreadable state is refused by the trainer, with its own message
+        return
+    if not isinstance(saved, dict):  # a checkpoint of a run that did not record them
+        return
+    changed = [key for key in data if key in saved and json.dumps(saved[key]) != json.dumps(data[key])]
+    kept = [key for key in changed if key in _TOKENIZER_SETTINGS]
+    other = [key for key in changed if key not in _TOKENIZER_SETTINGS]
+    if other:
+        warnings.warn(f"resuming with changed data settings ({', '.join('data.' + k for k in other)}): the run "
+                      "will not reproduce an uninterrupted one", stacklevel=2)
+    if kept:
+        warnings.warn(f"resuming keeps the checkpoint's tokenizer: {', '.join('data.' + k for k in kept)} "
+                      "changed, and has no effect", stacklevel=2)
+
+
+_TOKENIZER_SETTINGS = ("tokenizer", "vocab_size")  # a resumed run reads its saved tokenizer instead
 
 
 def _label_state(info: dict[str, Any]) -> dict[str, Any]:
