@@ -52,15 +52,36 @@ def test_answer_questions_reads_the_text_before_the_closing_mask(monkeypatch):
 
     def fake_generate(model, prompts, max_new_tokens, **kw):
         calls.append((max_new_tokens, kw))
-        return [vocab.encode("Lyon" + MASK + "junk"), vocab.encode("Oslo" + PAD + PAD)][: len(prompts)]
+        tails = {"Ada": "Lyon" + MASK + "junk", "Bo": "Oslo" + PAD + PAD}
+        return [vocab.encode(next(t for name, t in tails.items() if name in vocab.decode(p))) for p in prompts]
 
     monkeypatch.setattr(gen, "generate", fake_generate)
     model = SimpleNamespace(config=SimpleNamespace(block_size=32))
     questions = ["Where was Ada born?", "Where was Bo born?"]
     assert answer_questions(model, vocab, questions) == ["Lyon", "Oslo"]
-    (room, kw), = calls
-    assert room == 32 - (len(questions[0]) + 1)  # the whole rest of the block (below the cap of 64)
-    assert kw["greedy"] and kw["eos_id"] == vocab.mask_id and kw["pad_id"] == vocab.pad_id
+    # The whole rest of the block (below the cap of 64), each question's own: two batches of one.
+    assert sorted(room for room, _ in calls) == [32 - (len(q) + 1) for q in questions]
+    assert all(kw["greedy"] and kw["eos_id"] == vocab.mask_id and kw["pad_id"] == vocab.pad_id for _, kw in calls)
+
+
+def test_a_long_question_does_not_cut_the_answers_batched_with_it():
+    """Every question of a batch had the room of the longest: a long one cut its neighbours' answers short. Each
+    now gets the answer it gets alone (an untrained model never writes the closing mask, so the answers fill
+    their room: 64 characters, or what is left of the block)."""
+    import torch
+
+    from attnlab.experiments.knowledge import answer_questions
+    from attnlab.models.gpt import GPT, GPTConfig
+
+    vocab = KnowledgeVocab.from_texts("Where was Ada Bo born? abcdefghijklmnopqrstuvwxyz")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=vocab.vocab_size, block_size=96, d_model=16, n_heads=2, n_layers=1)).eval()
+    with torch.no_grad():
+        model.lm_head.weight[vocab.mask_id] = -1.0  # tied to the embedding: the mask's own row, pushed down
+    questions = ["Where was Ada born?", "Where was " + "abcdefghij" * 6 + " born?", "Where was Bo born?"]
+    alone = [answer_questions(model, vocab, [q])[0] for q in questions]
+    assert answer_questions(model, vocab, questions, batch_size=2) == alone
+    assert [len(a) for a in alone] == [64, 96 - len(questions[1]) - 1, 64]
 
 
 def test_results_score_the_evaluation_split(tmp_path, monkeypatch):

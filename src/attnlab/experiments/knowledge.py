@@ -363,21 +363,29 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
 
 
 @torch.no_grad()
-def answer_questions(model, vocab, questions: list[str], *, batch_size: int = 128) -> list[str]:
-    """Greedy answers: the model continues ``question ⁇`` until it writes ``⁇`` (KV cache, batched)."""
+def answer_questions(model, vocab, questions: list[str], *, batch_size: int = 128, longest: int = 64) -> list[str]:
+    """Greedy answers: the model continues ``question ⁇`` until it writes ``⁇`` (KV cache, batched), with room for
+    `longest` characters or up to the end of the block. Questions are batched with others of the same room, so a
+    long question never cuts its neighbours' answers short: each gets the answer it gets alone."""
     from attnlab.data.knowledge import MASK, PAD, parse_answer, qa_prompt
     from attnlab.inference.generate import generate
 
     block = model.config.block_size
-    answers: list[str] = []
-    for lo in range(0, len(questions), batch_size):
-        prompts = [vocab.encode(qa_prompt(q)) for q in questions[lo:lo + batch_size]]
-        room = block - max(len(p) for p in prompts)
-        if room < 1:
-            raise DataError(f"a question fills the whole block of {block} characters; shorten it")
-        new = generate(model, prompts, min(room, 64), greedy=True, eos_id=vocab.mask_id, pad_id=vocab.pad_id)
-        for ids in new:
-            answers.append(parse_answer(MASK + vocab.decode(ids).replace(PAD, "")))
+    prompts = [vocab.encode(qa_prompt(q)) for q in questions]
+    rooms = [min(block - len(p), longest) for p in prompts]
+    if rooms and min(rooms) < 1:
+        raise DataError(f"a question fills the whole block of {block} characters; shorten it")
+    answers: list[str] = [""] * len(questions)
+    by_room: dict[int, list[int]] = {}
+    for i, room in enumerate(rooms):
+        by_room.setdefault(room, []).append(i)
+    for room, rows in by_room.items():
+        for lo in range(0, len(rows), batch_size):
+            chunk = rows[lo:lo + batch_size]
+            new = generate(model, [prompts[i] for i in chunk], room, greedy=True, eos_id=vocab.mask_id,
+                           pad_id=vocab.pad_id)
+            for i, ids in zip(chunk, new):
+                answers[i] = parse_answer(MASK + vocab.decode(ids).replace(PAD, ""))
     return answers
 
 
