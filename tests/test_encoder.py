@@ -272,3 +272,16 @@ def test_a_bidirectional_lm_or_a_classifier_decodes_without_a_cache():
         for token in out[0]:
             assert token == int(model(torch.tensor([seq])).logits[0, -1].argmax())
             seq.append(token)
+
+
+def test_an_encoder_lm_with_a_pad_id_generates_the_same_with_a_cache_without_it_and_batched():
+    """An encoder LM with config.pad_id reads that id as padding where no mask is given, which a cache cannot do
+    for its earlier keys: `generate` gives it the mask of real tokens, so a prompt (or generated) token equal to
+    pad_id is real in every path (it was masked without the cache and alone, real with the cache or batched)."""
+    from attnlab.inference.generate import generate
+
+    model = _decoding_lm(pad_id=0)
+    prompt = [5, 0]
+    out = generate(model, [prompt], 6, greedy=True)
+    assert out == generate(model, [prompt], 6, greedy=True, use_cache=False)
+    assert out[0] == generate(model, [prompt, [7]], 6, greedy=True, use_cache=False)[0]

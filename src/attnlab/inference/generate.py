@@ -117,7 +117,11 @@ def generate(
     for i, r in enumerate(rows):
         ids[i, longest - len(r) : longest] = torch.tensor(r, device=device)
         mask[i, longest - len(r) :] = 1
-    padded = any(len(r) != longest for r in rows)
+    # The mask goes to the model when rows are padded, and always to a model that reads a config pad_id as padding
+    # where no mask is given (an encoder LM): generate decides which tokens are real, so a prompt or generated token
+    # equal to pad_id is real with the cache, without it, alone or padded in a batch.
+    reads_pad_id = getattr(getattr(model, "config", None), "pad_id", None) is not None
+    padded = reads_pad_id or any(len(r) != longest for r in rows)
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     limit = getattr(model, "max_len", None)
     # The cache serves while the sequence fits, in a model that can keep one (`supports_cache`: a causal LM).
