@@ -191,7 +191,8 @@ class EncoderModel(nn.Module):
     "classification" head (labels (B,)). Padding is masked out of attention (as keys) and of pooling;
     positions count real tokens only, so left and right padding give the same outputs on real tokens.
     A causal LM decodes with a cache from `new_cache()` as GPT does: only the new tokens are given, and
-    attention_mask (if any) covers the cached keys too.
+    attention_mask (if any) covers the cached keys too; with a cache, padding comes from attention_mask alone
+    (config.pad_id is not read: the cached keys' ids are gone), so give it where tokens may equal pad_id.
     """
 
     def __init__(self, config: EncoderConfig):
