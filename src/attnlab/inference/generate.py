@@ -121,7 +121,7 @@ def generate(
     # where no mask is given (an encoder LM): generate decides which tokens are real, so a prompt or generated token
     # equal to pad_id is real with the cache, without it, alone or padded in a batch.
     reads_pad_id = getattr(getattr(model, "config", None), "pad_id", None) is not None
-    padded = reads_pad_id or any(len(r) != longest for r in rows)
+    masked = reads_pad_id or any(len(r) != longest for r in rows)
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     limit = getattr(model, "max_len", None)
     # The cache serves while the sequence fits, in a model that can keep one (`supports_cache`: a causal LM).
@@ -129,7 +129,7 @@ def generate(
         limit is None or longest <= limit)
 
     with eval_mode(model):
-        step = _decoder(model, ids, mask, total, padded=padded, cached=cached, fast=fast, limit=limit)
+        step = _decoder(model, ids, mask, total, masked=masked, cached=cached, fast=fast, limit=limit)
         done = torch.zeros(b, dtype=torch.bool, device=device)
         cur = longest
         for _ in range(max_new_tokens):
@@ -153,7 +153,7 @@ def generate(
     return out
 
 
-def _decoder(model: nn.Module, ids: Tensor, mask: Tensor, total: int, *, padded: bool, cached: bool,
+def _decoder(model: nn.Module, ids: Tensor, mask: Tensor, total: int, *, masked: bool, cached: bool,
              fast: bool, limit: int | None):
     """A function cur -> (B, V) logits of the token after ids[:, :cur], called for cur = longest, longest+1...:
     the low-overhead decoder where it applies, else the model's forward with a KV cache; past a bounded model's
@@ -161,7 +161,7 @@ def _decoder(model: nn.Module, ids: Tensor, mask: Tensor, total: int, *, padded:
     from attnlab.inference.fast_decode import FastGPTDecoder
 
     capacity = total if limit is None else min(total, limit)
-    decoder = FastGPTDecoder.for_model(model, ids.shape[0], capacity, mask[:, :capacity] if padded else None) \
+    decoder = FastGPTDecoder.for_model(model, ids.shape[0], capacity, mask[:, :capacity] if masked else None) \
         if cached and fast else None
     cache = model.new_cache(capacity=capacity) if cached and decoder is None else None
     fed = 0  # tokens already in the cache
@@ -172,10 +172,10 @@ def _decoder(model: nn.Module, ids: Tensor, mask: Tensor, total: int, *, padded:
             return decoder.step(ids[:, decoder.pos : cur])
         if cache is not None and cur <= capacity:
             start, fed = fed, cur
-            return model(ids[:, start:cur], attention_mask=mask[:, :cur] if padded else None,
+            return model(ids[:, start:cur], attention_mask=mask[:, :cur] if masked else None,
                          cache=cache).logits[:, -1]
         start = 0 if limit is None else max(0, cur - limit)  # the window slides: positions restart at its start
-        return model(ids[:, start:cur], attention_mask=mask[:, start:cur] if padded else None).logits[:, -1]
+        return model(ids[:, start:cur], attention_mask=mask[:, start:cur] if masked else None).logits[:, -1]
 
     return step
 

@@ -248,10 +248,9 @@ class EncoderModel(nn.Module):
             None if attention_mask is None else attention_mask.bool())
         if keep is None:
             positions, key_positions, mask = default_positions(t, past, input_ids.device), None, None
-        else:  # (B, S) keep -> positions over real tokens, (B, 1, 1, S) key mask
+        else:  # (B, S) keep -> positions over real tokens (the new tokens' are the last t), (B, 1, 1, S) key mask
             key_positions, mask = positions_from_mask(keep), key_mask(keep)
             positions = key_positions[:, -t:]
-            key_positions = key_positions if cache is not None else None
         x = self.embed(input_ids, positions, self.position)  # (B, T, D)
         return self.encoder(x, mask=mask, causal=self.config.is_causal, positions=positions,
                             key_positions=key_positions, position=self.position, cache=cache,
