@@ -76,6 +76,33 @@ def test_lm_train_generate_evaluate(tmp_path, capsys):
     assert metrics["perplexity"] == pytest.approx(2.718281828 ** metrics["loss"], rel=1e-6)
 
 
+@pytest.mark.parametrize("settings", [
+    ["model.preset=gpt-char-tiny", "data.block_size=12"],  # a window shorter than the model's 32 positions
+    ["model.preset=encoder-tiny", "model.head=\"lm\"", "model.position=\"sinusoidal\""],  # unbounded: max_len 64
+], ids=["gpt-short-window", "encoder-lm"])
+def test_evaluate_scores_in_the_windows_training_evaluated(tmp_path, capsys, settings):
+    """`evaluate` on the held-out file gives the loss training reported for it: the same windows, not the
+    model's longest (which sees more context per token and scores lower)."""
+    import pydoc_data.topics as topics
+
+    text = "".join(topics.topics.values())
+    (tmp_path / "train.txt").write_text(text[:6000], encoding="utf-8")
+    (tmp_path / "eval.txt").write_text(text[6000:7000], encoding="utf-8")
+    out = tmp_path / "run"
+    sets = [arg for s in settings for arg in ("--set", s)]
+    code, _, err = run_cli(capsys, "train", *sets, "--set", "train.steps=6", "--set", "train.eval_every=0",
+                           "--set", f"data.path={json.dumps(str(tmp_path / 'train.txt'))}",
+                           "--set", f"data.eval_path={json.dumps(str(tmp_path / 'eval.txt'))}",
+                           "--set", f"train.out_dir={json.dumps(str(out))}", *TINY)
+    assert code == 0, err
+    reported = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    final = [m["eval_loss"] for m in reported if "eval_loss" in m][-1]
+    code, stdout, err = run_cli(capsys, "evaluate", str(out), "--data", str(tmp_path / "eval.txt"), "--json",
+                                "--device", "cpu")
+    assert code == 0, err
+    assert json.loads(stdout)["loss"] == pytest.approx(final, abs=1e-5)
+
+
 def test_resume_continues_a_finished_run(tmp_path, capsys):
     out = tmp_path / "run"
     common = ["--set", "model.preset=gpt-char-tiny", "--set", f"train.out_dir={json.dumps(str(out))}", *TINY]

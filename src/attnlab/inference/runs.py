@@ -229,7 +229,7 @@ def evaluate_file(run: LoadedRun, data: str | Path, *, target: str | Path | None
     if (text_column is not None or label_column is not None) and head != "classification":
         raise ConfigError("--text-column and --label-column are for classifiers (TSV, CSV or JSONL files)")
     if run.family in LM_FAMILIES or head == "lm":
-        return _evaluate_lm(model, tok, data, batch_size)
+        return _evaluate_lm(model, tok, data, batch_size, run.data.get("block_size"))
     if head == "classification":
         return _evaluate_classification(run, data, batch_size, text_column, label_column)
     if run.family == "bert" and head == "pretraining":
@@ -242,9 +242,14 @@ def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int) -> dict[str, float]:
+def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int,
+                 block_size: int | None = None) -> dict[str, float]:
+    """Loss of a language model on a text, in consecutive windows of the length it was trained on
+    (`block_size`, the run's data.block_size; None: the model's own length), as training's evaluation scores
+    its held-out text: the same file gets the same loss."""
     from attnlab.data.sources import CausalLMSource
     from attnlab.data.text_files import read_text
+    from attnlab.training.recipe import lm_window
 
     text = read_text(data)
     try:
@@ -253,10 +258,11 @@ def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int) 
         line = "" if e.position is None else f" line {text.count(chr(10), 0, e.position) + 1}:"
         raise DataError(f"{data}:{line} {e.token!r} is not in the vocabulary the model was trained with (and it "
                         "has no unk token); remove it from the file or train on text that contains it") from None
-    block = getattr(model, "max_len", None) or getattr(model.config, "block_size", None) or 256
     if len(ids) < 2:
         raise DataError(f"{data}: the text has fewer than two tokens; nothing to predict")
-    block = min(block, len(ids) - 1)
+    block = lm_window(block_size if isinstance(block_size, int) and block_size > 0 else None, model.config)
+    limit = getattr(model, "max_len", None)
+    block = min(block, limit or block, len(ids) - 1)
     source = CausalLMSource(ids, block, batch_size)
     return _token_loss_metrics(model, source.iter_batches(batch_size))
 

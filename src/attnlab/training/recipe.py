@@ -455,7 +455,7 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
         raise ConfigError("data.task = 'lm' trains next-token prediction, which needs causal attention, but "
                           "this encoder is bidirectional (model.causal = false, or model.init_from names a "
                           "classifier); set model.causal = true")
-    block = d.block_size or getattr(config, "block_size", None) or getattr(config, "max_len", 128)
+    block = lm_window(d.block_size, config)
     model = _build(run, config)
     limit = getattr(model, "max_len", None)
     if limit is not None and block > limit:
@@ -488,6 +488,12 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
                           f"{block + 1}; raise data.val_fraction or give data.eval_path", stacklevel=2)
     return Prepared(model, tokenizer, train_source, eval_source,
                     info={"train_tokens": len(train_tokens), "block_size": block})
+
+
+def lm_window(block_size: int | None, config: Any) -> int:
+    """The window a language model trains on, and `evaluate` scores it in: data.block_size when set, else the
+    model's own length (GPT's block_size, the encoder's max_len)."""
+    return block_size or getattr(config, "block_size", None) or getattr(config, "max_len", None) or 128
 
 
 def _unknown_token_error(run: RunConfig, saved: Path | None, tokenizer, texts: Iterable[str], e: UnknownToken,
