@@ -193,6 +193,29 @@ def test_ctrl_c_outside_training_says_so(capsys, monkeypatch, lm_run):
     assert code == 130 and err.strip() == "attnlab: interrupted"
 
 
+def test_ctrl_c_inside_imported_code_still_exits_130(tmp_path):
+    """A Ctrl-C that lands while torch imports (in code its dataclasses run through exec) is one CPython
+    marks as unhandled even once we have handled it; the process must still end with 130 after its one line,
+    not be killed by SIGINT at exit (status -2)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "interrupted_in_exec.py").write_text(
+        "import attnlab.analysis.params as params\n"
+        "from attnlab.__main__ import run\n"
+        "def stopped(*args, **kwargs):\n"
+        "    exec('raise KeyboardInterrupt')\n"
+        "params.params_command = stopped\n"
+        "import sys\n"
+        "sys.argv = ['attnlab', 'params', 'gpt-char-tiny']\n"
+        "run()\n", encoding="utf-8")
+    # -m, as `python -m attnlab` and the `attnlab` script run: that is where CPython acts on the mark
+    done = subprocess.run([sys.executable, "-m", "interrupted_in_exec"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip() == "attnlab: interrupted"
+
+
 def test_evaluate_names_the_line_of_an_unknown_character(tmp_path, capsys, lm_run):
     data = tmp_path / "text.txt"
     data.write_text("def f():\n    return 1 \u2603\n", encoding="utf-8")  # a snowman: not in pydoc's characters

@@ -1,4 +1,19 @@
-from attnlab.cli import main
+"""`python -m attnlab` and the `attnlab` command."""
+
+import sys
+
+
+def run() -> None:
+    """Load the command line and run it; Ctrl-C while it loads (typer, rich) stops with the same one line
+    and exit code 130 as Ctrl-C later on."""
+    try:
+        from attnlab.cli import main
+    except KeyboardInterrupt:
+        print("attnlab: interrupted", file=sys.stderr)
+        exec("")  # noqa: S102 - see attnlab.cli._forget_escaped_interrupt
+        sys.exit(130)
+    main()
+
 
 if __name__ == "__main__":
-    main()
+    run()

@@ -245,7 +245,20 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app; known errors become one line on stderr and exit code 2 (130 for Ctrl-C,
     143 for SIGTERM)."""
     with _sigterm_as_interrupt() as terminated:
-        _main(argv, terminated)
+        try:
+            _main(argv, terminated)
+        finally:
+            _forget_escaped_interrupt()
+
+
+def _forget_escaped_interrupt() -> None:
+    """Let the exit code we chose stand after a Ctrl-C we handled.
+
+    CPython marks a KeyboardInterrupt that escaped an ``exec`` of a string (dataclasses build their methods
+    that way, hundreds of times while torch imports) as unhandled, even once our code has caught it, and at
+    exit kills the process with SIGINT: status -2 instead of 130 after "attnlab: interrupted". Every exec of
+    a string clears the mark before it runs, so an empty one clears it (CPython 3.10-3.13)."""
+    exec("")  # noqa: S102 - a constant empty string
 
 
 def _other_rank() -> str | None:
