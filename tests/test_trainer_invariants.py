@@ -105,6 +105,7 @@ def test_auto_device_prefers_cuda_and_bf16_follows_the_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert device.select_device("auto") == torch.device("cuda")
     monkeypatch.setattr(device, "_cuda_bf16", lambda d: False)
+    monkeypatch.setattr(device, "_cuda_bf16_runs", lambda: False)
     assert device.resolve_precision("auto", "cuda") is None
     with pytest.raises(ConfigError, match="does not support bf16"):
         device.resolve_precision("bf16", "cuda")
@@ -117,6 +118,7 @@ def test_cuda_bf16_asks_the_gpu_and_a_failing_query_means_fp32(monkeypatch, supp
     from attnlab.training import device
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: supported)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
     assert device._cuda_bf16(torch.device("cuda")) is supported
 
     def old_driver(*args, **kwargs):
@@ -124,6 +126,28 @@ def test_cuda_bf16_asks_the_gpu_and_a_failing_query_means_fp32(monkeypatch, supp
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", old_driver)
     assert device._cuda_bf16(torch.device("cuda")) is False
+
+
+@pytest.mark.parametrize("capability", [(7, 0), (7, 5), (8, 0), (9, 0)])
+def test_auto_bf16_only_on_gpus_that_compute_it_natively(monkeypatch, capability):
+    """torch.cuda.is_bf16_supported() also says yes on V100s and T4s, which emulate bf16 (slower than fp32): "auto"
+    stays fp32 there, and a forced "bf16" runs with a warning, as on a CPU without bf16 instructions. The
+    capability asked for is that of the run's GPU ("cuda:1"), not the current one."""
+    import warnings
+
+    from attnlab.training import device
+
+    asked = []
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # what torch says on any GPU
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: asked.append(d) or capability)
+    native = capability >= (8, 0)
+    assert device.resolve_precision("auto", "cuda:1") == (torch.bfloat16 if native else None)
+    assert asked == [torch.device("cuda:1")]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert device.resolve_precision("bf16", "cuda") is torch.bfloat16
+    assert [w.category for w in caught] == ([] if native else [device.SlowPrecisionWarning])
 
 
 def _trained():

@@ -102,22 +102,39 @@ def cpu_last_level_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache"
 
 
 def _cuda_bf16(device: torch.device) -> bool:
+    """Whether the GPU `device` computes in bf16 natively: compute capability 8.0 (Ampere) or later, or ROCm.
+
+    `torch.cuda.is_bf16_supported()` alone says yes on older GPUs too (it counts emulation, slower than fp32
+    there) and asks about the current GPU, which is not `device` for "cuda:1"."""
     try:
-        return torch.cuda.is_bf16_supported()
+        if not torch.cuda.is_bf16_supported():
+            return False
+        if torch.version.hip:
+            return True
+        return torch.cuda.get_device_capability(device if device.index is not None else None)[0] >= 8
     except Exception:  # old drivers can raise here; then we simply stay in fp32
         return False
 
 
+def _cuda_bf16_runs() -> bool:
+    """Whether torch can run bf16 on this GPU at all (natively or emulated)."""
+    try:
+        return bool(torch.cuda.is_bf16_supported())
+    except Exception:
+        return False
+
+
 class SlowPrecisionWarning(UserWarning):
-    """bf16 asked for on a CPU that emulates it (a caller that resolves the precision for many runs warns once)."""
+    """bf16 asked for where it is emulated, on a CPU or GPU (a caller that resolves the precision for many runs
+    warns once)."""
 
 
 def resolve_precision(precision: str, device: torch.device | str) -> torch.dtype | None:
     """The autocast dtype for `precision` on `device`; None means plain fp32 (no autocast).
 
-    "auto" gives bf16 on CUDA GPUs that support it and on CPUs with bf16 instructions, fp32 otherwise
-    (including MPS). "bf16" is honoured wherever torch can run it (on a CPU without bf16 instructions
-    it is emulated, correct but slow).
+    "auto" gives bf16 on CUDA GPUs that compute it natively (Ampere and later) and on CPUs with bf16
+    instructions, fp32 otherwise (including MPS). "bf16" is honoured wherever torch can run it (on a CPU
+    without bf16 instructions or a GPU older than Ampere it is emulated, correct but slow).
 
     Raises:
         ConfigError: an unknown precision, or "bf16" on a CUDA GPU without bf16 support.
@@ -136,7 +153,11 @@ def resolve_precision(precision: str, device: torch.device | str) -> torch.dtype
     if precision == "auto":
         return torch.bfloat16 if supported else None
     if device.type == "cuda" and not supported:
-        raise ConfigError("precision = \"bf16\" but this GPU does not support bf16; use precision = \"fp32\"")
+        if not _cuda_bf16_runs():
+            raise ConfigError("precision = \"bf16\" but this GPU does not support bf16; use precision = \"fp32\"")
+        warnings.warn("precision = \"bf16\" on a GPU older than Ampere (compute capability below 8.0): bf16 is "
+                      "emulated and slower than fp32; use precision = \"auto\" or \"fp32\"", SlowPrecisionWarning,
+                      stacklevel=2)
     if device.type == "cpu" and not supported:
         # Without AVX512-BF16 or AMX, torch computes bf16 matmuls in a generic loop: correct, but on an
         # AVX2 CPU 50-100x slower than fp32 (1.3 vs 120 GFLOP/s measured on an AMD Zen 3).
