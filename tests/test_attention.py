@@ -232,6 +232,23 @@ def test_fully_masked_rows_are_zero_with_finite_gradients(how, need_weights):
             assert torch.isfinite(tensor.grad).all(), f"non-finite gradient for {name}"
 
 
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
+@pytest.mark.parametrize("how", ["mask", "mask+bias", "causal-short-keys"])
+def test_masked_attention_off_the_cpu_reads_nothing_back(how, need_weights):
+    """On a GPU, looking whether any row is fully masked would stop the host every layer of every step: off the
+    CPU the rows are zeroed unread. Meta tensors stand in for a GPU's (reading one raises)."""
+    b, t, s, dh = 2, 5, 6, 8
+    if how == "causal-short-keys":
+        t, s = 6, 4
+    q, k, v = (torch.randn(b, H, n, dh, device="meta") for n in (t, s, s))
+    mask = torch.ones(b, 1, 1, s, dtype=torch.bool, device="meta") if how.startswith("mask") else None
+    bias = torch.randn(1, H, t, s, device="meta") if how.endswith("+bias") else None
+    out, weights = attention(q, k, v, mask=mask, bias=bias, causal=how.startswith("causal"),
+                             need_weights=need_weights)
+    assert out.shape == (b, H, t, dh) and out.device.type == "meta"
+    assert (weights is not None) == need_weights
+
+
 # --------------------------------------------------------------------------------------------------
 # MultiHeadAttention == torch.nn.MultiheadAttention
 # --------------------------------------------------------------------------------------------------

@@ -235,10 +235,12 @@ def _add_bias(mask: Tensor, bias: Tensor) -> Tensor:
 
 
 def _any_visible(attn_mask: Tensor, s: int) -> Tensor | None:
-    """(…, T, 1) bool: True where a query row has at least one visible key; None if all rows do."""
+    """(…, T, 1) bool: True where a query row has at least one visible key; None if all rows do. Only on the CPU is
+    that last case looked for: on a GPU the answer would stop the host until the device caught up (every layer of
+    every step), and zeroing rows of a mask that is all True changes nothing."""
     visible = attn_mask.any(dim=-1, keepdim=True) if attn_mask.dtype == torch.bool \
         else (attn_mask > float("-inf")).any(dim=-1, keepdim=True)
-    if bool(visible.all()):
+    if visible.device.type == "cpu" and bool(visible.all()):
         return None
     return visible
 
