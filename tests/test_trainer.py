@@ -111,6 +111,29 @@ def test_accumulated_gradient_equals_big_batch_gradient(tmp_path):
     assert not torch.allclose(naive.head.bias.grad, reference.head.bias.grad, atol=1e-6)
 
 
+def test_a_gpu_is_waited_for_before_the_clock_closes_a_log_window_or_evaluation(tmp_path, monkeypatch):
+    """A GPU runs behind the host: tokens/s of a window must count its steps' work, so the trainer waits for the
+    device at each step that ends a window (log_every, the last step) or precedes an evaluation, and no other."""
+    from attnlab.training import trainer as trainer_module
+
+    waited = []
+    trainer = Trainer(tiny_model(), config(steps=7, log_every=3, eval_every=2), ToySource(), eval_source=ToySource(),
+                      out_dir=tmp_path)
+    monkeypatch.setattr(trainer_module, "synchronize", lambda device: waited.append((trainer.step, device)))
+    trainer.fit()
+    assert waited == [(step, torch.device("cpu")) for step in (2, 3, 4, 6, 7)]
+
+
+def test_synchronize_waits_for_the_run_s_gpu(monkeypatch):
+    from attnlab.training.device import synchronize
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    synchronize("cpu")
+    synchronize("cuda:1")
+    assert calls == [torch.device("cuda:1")]
+
+
 def test_source_batch_size_must_match(tmp_path):
     trainer = Trainer(tiny_model(), config(), ToySource(batch_size=6), out_dir=tmp_path)
     with pytest.raises(DataError, match="batch of 6 examples"):

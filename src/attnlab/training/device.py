@@ -176,6 +176,16 @@ def autocast(device: torch.device | str, dtype: torch.dtype | None) -> Iterator[
         yield
 
 
+def synchronize(device: torch.device | str) -> None:
+    """Wait until `device` has done the work queued on it. A GPU runs behind the host: a clock read without this
+    times the launching of the work, not the work. The CPU has nothing queued."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
 # ------------------------------------------------------------------------------------------------
 # fp32 matmuls on oneDNN
 # ------------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from attnlab.training.device import (
     autocast,
     fast_fp32_matmul,
     resolve_precision,
+    synchronize,
     wants_onednn_fp32,
 )
 from attnlab.training.distributed import all_gather_bytes, all_reduce_sum, barrier, init_distributed, wrap_ddp
@@ -715,6 +716,12 @@ class Trainer:
                 loss_sum, n_targets, n_tokens, grad_norm = self._train_step(self.step)
                 self.step += 1
                 self._in_step = False
+                if self.step % cfg.log_every == 0 or self.step == cfg.steps or (
+                        has_eval and cfg.eval_every and self.step % cfg.eval_every == 0):
+                    # A GPU runs steps behind the host: the window's time (tokens/s) must hold its steps' work,
+                    # not leave it to the log's or the evaluation's wait. Not every step: the next batch is
+                    # prepared while the device works.
+                    synchronize(self.device)
                 seconds = time.perf_counter() - t
                 self._totals.tokens += n_tokens
                 self._totals.train_seconds += seconds
