@@ -3,10 +3,12 @@
 
     python benchmarks/bench_attention.py              # every shape and dtype, medians of 10 timings
     python benchmarks/bench_attention.py --repeats 20 --json attention.json
+    python benchmarks/bench_attention.py --device cuda  # a GPU (the default, auto, takes one where there is one)
 
 Rows: (batch, heads, T, head width) × dtype; columns: milliseconds per forward+backward for each
 implementation, and attnlab's ratio against SDPA and against the faster of the two peers. The bf16 rows
-run only on a CPU with bf16 instructions (`--bf16 yes` forces them; elsewhere torch emulates bf16 slowly).
+run only where bf16 is native, a CPU with bf16 instructions or a GPU from Ampere on (`--bf16 yes` forces them;
+elsewhere torch emulates bf16 slowly).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from turns import time_in_turns
 
 from attnlab.modules.attention import attention
-from attnlab.training.device import cpu_has_bf16
+from attnlab.training.device import resolve_precision, select_device, synchronize
 
 SHAPES = [
     (32, 4, 112, 32),  # the knowledge experiment's quick scale (block 128, trimmed batches)
@@ -32,7 +35,7 @@ SHAPES = [
 def plain(q, k, v):
     t = q.shape[-2]
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+    scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool, device=q.device).tril(), float("-inf"))
     return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
 
 
@@ -44,16 +47,17 @@ def ours(q, k, v):
     return attention(q, k, v, causal=True)[0]
 
 
-def time_fns(fns: dict, shape, dtype, repeats: int) -> dict[str, float]:
+def time_fns(fns: dict, shape, dtype, repeats: int, device: torch.device | str = "cpu") -> dict[str, float]:
     """Median seconds per forward+backward of each function, timed in turns (one call of each per round)
     so that a slower or faster spell of a shared machine touches every column alike."""
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(*shape, generator=g).to(dtype).requires_grad_() for _ in range(3))
-    grad = torch.randn(*shape, generator=g).to(dtype)
+    q, k, v = (torch.randn(*shape, generator=g).to(device, dtype).requires_grad_() for _ in range(3))
+    grad = torch.randn(*shape, generator=g).to(device, dtype)
     for fn in fns.values():
         for _ in range(2):
             fn(q, k, v).backward(grad)
-    return time_in_turns({name: lambda _, fn=fn: fn(q, k, v).backward(grad) for name, fn in fns.items()}, repeats)
+    return time_in_turns({name: lambda _, fn=fn: fn(q, k, v).backward(grad) for name, fn in fns.items()}, repeats,
+                         sync=partial(synchronize, device))
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -61,21 +65,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--json", help="also write the rows to this JSON file")
     p.add_argument("--bf16", choices=("auto", "yes", "no"), default="auto",
-                   help="run the bf16 rows: auto = only on a CPU with bf16 instructions")
+                   help="run the bf16 rows: auto = only where bf16 is native (CPU bf16 instructions, Ampere+ GPU)")
+    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps")
     args = p.parse_args(argv)
+    device = select_device(args.device)
     dtypes = [torch.float32]
-    if args.bf16 == "yes" or (args.bf16 == "auto" and cpu_has_bf16()):
+    if args.bf16 == "yes" or (args.bf16 == "auto" and resolve_precision("auto", device) is not None):
         dtypes.append(torch.bfloat16)
     else:
-        print("this CPU has no bf16 instructions: bf16 rows left out (--bf16 yes runs them, emulated and slow)")
+        print(f"bf16 is not native on this {device.type}: bf16 rows left out (--bf16 yes runs them, emulated and "
+              "slow)")
     rows = []
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); ms per causal forward+backward")
+    print(f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} thread(s); ms per causal "
+          "forward+backward")
     print(f"{'shape (B,H,T,Dh)':<22}{'dtype':<7}{'SDPA':>9}{'plain':>9}{'attnlab':>9}{'vs SDPA':>9}{'vs best':>9}")
     for shape in SHAPES:
         for dtype in dtypes:
             fns = {"sdpa": sdpa, "plain": plain, "attnlab": ours}
-            ms = {name: 1e3 * sec for name, sec in time_fns(fns, shape, dtype, args.repeats).items()}
-            row = {"shape": list(shape), "dtype": str(dtype).replace("torch.", ""), **ms,
+            ms = {name: 1e3 * sec for name, sec in time_fns(fns, shape, dtype, args.repeats, device).items()}
+            row = {"shape": list(shape), "dtype": str(dtype).replace("torch.", ""), "device": str(device), **ms,
                    "vs_sdpa": ms["sdpa"] / ms["attnlab"], "vs_best": min(ms["sdpa"], ms["plain"]) / ms["attnlab"]}
             rows.append(row)
             print(f"{str(shape):<22}{row['dtype']:<7}{ms['sdpa']:>9.2f}{ms['plain']:>9.2f}{ms['attnlab']:>9.2f}"

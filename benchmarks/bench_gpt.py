@@ -5,6 +5,7 @@ and the medians printed with same-run ratios.
 
     python benchmarks/bench_gpt.py                # both shapes, training + decoding (+ bf16 accuracy)
     python benchmarks/bench_gpt.py --shapes A --repeats 3 --json out.json
+    python benchmarks/bench_gpt.py --device cuda   # a GPU (the default, auto, takes one where there is one)
 
 Shapes (vocabulary 65):
     A: 4 layers, 4 heads, 128 wide, block 64, batch 12
@@ -18,7 +19,8 @@ Rows:
                           bf16 weights, HF `generate` with fp32 weights (the reference)
     accuracy            : validation loss after the same steps, default (bf16) vs fp32 run
     peak MiB            : peak resident memory of a training step above the process's resident memory
-                          once the model and data exist (each row in a fresh process, Linux /proc)
+                          once the model and data exist (each row in a fresh process, Linux /proc); on a GPU
+                          the peak of torch's allocations on it above those once the model and data exist
 
 On a CPU without bf16 instructions (e.g. AVX2 only) torch emulates bf16 matrix products 50-100x slower than
 fp32, so the bf16 training rows (HF bf16, accuracy) are left out there unless `--bf16 yes` asks for them;
@@ -39,7 +41,14 @@ import torch
 from turns import time_in_turns
 
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.training.device import cpu_has_bf16, fast_fp32_matmul, wants_onednn_fp32
+from attnlab.training.device import (
+    cpu_has_bf16,
+    fast_fp32_matmul,
+    resolve_precision,
+    select_device,
+    synchronize,
+    wants_onednn_fp32,
+)
 
 
 @dataclass(frozen=True)
@@ -92,21 +101,24 @@ def hf(shape: Shape):
     return model
 
 
-def train_step_fn(model, kind: str, dtype: torch.dtype | None, lr: float = 3e-4):
+def train_step_fn(model, kind: str, dtype: torch.dtype | None, lr: float = 3e-4, device: torch.device | str = "cpu"):
+    device = torch.device(device)
+    model.to(device)
     if kind == "ours":  # attnlab's optimizer as its Trainer builds it: fused AdamW, decay on matrices only
         from attnlab.training.optim import build_optimizer
         from attnlab.training.trainer import TrainerConfig
 
-        opt = build_optimizer(model, TrainerConfig(lr=lr, weight_decay=0.1), torch.device("cpu"))
+        opt = build_optimizer(model, TrainerConfig(lr=lr, weight_decay=0.1), device)
     else:  # AdamW as HF users write it
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
     # Like attnlab's Trainer: fp32 training of wide models takes oneDNN's matmuls where verified exact.
     onednn = kind == "ours" and dtype is None and wants_onednn_fp32(model)
 
     def step(batch: torch.Tensor) -> float:
+        batch = batch.to(device)
         x, y = batch[:, :-1], batch[:, 1:]
-        with fast_fp32_matmul("cpu", enabled=onednn):
-            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        with fast_fp32_matmul(device, enabled=onednn):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 loss = model(x, labels=y).loss if kind == "ours" else model(x, labels=x).loss
             loss.backward()
             opt.step()
@@ -116,30 +128,33 @@ def train_step_fn(model, kind: str, dtype: torch.dtype | None, lr: float = 3e-4)
     return step
 
 
-def time_training_rows(rows: dict, shape: Shape, data, warmup: int, repeats: int) -> dict:
+def time_training_rows(rows: dict, shape: Shape, data, warmup: int, repeats: int,
+                       device: torch.device | str = "cpu") -> dict:
     """Median tokens/s of each training row, {label: (make_model, kind, dtype)}, timed in turns (one step of
     every row per round) so that a slow or fast spell of a shared machine touches every row alike."""
     steps = {}
+    data = [b.to(device) for b in data]
     for label, (make_model, kind, dtype) in rows.items():
         model = make_model(shape)
         model.train()
-        steps[label] = train_step_fn(model, kind, dtype)
+        steps[label] = train_step_fn(model, kind, dtype, device=device)
         for b in data[:warmup]:
             steps[label](b)
     medians = time_in_turns({label: lambda i, step=step: step(data[(warmup + i) % len(data)])
-                             for label, step in steps.items()}, repeats)
+                             for label, step in steps.items()}, repeats, sync=lambda: synchronize(device))
     return {label: {"tokens_per_s": shape.batch * shape.block / sec, "step_s": sec} for label, sec in medians.items()}
 
 
 @torch.no_grad()
-def time_decoding_rows(shape: Shape, n_new: int, repeats: int) -> dict:
+def time_decoding_rows(shape: Shape, n_new: int, repeats: int, device: torch.device | str = "cpu") -> dict:
     """Batch-1 greedy generation of `n_new` tokens after an 8-token prompt, KV cache, timed in turns:
     attnlab's `generate` and HF's `generate` with fp32 weights, and attnlab with bf16 weights."""
     from attnlab.inference.generate import generate
 
-    prompt = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(1))
+    prompt = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(1)).to(device)
     s = Shape(shape.name, shape.n_layers, shape.n_heads, shape.d_model, max(shape.block, 8 + n_new), 1)
-    ours_fp32, ours_bf16, peer = ours(s).eval(), ours(s).eval().bfloat16(), hf(s).eval()
+    ours_fp32, ours_bf16 = ours(s).to(device).eval(), ours(s).to(device).eval().bfloat16()
+    peer = hf(s).to(device).eval()
     runs = {
         "ours fp32": lambda: generate(ours_fp32, prompt, n_new, greedy=True),
         "ours bf16 weights": lambda: generate(ours_bf16, prompt, n_new, greedy=True),
@@ -148,21 +163,22 @@ def time_decoding_rows(shape: Shape, n_new: int, repeats: int) -> dict:
     }
     for run in runs.values():
         run()
-    medians = time_in_turns({label: lambda _, run=run: run() for label, run in runs.items()}, repeats)
+    medians = time_in_turns({label: lambda _, run=run: run() for label, run in runs.items()}, repeats,
+                            sync=lambda: synchronize(device))
     out = {label: {"tokens_per_s": n_new / sec} for label, sec in medians.items()}
     for r in out.values():
         r["vs_HF"] = r["tokens_per_s"] / out["HF fp32"]["tokens_per_s"]
     return out
 
 
-def accuracy(shape: Shape, steps: int) -> dict:
+def accuracy(shape: Shape, steps: int, device: torch.device | str = "cpu") -> dict:
     """Validation loss after `steps` identical steps, default (bf16 autocast) vs fp32."""
-    data = make_data(shape, steps + 4, seed=3)
+    data = [b.to(device) for b in make_data(shape, steps + 4, seed=3)]
     val = data[-4:]
     out = {}
     for label, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
         model = ours(shape)
-        step = train_step_fn(model, "ours", dtype, lr=1e-3)
+        step = train_step_fn(model, "ours", dtype, lr=1e-3, device=device)
         for b in data[:steps]:
             step(b)
         model.eval()
@@ -181,23 +197,31 @@ def _rss_kib(field: str) -> int:
 
 
 def memory_row(spec: str) -> None:
-    """Child process: build one row's model, take 3 training steps, print the peak above the baseline."""
-    kind, dtype_name, shape_name = spec.split(",")
+    """Child process: build one row's model, take 3 training steps, print the peak above the baseline (resident
+    memory on the CPU, torch's allocations on a GPU)."""
+    kind, dtype_name, shape_name, device_name = spec.split(",")
+    device = torch.device(device_name)
     shape = SHAPES[shape_name]
     dtype = torch.bfloat16 if dtype_name == "bf16" else None
-    data = make_data(shape, 4)
+    data = [b.to(device) for b in make_data(shape, 4)]
     model = (ours if kind == "ours" else hf)(shape)
     model.train()
-    step = train_step_fn(model, kind, dtype)
-    base = _rss_kib("VmRSS")
+    step = train_step_fn(model, kind, dtype, device=device)
+    if device.type == "cuda":
+        synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        base = _rss_kib("VmRSS") * 1024
     for b in data[:3]:
         step(b)
-    print(json.dumps({"peak_mib": (_rss_kib("VmHWM") - base) / 1024}))
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else _rss_kib("VmHWM") * 1024
+    print(json.dumps({"peak_mib": (peak - base) / 2**20}))
 
 
-def peak_memory(kind: str, dtype: torch.dtype | None, shape: Shape) -> float | None:
+def peak_memory(kind: str, dtype: torch.dtype | None, shape: Shape, device: str = "cpu") -> float | None:
     """Peak training memory (MiB) of one row, measured in a fresh process; None where /proc is missing."""
-    spec = f"{kind},{'bf16' if dtype is not None else 'fp32'},{shape.name}"
+    spec = f"{kind},{'bf16' if dtype is not None else 'fp32'},{shape.name},{device}"
     try:
         done = subprocess.run([sys.executable, __file__, "--memory-row", spec], capture_output=True, text=True,
                               timeout=600, check=True)
@@ -217,19 +241,21 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory column")
     p.add_argument("--bf16", choices=("auto", "yes", "no"), default="auto",
-                   help="run the bf16 rows: auto = only on a CPU with bf16 instructions")
+                   help="run the bf16 rows: auto = only where bf16 is native (CPU bf16 instructions, Ampere+ GPU)")
+    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps")
     p.add_argument("--memory-row", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_row:
         memory_row(args.memory_row)
         return {}
 
-    default_dtype = torch.bfloat16 if cpu_has_bf16() else None
-    bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and cpu_has_bf16())
+    device = select_device(args.device)
+    default_dtype = resolve_precision("auto", device)  # what `precision = "auto"` trains in there
+    bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and default_dtype is not None)
     if not bf16:
-        print("this CPU has no bf16 instructions: bf16 training rows left out (--bf16 yes runs them, emulated "
-              "and slow)")
-    results: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+        print(f"bf16 is not native on this {device.type}: bf16 training rows left out (--bf16 yes runs them, "
+              "emulated and slow)")
+    results: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": str(device),
                      "cpu_bf16": cpu_has_bf16(), "shapes": {}}
     for name in args.shapes.split(","):
         shape = SHAPES[name]
@@ -242,18 +268,18 @@ def main(argv: list[str] | None = None) -> dict:
         }
         if not bf16:
             del specs["HF bf16"]
-        rows = time_training_rows(specs, shape, data, args.warmup, args.repeats)
+        rows = time_training_rows(specs, shape, data, args.warmup, args.repeats, device)
         ref = rows["HF fp32"]["tokens_per_s"]
         for label, r in rows.items():
             r["vs_HF_fp32"] = r["tokens_per_s"] / ref
             if not args.no_memory:
                 kind = "ours" if label.startswith("ours") else "hf"
                 dtype = None if label.endswith("fp32") else (torch.bfloat16 if kind == "hf" else default_dtype)
-                r["peak_mib"] = peak_memory(kind, dtype, shape)
-        dec = time_decoding_rows(shape, args.decode_tokens, max(1, args.decode_repeats))
+                r["peak_mib"] = peak_memory(kind, dtype, shape, str(device))
+        dec = time_decoding_rows(shape, args.decode_tokens, max(1, args.decode_repeats), device)
         results["shapes"][name] = {"shape": shape.__dict__, "train": rows, "decode": dec}
         print(f"\nshape {name}: {shape.n_layers} layers, {shape.n_heads} heads, {shape.d_model} wide, "
-              f"block {shape.block}, batch {shape.batch}")
+              f"block {shape.block}, batch {shape.batch}, device {device}")
         width = max(len("decode, batch 1"), *(len(f"train {k}") for k in rows), *(len(f"decode {k}") for k in dec))
         print(f"  {'row':<{width}}{'tokens/s':>12}{'vs HF fp32':>12}{'peak MiB':>10}")
         for label, r in rows.items():
@@ -264,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict:
         for label, r in dec.items():
             print(f"  {'decode ' + label:<{width}}{r['tokens_per_s']:>12,.0f}{r['vs_HF']:>11.2f}x")
     if args.accuracy_steps and bf16:
-        acc = accuracy(SHAPES["A"], args.accuracy_steps)
+        acc = accuracy(SHAPES["A"], args.accuracy_steps, device)
         results["accuracy_shape_A"] = acc
         print(f"\nvalidation loss after {args.accuracy_steps} steps (shape A): fp32 {acc['fp32']:.4f}, "
               f"default {acc['bf16']:.4f}, relative gap {100 * acc['relative_gap']:.2f}%")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -43,3 +45,31 @@ def test_bench_attention_runs(tmp_path, capsys):
     assert [r["dtype"] for r in rows] == ["float32"] * 3
     assert all(r["sdpa"] > 0 and r["attnlab"] > 0 and r["vs_sdpa"] > 0 for r in rows)
     assert (tmp_path / "a.json").is_file()
+
+
+def test_turns_wait_for_the_device_around_every_timed_call():
+    """A GPU runs behind the host: each call is timed from an idle device to the end of its own work."""
+    events = []
+    load("bench_attention")  # puts benchmarks/ on the path
+    from turns import time_in_turns
+
+    time_in_turns({"a": lambda i: events.append(f"a{i}"), "b": lambda i: events.append(f"b{i}")}, 2,
+                  sync=lambda: events.append("sync"))
+    assert events == ["sync", "a0", "sync", "sync", "b0", "sync", "sync", "a1", "sync", "sync", "b1", "sync"]
+
+
+def test_bench_attention_builds_its_tensors_on_the_device():
+    """Every tensor of a timed function follows the inputs' device (meta tensors stand in for a GPU's)."""
+    bench = load("bench_attention")
+    q, k, v = (torch.randn(1, 2, 5, 4, device="meta") for _ in range(3))
+    for fn in (bench.plain, bench.sdpa, bench.ours):
+        assert fn(q, k, v).device.type == "meta"
+
+
+@pytest.mark.slow
+def test_bench_scripts_take_a_device(tmp_path, capsys):
+    rows = load("bench_attention").main(["--repeats", "1", "--bf16", "no", "--device", "cpu"])
+    assert {r["device"] for r in rows} == {"cpu"}
+    bench = load("bench_gpt")
+    bench.memory_row("ours,fp32,A,cpu")  # the peak-memory child process, in this one
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["peak_mib"] >= 0
