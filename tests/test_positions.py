@@ -156,6 +156,32 @@ def test_rotary_beyond_its_table_equals_a_larger_table():
     torch.testing.assert_close(short.rotate_k(q, pos), long.rotate_k(q, pos), atol=1e-6, rtol=0)
 
 
+def test_rotary_reads_the_angles_of_one_positions_tensor_once(monkeypatch):
+    """Every layer rotates q and k by the model's one positions tensor: the largest position is read back from
+    the device (a GPU sync) once per forward, and a positions tensor changed in place gets its new angles."""
+    from attnlab.models.gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=11, block_size=16, d_model=16, n_heads=2, n_layers=3, position="rotary"))
+    reads = []
+    real_max = torch.Tensor.max
+    monkeypatch.setattr(torch.Tensor, "max", lambda self, *a, **k: reads.append(1) or real_max(self, *a, **k))
+    model(torch.randint(0, 11, (2, 7)))
+    assert len(reads) == 1  # not 2 per layer (6)
+
+    rope = _rotary(max_len=8)
+    pos = torch.arange(5)[None, :]
+    first = rope.angles_at(pos)
+    assert rope.angles_at(pos)[0] is first[0]
+    pos += 6  # now partly beyond the table: computed, not stale
+    torch.testing.assert_close(rope.angles_at(pos)[0], _rotary(max_len=64).angles_at(pos.clone())[0])
+    # Angles kept from an inference_mode forward are not handed to a training one (autograd refuses them).
+    x, fresh = torch.randn(1, 2, 5, 8, requires_grad=True), torch.arange(5)[None, :]
+    with torch.inference_mode():
+        rope.rotate_q(torch.randn(1, 2, 5, 8), fresh)
+    rope.rotate_q(x, fresh).sum().backward()
+    assert x.grad is not None
+
+
 def test_rotary_rejects_an_odd_head_width():
     with pytest.raises(ConfigError, match="even head width"):
         build_position("rotary", d_model=12, n_heads=4, max_len=8, causal=True)

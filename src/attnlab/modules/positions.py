@@ -162,6 +162,7 @@ class RotaryPosition(PositionScheme):
         cos, sin = self._angles(torch.arange(max_len, device="cpu"))  # on the CPU, also under a meta device
         self.register_buffer("cos", cos.to(torch.get_default_device()), persistent=False)
         self.register_buffer("sin", sin.to(torch.get_default_device()), persistent=False)
+        self._memo: tuple[Tensor, tuple[int, bool], tuple[Tensor, Tensor]] | None = None  # see angles_at
 
     def _angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         ang = positions.detach().to("cpu", torch.float64)[..., None] * self.inv_freq
@@ -169,10 +170,21 @@ class RotaryPosition(PositionScheme):
         return ang.cos().float().to(positions.device), ang.sin().float().to(positions.device)
 
     def angles_at(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """(cos, sin) of shape positions.shape + (Dh,), float32: from the tables, or computed beyond them."""
+        """(cos, sin) of shape positions.shape + (Dh,), float32: from the tables, or computed beyond them.
+
+        A forward rotates the queries and keys of every layer by the same positions tensor: the angles of
+        the last one asked for are kept (until it changes in place), so that they are gathered, and its
+        largest position read back from the device (a wait for a GPU), once per forward, not twice a layer."""
+        key = (positions._version, torch.is_inference_mode_enabled())  # inference tensors cannot enter autograd
+        memo = self._memo
+        if memo is not None and memo[0] is positions and memo[1] == key:
+            return memo[2]
         if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
-            return self._angles(positions)
-        return self.cos[positions], self.sin[positions]
+            angles = self._angles(positions)
+        else:
+            angles = self.cos[positions], self.sin[positions]
+        self._memo = (positions, key, angles)
+        return angles
 
     def _rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         cos, sin = self.angles_at(positions)  # (B|1, T, Dh)
