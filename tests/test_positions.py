@@ -180,6 +180,10 @@ def test_rotary_reads_the_angles_of_one_positions_tensor_once(monkeypatch):
         rope.rotate_q(torch.randn(1, 2, 5, 8), fresh)
     rope.rotate_q(x, fresh).sum().backward()
     assert x.grad is not None
+    with torch.inference_mode():  # positions made in inference mode (no version counter) work, twice
+        made_there = torch.arange(5)[None, :]
+        for _ in range(2):
+            torch.testing.assert_close(rope.angles_at(made_there)[1], rope.sin[:5][None])
 
 
 def test_rotary_rejects_an_odd_head_width():

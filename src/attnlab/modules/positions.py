@@ -175,15 +175,17 @@ class RotaryPosition(PositionScheme):
         A forward rotates the queries and keys of every layer by the same positions tensor: the angles of
         the last one asked for are kept (until it changes in place), so that they are gathered, and its
         largest position read back from the device (a wait for a GPU), once per forward, not twice a layer."""
-        key = (positions._version, torch.is_inference_mode_enabled())  # inference tensors cannot enter autograd
+        # An inference tensor has no version counter to tell an in-place change by: not kept. Angles kept
+        # under inference mode are not handed out outside it, where autograd refuses them.
+        key = None if positions.is_inference() else (positions._version, torch.is_inference_mode_enabled())
         memo = self._memo
-        if memo is not None and memo[0] is positions and memo[1] == key:
+        if key is not None and memo is not None and memo[0] is positions and memo[1] == key:
             return memo[2]
         if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
             angles = self._angles(positions)
         else:
             angles = self.cos[positions], self.sin[positions]
-        self._memo = (positions, key, angles)
+        self._memo = None if key is None else (positions, key, angles)
         return angles
 
     def _rotate(self, x: Tensor, positions: Tensor) -> Tensor:
