@@ -113,6 +113,21 @@ def test_auto_device_prefers_cuda_and_bf16_follows_the_gpu(monkeypatch):
     assert device.resolve_precision("auto", "cuda") is torch.bfloat16
 
 
+def test_a_numbered_gpu_becomes_the_current_one(monkeypatch):
+    """train.device = "cuda:1" in one process: torch's calls that name no GPU (streams, memory stats) use GPU 1."""
+    from attnlab.training import distributed
+
+    current = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert distributed.init_distributed("cuda:1")[1] == torch.device("cuda", 1)
+    assert current == [torch.device("cuda", 1)]
+    distributed.init_distributed("cuda")  # no number: torch's current GPU stays
+    assert len(current) == 1
+
+
 @pytest.mark.parametrize("supported", [True, False])
 def test_cuda_bf16_asks_the_gpu_and_a_failing_query_means_fp32(monkeypatch, supported):
     from attnlab.training import device

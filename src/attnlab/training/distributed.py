@@ -76,7 +76,10 @@ def init_distributed(device: str = "auto") -> tuple[World, torch.device]:
     """
     env = env_world()
     if env.size <= 1 and not (dist.is_available() and dist.is_initialized()):
-        return World(), select_device(device)
+        dev = select_device(device)
+        if dev.type == "cuda" and dev.index is not None:
+            torch.cuda.set_device(dev)  # torch's calls that name no GPU (streams, memory stats) then use this one
+        return World(), dev
     if not dist.is_available():
         raise ConfigError("WORLD_SIZE > 1 but this torch build has no torch.distributed; run one process")
     if device in ("auto", "cuda") and torch.cuda.is_available():
