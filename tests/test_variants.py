@@ -172,6 +172,30 @@ def test_synthesizer_positions_past_block_size_raise(variant):
 
 
 @pytest.mark.parametrize("variant", ["synthesizer-dense", "synthesizer-random"])
+def test_synthesizer_reads_the_positions_once_per_forward(variant, monkeypatch):
+    """Every layer checks the model's one positions tensor against its block size: the largest position is
+    read back from the device (a GPU sync) once per forward; a tensor changed in place is checked again."""
+    from attnlab.models.gpt import GPT, GPTConfig
+    from attnlab.modules.variants import _check_positions
+
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, d_model=16, n_heads=2, n_layers=3, attention=variant))
+    reads = []
+    real_max = torch.Tensor.max
+    monkeypatch.setattr(torch.Tensor, "max", lambda self, *a, **k: reads.append(1) or real_max(self, *a, **k))
+    model(torch.randint(0, 11, (2, 8)))
+    assert len(reads) == 1  # not once or twice a layer
+    positions = torch.arange(8)[None]
+    _check_positions(positions, 8, variant)
+    positions += 1  # now position 8 is there: refused, not passed as checked before
+    with pytest.raises(ConfigError, match="block_size=8"):
+        _check_positions(positions, 8, variant)
+    other = torch.arange(8)[None]
+    _check_positions(other, 8, variant)
+    with pytest.raises(ConfigError, match="block_size=4"):  # the same tensor against a smaller block
+        _check_positions(other, 4, variant)
+
+
+@pytest.mark.parametrize("variant", ["synthesizer-dense", "synthesizer-random"])
 def test_synthesizer_needs_block_size(variant):
     with pytest.raises(ConfigError, match="block_size"):
         MultiHeadAttention(D, H, variant=variant)
