@@ -170,6 +170,14 @@ def test_fit_writes_metrics_plot_and_checkpoints(tmp_path):
         assert torch.equal(loaded.state_dict()[k], v)
 
 
+def test_evaluations_are_printed_without_the_progress_bar(tmp_path, capsys):
+    """progress = false hides the bar (for logs and captured output), not the evaluation lines."""
+    Trainer(tiny_model(), config(eval_every=2), ToySource(), eval_source=ToySource(), out_dir=tmp_path).fit()
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["step 2", "step 4"]
+    assert lines[0].startswith("step 2: eval loss ")
+
+
 @pytest.mark.parametrize("eval_batches", [0, 2])
 def test_eval_counts_come_from_the_loss_pass(tmp_path, eval_batches):
     model = tiny_model()

@@ -60,11 +60,13 @@ class MetricsLog:
 
 
 class Progress:
-    """A tqdm bar over optimizer steps showing loss, lr and tokens/s (tqdm adds the ETA); silent when
-    disabled (progress = false, or a process other than rank 0)."""
+    """A tqdm bar over optimizer steps showing loss, lr and tokens/s (tqdm adds the ETA); no bar when
+    disabled (progress = false, or a process other than rank 0). `write` prints its line above the bar, or
+    alone where `echo` is set and there is no bar: progress = false hides the bar, not the evaluations."""
 
-    def __init__(self, total: int, initial: int, *, enabled: bool):
+    def __init__(self, total: int, initial: int, *, enabled: bool, echo: bool = False):
         self._bar = None
+        self._echo = echo
         if enabled:
             from tqdm.auto import tqdm
 
@@ -83,6 +85,8 @@ class Progress:
     def write(self, message: str) -> None:
         if self._bar is not None:
             self._bar.write(message)
+        elif self._echo:
+            print(message, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -703,7 +703,7 @@ class Trainer:
         start_step = self.step
         self._fit_start = time.perf_counter()
         self.model.train()
-        progress = Progress(cfg.steps, self.step, enabled=cfg.progress and self.world.is_main)
+        progress = Progress(cfg.steps, self.step, enabled=cfg.progress and self.world.is_main, echo=self.world.is_main)
         window = _Window()
         stopped_early = False
         saved_at = None
