@@ -9,6 +9,7 @@ from attnlab.cli import main
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of `attnlab *argv`, run in this process."""
+    capsys.readouterr()  # what ran before it (an in-process training prints its evaluations) is not its output
     try:
         main(list(argv))
         code = 0
