@@ -264,8 +264,8 @@ class EncoderModel(nn.Module):
         keep = None if cache is not None else self._keep(input_ids, attention_mask)  # the LM head reads no keep
         out = ModelOutput(logits=self.head(h, keep))
         if labels is not None:
-            out.loss, out.n_targets = token_loss(out.logits, labels,
-                                                 label_smoothing=self.config.label_smoothing)
+            smoothing = self.config.label_smoothing if self.training else 0.0  # evaluation: the true loss
+            out.loss, out.n_targets = token_loss(out.logits, labels, label_smoothing=smoothing)
         if need_weights:
             out.attentions = weights
         if output_hidden_states:

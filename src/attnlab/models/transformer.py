@@ -163,7 +163,10 @@ class Seq2SeqTransformer(nn.Module):
                                                      output_hidden_states=output_hidden_states)
         out = ModelOutput(logits=logits)
         if labels is not None:
-            out.loss, out.n_targets = token_loss(logits, labels, label_smoothing=self.config.label_smoothing)
+            # Label smoothing regularises training; evaluation scores the true cross-entropy, whose exp is the
+            # perplexity (smoothed, it was twice the true figure on Multi30k).
+            smoothing = self.config.label_smoothing if self.training else 0.0
+            out.loss, out.n_targets = token_loss(logits, labels, label_smoothing=smoothing)
         if need_weights:
             out.attentions = self_w
             out.extra.update(cross_attentions=torch.stack(cross_w) if cross_w else None,
