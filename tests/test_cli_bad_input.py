@@ -223,6 +223,19 @@ def test_evaluate_names_the_line_of_an_unknown_character(tmp_path, capsys, lm_ru
     assert f"{data}: line 2: '\u2603' is not in the vocabulary the model was trained with" in line
 
 
+def test_a_compressed_file_is_named_as_such(tmp_path, capsys, lm_run):
+    """A .gz passed by mistake: the fix is to unpack it, not to re-encode it from latin-1."""
+    import gzip
+
+    data = tmp_path / "text.txt.gz"
+    data.write_bytes(gzip.compress(b"def f():\n    return 1\n" * 50))
+    fix = f"data file '{data}' is gzip-compressed, not text; unpack it first (gunzip -k '{data}')"
+    line = one_line_error(capsys, "train", "--set", f"data.path={_q(data)}",
+                          "--set", f"train.out_dir={_q(tmp_path / 'run')}", *TINY)
+    assert fix in line
+    assert fix in one_line_error(capsys, "evaluate", str(lm_run), "--data", str(data), "--device", "cpu")
+
+
 def test_a_text_too_short_to_split(tmp_path, capsys):
     data = tmp_path / "one.txt"
     data.write_text("a", encoding="utf-8")

@@ -41,10 +41,21 @@ def check_file(path: str | os.PathLike[str], what: str = "data file") -> Path:
     return path
 
 
+# The magic numbers of the compressed and archive formats a data file is most often mistaken for, with the
+# command that unpacks each.
+COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip -k"), (b"BZh", "bzip2", "bunzip2 -k"),
+              (b"\xfd7zXZ\x00", "xz", "unxz -k"), (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+              (b"PK\x03\x04", "zip", "unzip"))
+
+
 def _decode_error(path: Path, err: UnicodeDecodeError, base_offset: int = 0, base_line: int = 0) -> DataError:
     with open(path, "rb") as f:
-        head = f.read(2)
-    if head in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+        head = f.read(6)
+    for magic, name, unpack in COMPRESSED:
+        if head.startswith(magic):
+            return DataError(f"data file '{path}' is {name}-compressed, not text; unpack it first "
+                             f"({unpack} '{path}') and give the unpacked file")
+    if head[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
         return DataError(f"data file '{path}' is not UTF-8 but UTF-16 (it starts with a UTF-16 byte-order mark); "
                          f"re-encode it as UTF-8 (e.g. iconv -f utf-16 -t utf-8 '{path}' > new.txt)")
     data = err.object
