@@ -350,6 +350,20 @@ def test_bert_evaluation_masks_do_not_depend_on_the_batch_size(word_tok):
     assert [b["labels"].tolist() for b in again.iter_batches(5)] == labels  # the source's own batch size: no matter
 
 
+def test_sentences_always_cut_in_a_pair_are_reported(word_tok):
+    """A sentence longer than max_length - 4 ([CLS] A [SEP] B [SEP], B at least one token) loses tokens in every
+    pair it is in (a paragraph per line, as in WikiText): said with counts, not silently."""
+    import warnings
+
+    docs = [["doc 0 sentence 0 x x x x x x x", "doc 0 sentence 1"], ["doc 1 sentence 0", "doc 1 sentence 1"]]
+    with pytest.warns(UserWarning, match=r"1 of 4 sentences are longer than data.max_length allows \(12 tokens "
+                                         r"with specials\) and were cut \(the longest has 15\)"):
+        NSPPairs(docs, word_tok, max_length=12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        NSPPairs(docs, word_tok, max_length=15)  # 11 tokens + 4 fit
+
+
 def test_nsp_needs_documents(word_tok):
     with pytest.raises(DataError) as err:
         NSPPairs([["one sentence"], ["another"]], word_tok)

@@ -462,6 +462,9 @@ class NSPPairs:
             for i, ids in zip(strings, encoded):
                 flat[i] = ids
         self.sentences: list[list[int]] = [list(map(int, s)) for s in flat]
+        # A pair holds [CLS] A [SEP] B [SEP] with at least one token of the other sentence: longer sentences are
+        # always cut (a paragraph on one line, as in WikiText, loses most of its tokens).
+        _warn_cut([len(s) for s in self.sentences], max_length - 4, "sentences", "data.max_length", 4)
         lengths = np.array([len(doc) for doc in docs], dtype=np.int64)
         self.doc_starts = np.concatenate([[0], np.cumsum(lengths)])
         self.doc_lengths = lengths
