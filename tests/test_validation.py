@@ -238,6 +238,12 @@ def test_headerless_table_read_with_column_names_suggests_numbers(tmp_path):
     path.write_text("review\tstars\ngood\t1\n", encoding="utf-8")  # a header, without the column asked for
     with pytest.raises(DataError, match=r"no text column 'sentence' in the header \['review', 'stars'\]; set"):
         read_classification_file(path, "sentence", "stars")
+    # A test split without labels (GLUE's test.tsv): said so, not only "pick one of index, sentence" (--label-column
+    # index then read the row numbers as classes)
+    path.write_text("index\tsentence\n0\tgood\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"no label column 'label' in the header \['index', 'sentence'\]; if the "
+                                        "file has no labels .*give a labelled file"):
+        read_classification_file(path, "sentence", "label")
 
 
 @pytest.mark.parametrize("columns", [("label", None), ("label", "label"), ("1", "1"), (None, "sentence")])
