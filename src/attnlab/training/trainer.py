@@ -716,8 +716,10 @@ class Trainer:
                 loss_sum, n_targets, n_tokens, grad_norm = self._train_step(self.step)
                 self.step += 1
                 self._in_step = False
-                if self.step % cfg.log_every == 0 or self.step == cfg.steps or (
-                        has_eval and cfg.eval_every and self.step % cfg.eval_every == 0):
+                last = self.step == cfg.steps
+                logs = self.step % cfg.log_every == 0 or last
+                evaluates = has_eval and (last or bool(cfg.eval_every and self.step % cfg.eval_every == 0))
+                if logs or evaluates:
                     # A GPU runs steps behind the host: the window's time (tokens/s) must hold its steps' work,
                     # not leave it to the log's or the evaluation's wait. Not every step: the next batch is
                     # prepared while the device works.
@@ -728,11 +730,10 @@ class Trainer:
                 window.add(loss_sum, n_targets, n_tokens, seconds)
                 window.grad_norm = grad_norm
                 progress.update()
-                last = self.step == cfg.steps
-                if self.step % cfg.log_every == 0 or last:
+                if logs:
                     self._log_train(window, progress)
                     window = _Window()
-                if has_eval and (last or (cfg.eval_every and self.step % cfg.eval_every == 0)):
+                if evaluates:
                     metrics = self.evaluate()
                     stopped_early = self._record_eval(metrics, self._elapsed())
                     shown = ", ".join(f"eval {k} {v:.4g}" for k, v in metrics.items())
