@@ -244,6 +244,21 @@ def test_a_text_too_short_to_split(tmp_path, capsys):
     assert "too short to hold out data.val_fraction" in line
 
 
+def test_windows_line_ends_in_a_character_lm_text_are_pointed_out(tmp_path, capsys):
+    """'\r\n' line ends make '\r' a character of the model's own: said, with the fix; plain text says nothing."""
+    text = "line one of the text\nline two of the text\n" * 60
+    for name, content, warned in (("crlf.txt", text.replace("\n", "\r\n"), True), ("lf.txt", text, False)):
+        (tmp_path / name).write_bytes(content.encode("utf-8"))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            code, _, err = run_cli(capsys, "train", "--set", f"data.path={_q(tmp_path / name)}", "--set",
+                                   "model.preset=gpt-char-tiny", "--set", "model.block_size=16", "--set",
+                                   "train.steps=1", "--set", f"train.out_dir={_q(tmp_path / name)}.run", *TINY)
+        assert code == 0, err
+        said = [str(w.message) for w in caught if "carriage returns" in str(w.message)]
+        assert len(said) == int(warned) and (not said or "dos2unix" in said[0]), said
+
+
 def test_evaluate_reads_other_column_names(tmp_path, capsys, cls_run):
     other = tmp_path / "other.tsv"
     other.write_text("id\treview\tstars\n1\tgreat movie great\t1\n2\tbad movie bad\t0\n", encoding="utf-8")

@@ -450,6 +450,11 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     # A char tokenizer also reads the held-out text, so that every character there can be encoded.
     texts = _Reread(train_part, eval_part if d.tokenizer == "char" else None)
     tokenizer = _tokenizer(run, texts, saved, **options)
+    if d.tokenizer == "char" and saved is None and tokenizer.token_to_id("\r") is not None:
+        warnings.warn("the text holds carriage returns ('\\r', as in Windows line ends): the character model learns "
+                      "them as characters of their own, so each line end costs two tokens and text with plain line "
+                      "ends reads unlike its training; convert the file (e.g. dos2unix FILE) to train on plain line "
+                      "ends", stacklevel=2)
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, head="lm")
     if not getattr(config, "is_causal", True):
         raise ConfigError("data.task = 'lm' trains next-token prediction, which needs causal attention, but "
