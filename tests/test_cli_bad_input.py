@@ -253,7 +253,7 @@ def test_windows_line_ends_in_a_character_lm_text_are_pointed_out(tmp_path, caps
             warnings.simplefilter("always")
             code, _, err = run_cli(capsys, "train", "--set", f"data.path={_q(tmp_path / name)}", "--set",
                                    "model.preset=gpt-char-tiny", "--set", "model.block_size=16", "--set",
-                                   "train.steps=1", "--set", f"train.out_dir={_q(tmp_path / name)}.run", *TINY)
+                                   "train.steps=1", "--set", f"train.out_dir={_q(tmp_path / (name + '.run'))}", *TINY)
         assert code == 0, err
         said = [str(w.message) for w in caught if "carriage returns" in str(w.message)]
         assert len(said) == int(warned) and (not said or "dos2unix" in said[0]), said
