@@ -427,17 +427,12 @@ def _column_index(path: Path, column: str | int, names: list[str] | None, what: 
             "header; if the file has none, give the columns by 0-based number (evaluate: --text-column 0 "
             "--label-column 1; train: data.text_column and data.label_column), else name one of those columns"
         )
-    if column not in names and what == "label":  # a test split without labels looks just like this
-        raise DataError(
-            f"data file '{path}': no label column {column!r} in the header {names}; if the file has no labels "
-            "(as GLUE's test.tsv), give a labelled file, else set data.label_column (evaluate: --label-column) "
-            "to the column of the labels"
-        )
     if column not in names:
-        raise DataError(
-            f"data file '{path}': no {what} column {column!r} in the header {names}; "
-            f"set data.{what}_column (evaluate: --{what}-column) to one of them"
-        )
+        fix = (f"set data.{what}_column (evaluate: --{what}-column) to one of them" if what != "label" else
+               # a test split without labels looks just like this
+               "if the file has no labels (as GLUE's test.tsv), give a labelled file, else set data.label_column "
+               "(evaluate: --label-column) to the column of the labels")
+        raise DataError(f"data file '{path}': no {what} column {column!r} in the header {names}; {fix}")
     return names.index(column)
 
 

@@ -106,11 +106,11 @@ def _cuda_bf16(device: torch.device) -> bool:
 
     `torch.cuda.is_bf16_supported()` alone says yes on older GPUs too (it counts emulation, slower than fp32
     there) and asks about the current GPU, which is not `device` for "cuda:1"."""
+    if not _cuda_bf16_runs():
+        return False
+    if torch.version.hip:
+        return True
     try:
-        if not torch.cuda.is_bf16_supported():
-            return False
-        if torch.version.hip:
-            return True
         return torch.cuda.get_device_capability(device if device.index is not None else None)[0] >= 8
     except Exception:  # old drivers can raise here; then we simply stay in fp32
         return False
@@ -120,7 +120,7 @@ def _cuda_bf16_runs() -> bool:
     """Whether torch can run bf16 on this GPU at all (natively or emulated)."""
     try:
         return bool(torch.cuda.is_bf16_supported())
-    except Exception:
+    except Exception:  # old drivers can raise here; then we simply stay in fp32
         return False
 
 
