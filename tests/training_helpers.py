@@ -122,17 +122,37 @@ def ddp_trainer_config(**changes):
     return TrainerConfig(**settings)
 
 
-def _ddp_main(out_dir: str) -> None:
+TOWNS = ["Lyon", "Oslo", "Porto", "Quito", "Accra", "Hanoi"]
+PACKED_DOCS = [f"Person {i}. Person {i} was born in {TOWNS[i % 6]} and lives in {TOWNS[(i + 2) % 6]} ."
+               for i in range(9)]
+
+
+def packed_run(pack: bool):
+    """A GPT and a span-corruption source with 8 documents a batch, packed several to a row or one to a row."""
+    from attnlab.data.knowledge import KnowledgeVocab, SpanCorruptionSource
+    from attnlab.models.gpt import GPT, GPTConfig
+
+    vocab = KnowledgeVocab.from_texts("".join(PACKED_DOCS), "")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=vocab.vocab_size, block_size=64, d_model=16, n_heads=2, n_layers=1))
+    return model, SpanCorruptionSource(PACKED_DOCS, vocab, 64, 8, seed=3, pack=pack)
+
+
+def _ddp_main(out_dir: str, layout: str = "plain") -> None:
     from attnlab.training import Trainer
     from attnlab.training.distributed import shutdown
 
     torch.set_num_threads(1)
-    trainer = Trainer(tiny_model(), ddp_trainer_config(), ToySource(), eval_source=ToySource(),
-                      eval_counts=token_accuracy_counts, out_dir=out_dir)
+    if layout == "packed":
+        model, source = packed_run(pack=True)
+        trainer = Trainer(model, ddp_trainer_config(), source, out_dir=out_dir)
+    else:
+        trainer = Trainer(tiny_model(), ddp_trainer_config(), ToySource(), eval_source=ToySource(),
+                          eval_counts=token_accuracy_counts, out_dir=out_dir)
     assert trainer.world.size == 2, trainer.world
     trainer.fit()
     shutdown()
 
 
 if __name__ == "__main__":
-    _ddp_main(sys.argv[1])
+    _ddp_main(*sys.argv[1:])

@@ -359,7 +359,56 @@ def _to_batch(rows: np.ndarray, labels: np.ndarray, trim: bool = False) -> dict[
     }
 
 
-class SpanCorruptionSource:
+def _packed_batch(rows: np.ndarray, labels: np.ndarray, pad_id: int) -> dict[str, torch.Tensor]:
+    """The batch's examples packed into as few rows of the block's width as they fit in (first fit, longest
+    first), each example cut after its last target.
+
+    ``document_ids`` gives each token its example's index in the batch (-1 on the padding that ends a row).
+    A causal model that reads it (`attnlab.models.gpt.GPT`) lets each example see only itself, with
+    positions from 0, so the loss and gradient equal those of one example per row; no pad column is computed.
+    """
+    n, width = labels.shape
+    has_target = labels != IGNORE
+    # Columns up to the last target (at least one, so an example without targets still counts as one).
+    lengths = np.maximum(np.where(has_target.any(axis=1), width - np.argmax(has_target[:, ::-1], axis=1), 0), 1)
+    filled: list[int] = []
+    contents: list[list[int]] = []
+    for i in np.argsort(-lengths, kind="stable"):
+        row = next((r for r, used in enumerate(filled) if used + lengths[i] <= width), len(filled))
+        if row == len(filled):
+            filled.append(0)
+            contents.append([])
+        filled[row] += int(lengths[i])
+        contents[row].append(int(i))
+    shape = (len(filled), max(filled))
+    ids = np.full(shape, pad_id, dtype=np.int64)
+    targets = np.full(shape, IGNORE, dtype=np.int64)
+    documents = np.full(shape, -1, dtype=np.int64)
+    for r, examples in enumerate(contents):
+        start = 0
+        for i in examples:
+            end = start + lengths[i]
+            ids[r, start:end] = rows[i, : lengths[i]]
+            targets[r, start:end] = labels[i, : lengths[i]]
+            documents[r, start:end] = i
+            start = end
+    return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(targets),
+            "document_ids": torch.from_numpy(documents)}
+
+
+class _Layout:
+    """A source's batch layout: one example per row (`trim`: without the pad columns after the last target) or
+    several per row (`pack`)."""
+
+    trim: bool = False
+    pack: bool = False
+    vocab: KnowledgeVocab
+
+    def _layout(self, rows: np.ndarray, labels: np.ndarray) -> dict[str, torch.Tensor]:
+        return _packed_batch(rows, labels, self.vocab.pad_id) if self.pack else _to_batch(rows, labels, self.trim)
+
+
+class SpanCorruptionSource(_Layout):
     """Span-corruption pretraining batches over a list of documents (one per corpus line).
 
     Sample ``i`` of step ``s`` is `corrupt_document` of its document with the generator seeded by
@@ -374,6 +423,9 @@ class SpanCorruptionSource:
         seed: seed of the epoch shuffles and of the corruption.
         trim: cut each batch after its last target column (fewer pad columns to compute; same loss
             for a causal model). Batches are then (B, T') with T' <= T.
+        pack: pack the examples of each batch into as few rows as they fit in, with ``document_ids``
+            (see `_packed_batch`): the same loss and gradient for a GPT, about a third fewer positions to
+            compute here, as documents are cut to random lengths. Batches are then (R, T') with R <= B.
 
     Raises:
         DataError: no documents, an empty document, or a character missing from `vocab`.
@@ -382,10 +434,10 @@ class SpanCorruptionSource:
 
     def __init__(
         self, documents: Sequence[str], vocab: KnowledgeVocab, block_size: int, batch_size: int, seed: int = 0,
-        trim: bool = False,
+        trim: bool = False, pack: bool = False,
     ):
         _check_block_size(block_size)
-        self.trim = trim
+        self.trim, self.pack = trim, pack
         _check_loader_args(batch_size, seed)
         if not documents:
             raise DataError("the pretraining corpus has no documents; give a file with one document per line")
@@ -434,7 +486,7 @@ class SpanCorruptionSource:
             rows[r], n = self._row(int(d), rng)
             labels[r] = rows[r, 1:]
             labels[r, n - 1 :] = IGNORE  # targets y[t] = s[t+1] that fall in the padding
-        return _to_batch(rows, labels, self.trim)
+        return self._layout(rows, labels)
 
     def batch(self, step: int) -> dict[str, torch.Tensor]:
         """The global batch for training step `step`: ``input_ids`` and ``labels``, both (B, T) long."""
@@ -476,7 +528,7 @@ def _check_fits(question: str, answer: str | None, block_size: int, where: str) 
         )
 
 
-class QASource:
+class QASource(_Layout):
     """Fine-tuning batches of ``question ⁇ answer ⁇`` lines, padded with □ to block_size + 1 characters.
 
     With s that string, x = s[:-1] and y = s[1:]. The loss covers exactly the characters of
@@ -491,6 +543,7 @@ class QASource:
         seed: seed of the epoch shuffles.
         name: how error messages refer to the pairs (e.g. the file name).
         trim: cut each batch after its last target column (see `SpanCorruptionSource`).
+        pack: pack each batch's examples into as few rows as they fit in (see `SpanCorruptionSource`).
 
     Raises:
         DataError: no pairs, a missing answer, a pair longer than the block, or an unknown character.
@@ -506,8 +559,9 @@ class QASource:
         seed: int = 0,
         name: str = "fine-tuning data",
         trim: bool = False,
+        pack: bool = False,
     ):
-        self.trim = trim
+        self.trim, self.pack = trim, pack
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2:
             raise ConfigError(f"block_size must be an integer of at least 2, got {block_size!r}")
         _check_loader_args(batch_size, seed)
@@ -541,14 +595,14 @@ class QASource:
     def batch(self, step: int) -> dict[str, torch.Tensor]:
         """The global batch for training step `step`: ``input_ids`` and ``labels``, both (B, T) long."""
         idx = _epoch_indices(len(self.pairs), self.batch_size, self.seed, step)
-        return _to_batch(self._rows[idx], self._labels[idx], self.trim)
+        return self._layout(self._rows[idx], self._labels[idx])
 
     def iter_batches(self, batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
         """Every pair once, in order; the last batch may be smaller."""
         _check_loader_args(batch_size, self.seed)
         for lo in range(0, len(self.pairs), batch_size):
             hi = min(lo + batch_size, len(self.pairs))
-            yield _to_batch(self._rows[lo:hi], self._labels[lo:hi], self.trim)
+            yield self._layout(self._rows[lo:hi], self._labels[lo:hi])
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -352,7 +352,8 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
         echo(f"{title}: already done ({config['steps']} steps), loaded {folder / 'checkpoint'}")
         return {"steps": config["steps"], "wall_time_s": 0.0, "skipped": True}
     resume_here = resume and (folder / "checkpoint").exists()
-    echo(f"{title}: {config['steps']} steps of {config['batch_size']} × {source.block_size} characters")
+    echo(f"{title}: {config['steps']} steps of {config['batch_size']} examples of up to {source.block_size} "
+         "characters" + (", packed into rows" if getattr(source, "pack", False) else ""))
     with warnings.catch_warnings():  # a slow precision was named once, when the run started; not again each phase
         warnings.simplefilter("ignore", SlowPrecisionWarning)
         trainer = Trainer(model, config, source, out_dir=folder, tokenizer=tokenizer, resume=resume_here,
@@ -457,9 +458,9 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
          f"(the assignment's model: {assignment_params:,} with its vocabulary of {ASSIGNMENT_VOCAB})")
 
     pretrain_source = SpanCorruptionSource(data.corpus, vocab, settings.block_size, settings.pretrain_batch,
-                                           seed=seed, trim=True)
+                                           seed=seed, pack=True)
     finetune_source = QASource(data.train, vocab, settings.block_size, settings.finetune_batch, seed=seed,
-                               name=data.files.get("train", "fine-tuning pairs"), trim=True)
+                               name=data.files.get("train", "fine-tuning pairs"), pack=True)
     results: list[dict[str, Any]] = []
     if earlier:
         what = ("the results of a knowledge run" if (out / "results.json").is_file() else

@@ -60,6 +60,22 @@ def positions_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def packed_layout(document_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Several documents packed into each row: (B, T) ids, each run of equal neighbouring ids one document.
+
+    Returns the positions counted from each document's first token (B, T) and the (B, 1, T, T) boolean
+    mask that lets a token see the tokens of its own document only (a causal model adds causality). A
+    document then gets exactly the outputs it would get alone in a row of its own.
+    """
+    b, t = document_ids.shape
+    index = torch.arange(t, device=document_ids.device).expand(b, t)
+    starts = torch.ones(b, t, dtype=torch.bool, device=document_ids.device)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    first = torch.where(starts, index, 0).cummax(dim=1).values  # the index of each token's document start
+    run = starts.cumsum(dim=1)  # which document of its row a token belongs to
+    return index - first, run[:, None, :, None] == run[:, None, None, :]
+
+
 class Embedder(nn.Module):
     """Token embedding (optionally scaled by sqrt(D), as in the paper), plus an additive position
     scheme, plus dropout."""

@@ -22,6 +22,7 @@ from attnlab.models.common import (
     check_length,
     default_positions,
     length_limit,
+    packed_layout,
     positions_from_mask,
     token_loss,
 )
@@ -89,6 +90,9 @@ class GPT(nn.Module):
     forward(input_ids (B, T), labels (B, T) = next tokens or -100, attention_mask (B, S) 1 = token)
     -> ModelOutput(logits (B, T, V), loss, n_targets, attentions, hidden_states).
     With a cache from `new_cache()`, only the new tokens are given and S counts cached ones too.
+    `document_ids` (B, T) packs several documents into a row (training): each run of equal ids is a
+    document that attends to itself only, with positions counted from its start, so it gets the logits
+    it would get alone.
     """
 
     def __init__(self, config: GPTConfig):
@@ -128,6 +132,7 @@ class GPT(nn.Module):
         attention_mask: Tensor | None = None,
         *,
         positions: Tensor | None = None,
+        document_ids: Tensor | None = None,
         cache: list[KVCache] | None = None,
         need_weights: bool = False,
         output_hidden_states: bool = False,
@@ -137,7 +142,13 @@ class GPT(nn.Module):
         past = cache[0].length if cache else 0
         check_length(past + t, self.max_len, "input")
         mask = key_positions = None
-        if attention_mask is not None:
+        if document_ids is not None:
+            if attention_mask is not None or cache is not None:
+                raise ConfigError("document_ids (packed documents) cannot be combined with an attention_mask "
+                                  "or a cache; give one document per row instead")
+            document_positions, mask = packed_layout(document_ids)
+            positions = document_positions if positions is None else positions
+        elif attention_mask is not None:
             # attention_mask covers every key (cached and new); padded batches (left or right)
             # count positions over real tokens only, so each row sees the positions it would alone.
             # Positions given explicitly win (the keys' then come from them and the cache).

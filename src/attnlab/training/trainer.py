@@ -6,7 +6,8 @@ step ``step``, a pure function of the seed and the step) and, optionally, an eva
 per-batch counts to accumulate over it (accuracies) and a metric function of the whole model. The
 trainer does the rest, the same way for every objective:
 
-- each process takes its slice of the global batch and splits it into micro-batches;
+- each process takes its slice of the global batch (rows of one example each, or of several packed
+  examples told apart by ``document_ids``) and splits it into micro-batches;
 - gradients are accumulated so they equal the gradient of the whole global batch: micro-batch i
   contributes ``loss_i * n_i / N`` where ``n_i`` counts its targets and ``N`` those of the global batch
   (micro-batches with more padding weigh less, exactly as in one large batch);
@@ -71,7 +72,8 @@ class TrainerConfig(Config):
         steps: optimizer steps in the whole run.
         batch_size: global batch size (examples per optimizer step, over all processes).
         micro_batch_size: examples per forward/backward pass; None = the whole per-process batch.
-            batch_size must be divisible by micro_batch_size × the number of processes.
+            batch_size must be divisible by micro_batch_size × the number of processes. A source that packs
+            several examples into a row (``document_ids``) gives fewer rows: they are shared in as many passes.
         lr: peak learning rate.
         min_lr_ratio: the cosine and linear schedules end at min_lr_ratio × lr.
         weight_decay: AdamW decoupled weight decay, applied to weight matrices only (see `optim`).
@@ -216,14 +218,25 @@ def evaluation_sums(forward: Callable[[dict[str, Any]], Any], batches: Iterable[
 def _count_tokens(batch: dict[str, Any]) -> int:
     if isinstance(batch.get("attention_mask"), Tensor):
         return int(batch["attention_mask"].sum())
+    if isinstance(batch.get("document_ids"), Tensor):  # packed rows: the documents' tokens, not the row-end padding
+        return int((batch["document_ids"] >= 0).sum())
     for key in ("input_ids", "labels"):
         if isinstance(batch.get(key), Tensor):
             return batch[key].numel()
     return 0
 
 
-def _batch_size(batch: dict[str, Any]) -> int:
+def _rows(batch: dict[str, Any]) -> int:
     return int(batch["labels"].shape[0]) if isinstance(batch.get("labels"), Tensor) else 0
+
+
+def _batch_size(batch: dict[str, Any]) -> int:
+    """The examples in `batch`: one per row, or, in packed rows, one per example index in ``document_ids``
+    (-1 marks padding)."""
+    documents = batch.get("document_ids")
+    if isinstance(documents, Tensor):
+        return int(torch.unique(documents[documents >= 0]).numel())
+    return _rows(batch)
 
 
 def slice_batch(batch: dict[str, Any], start: int, stop: int, size: int) -> dict[str, Any]:
@@ -385,12 +398,21 @@ class Trainer:
             return module(**batch)
 
     def micro_batches(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
-        """This process's share of the global `batch`, split into micro-batches."""
-        size, n_proc = self.config.batch_size, self.world.size
-        per_rank = size // n_proc
-        local = slice_batch(batch, self.world.rank * per_rank, (self.world.rank + 1) * per_rank, size)
-        micro = self.config.micro_batch_size or per_rank
-        return [slice_batch(local, i, i + micro, per_rank) for i in range(0, per_rank, micro)]
+        """This process's share of the global `batch`, split into micro-batches of micro_batch_size rows.
+
+        Packed rows (several examples to a row: fewer rows than batch_size) are shared as evenly as they allow,
+        in at most as many micro-batches, so no pass holds more tokens than with one example per row. The
+        gradient is the global batch's either way (see `backward`)."""
+        n_proc, rank = self.world.size, self.world.rank
+        per_rank = self.config.batch_size // n_proc
+        rows = _rows(batch)
+        if rows < n_proc:
+            raise DataError(f"a packed batch of {rows} row(s) cannot be shared among {n_proc} processes; raise "
+                            "batch_size or train on fewer processes")
+        start, local = rank * rows // n_proc, (rank + 1) * rows // n_proc - rank * rows // n_proc
+        parts = min(per_rank // (self.config.micro_batch_size or per_rank), local)
+        bounds = [start + i * local // parts for i in range(parts + 1)]
+        return [slice_batch(batch, bounds[i], bounds[i + 1], rows) for i in range(parts)]
 
     def backward(self, batch: dict[str, Any]) -> tuple[Tensor, int]:
         """Accumulate into ``.grad`` the gradient of the mean loss over all targets of the global `batch`.
