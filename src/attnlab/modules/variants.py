@@ -212,7 +212,9 @@ class DenseSynthesizerScores(ScoreVariant):
     def keys(self, y: Tensor, positions: Tensor) -> Tensor:
         _check_positions(positions, self.block_size, "synthesizer-dense")
         table = torch.cat([self.w2, self.b2[None]], dim=0).t()  # (block, Dh+1)
-        k = table[positions]  # (B|1, S, Dh+1)
+        # A lookup, not table[positions]: per-row positions (padded or packed batches) repeat, and the indexing
+        # backward adds the repeats in a thread-dependent order on the CPU, so runs would not reproduce.
+        k = F.embedding(positions, table)  # (B|1, S, Dh+1)
         return k[:, None].expand(y.shape[0], self.n_heads, -1, -1)  # (B, H, S, Dh+1)
 
 
@@ -234,8 +236,10 @@ class RandomSynthesizerScores(ScoreVariant):
 
     def queries(self, x: Tensor, positions: Tensor) -> Tensor:
         _check_positions(positions, self.block_size, "synthesizer-random")
-        q = self.table[:, positions]  # (H, B|1, T, block)
-        return q.transpose(0, 1).expand(x.shape[0], -1, -1, -1)  # (B, H, T, block)
+        h, block = self.n_heads, self.block_size
+        rows = self.table.transpose(0, 1).reshape(block, h * block)  # row i: every head's scores of query i
+        q = F.embedding(positions, rows).view(*positions.shape, h, block)  # a lookup: see DenseSynthesizerScores
+        return q.permute(0, 2, 1, 3).expand(x.shape[0], -1, -1, -1)  # (B, H, T, block)
 
     def keys(self, y: Tensor, positions: Tensor) -> Tensor:
         _check_positions(positions, self.block_size, "synthesizer-random")
