@@ -183,3 +183,15 @@ def test_position_indexed_scores_have_reproducible_gradients_with_per_row_positi
     first = gradients()
     for _ in range(30):
         assert all(torch.equal(a, b) for a, b in zip(first, gradients()))
+
+
+def test_packed_documents_on_the_half_precision_path():
+    # In bf16 on a CPU attention takes the explicit path (see prefers_explicit): the document mask goes there too.
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=16, d_model=16, n_heads=2, n_layers=2)).to(torch.bfloat16)
+    docs = [torch.randint(0, 11, (n,)) for n in (6, 10)]
+    with torch.no_grad():
+        packed = model(torch.cat(docs)[None], document_ids=torch.tensor([[0] * 6 + [1] * 10])).logits[0]
+        for doc, start in zip(docs, (0, 6)):
+            alone = model(doc[None]).logits[0]
+            torch.testing.assert_close(packed[start : start + len(doc)].float(), alone.float(), rtol=0, atol=2e-2)
