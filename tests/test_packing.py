@@ -195,3 +195,13 @@ def test_packed_documents_on_the_half_precision_path():
         for doc, start in zip(docs, (0, 6)):
             alone = model(doc[None]).logits[0]
             torch.testing.assert_close(packed[start : start + len(doc)].float(), alone.float(), rtol=0, atol=2e-2)
+
+
+def test_a_model_that_cannot_keep_packed_examples_apart_is_refused(tmp_path):
+    # The encoder LM would take document_ids as an unused keyword and let the examples see each other.
+    from attnlab.models.encoder import EncoderConfig, EncoderModel
+
+    model = EncoderModel(EncoderConfig(vocab_size=vocab().vocab_size, d_model=16, n_heads=2, n_layers=1, d_ff=32))
+    settings = {"steps": 1, "batch_size": 4, "precision": "fp32", "device": "cpu", "progress": False}
+    with pytest.raises(DataError, match="cannot keep apart"):
+        Trainer(model, settings, _sources("span", 4, pack=True), out_dir=tmp_path / "run").fit()

@@ -20,6 +20,7 @@ trainer does the rest, the same way for every objective:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import math
 import random
@@ -356,6 +357,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg, self.device)
         self._ddp = wrap_ddp(self.model, self.device) if self.world.distributed else None
         self._compiled: nn.Module | None = None
+        # Packed batches (several examples to a row) are only right for a model that keeps them apart.
+        self._reads_documents = "document_ids" in inspect.signature(self.model.forward).parameters
         if cfg.compile:
             try:
                 self._compiled = torch.compile(self._ddp or self.model)
@@ -385,6 +388,9 @@ class Trainer:
     # One optimizer step
 
     def _forward(self, batch: dict[str, Any], *, train: bool) -> Any:
+        if "document_ids" in batch and not self._reads_documents:
+            raise DataError(f"the batches pack several examples into a row (document_ids), which "
+                            f"{type(self.model).__name__} cannot keep apart; use a GPT or a source without packing")
         module = (self._ddp or self.model) if train else self.model
         compiled = self._compiled if (train or self._ddp is None) else None
         with autocast(self.device, self.dtype):
