@@ -48,7 +48,8 @@ def _mask(batch: int, length: int, padded: slice, device: str) -> torch.Tensor:
     return keep.to(device)
 
 
-MODES = ["plain", "mask", "cache", "cache+mask", "weights"]
+MODES = ["plain", "mask", "cache", "cache+mask", "weights", "packed"]
+PACKED = [[0, 0, 0, 1, 1, 1, 1, -1], [2, 2, 2, 2, 2, 2, 2, 2]]  # document_ids: two documents and a pad, one
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -65,7 +66,8 @@ def test_gpt_stays_on_the_device(device, mode, variant, position):
             model(ids[:, :5], attention_mask=None if keep is None else keep[:, :5], cache=cache)
             model(ids[:, 5:6], attention_mask=None if keep is None else keep[:, :6], cache=cache)
         else:
-            out = model(ids, labels=ids, attention_mask=keep, need_weights=mode == "weights")
+            documents = torch.tensor(PACKED).to(dev) if mode == "packed" else None
+            out = model(ids, labels=ids, attention_mask=keep, need_weights=mode == "weights", document_ids=documents)
             out.loss.backward()
 
     _run(case, device)
@@ -134,12 +136,14 @@ def test_a_forward_reads_back_at_most_once():
     with rotary or the Synthesizer (the range of their positions, read once per forward, not per layer)."""
     counts = {}
     for variant, position in [("dot", "learned"), ("dot", "rotary"), ("synthesizer-dense", "learned")]:
-        def case(dev, variant=variant, position=position):
-            _, config = get_preset("gpt-char-tiny")
-            model = build_model(config.replace(attention=variant, position=position)).to(dev)
-            ids = torch.randint(0, 65, (2, 8)).to(dev)
-            model(ids, labels=ids)
+        for packed in (False, True):
+            def case(dev, variant=variant, position=position, packed=packed):
+                _, config = get_preset("gpt-char-tiny")
+                model = build_model(config.replace(attention=variant, position=position)).to(dev)
+                ids = torch.randint(0, 65, (2, 8)).to(dev)
+                model(ids, labels=ids, document_ids=torch.tensor(PACKED).to(dev) if packed else None)
 
-        counts[variant, position] = _run(case, "meta")
-    assert counts[("dot", "learned")] == 0, counts
-    assert counts[("dot", "rotary")] == 1 and counts[("synthesizer-dense", "learned")] == 1, counts
+            counts[variant, position, packed] = _run(case, "meta")
+    for packed in (False, True):  # packed rows (per-row positions and a document mask) wait no more
+        assert counts[("dot", "learned", packed)] == 0, counts
+        assert counts[("dot", "rotary", packed)] == 1 and counts[("synthesizer-dense", "learned", packed)] == 1, counts
