@@ -367,7 +367,7 @@ def _packed_batch(rows: np.ndarray, labels: np.ndarray, pad_id: int) -> dict[str
     A causal model that reads it (`attnlab.models.gpt.GPT`) lets each example see only itself, with
     positions from 0, so the loss and gradient equal those of one example per row; no pad column is computed.
     """
-    n, width = labels.shape
+    width = labels.shape[1]
     has_target = labels != IGNORE
     # Columns up to the last target (at least one, so an example without targets still counts as one).
     lengths = np.maximum(np.where(has_target.any(axis=1), width - np.argmax(has_target[:, ::-1], axis=1), 0), 1)

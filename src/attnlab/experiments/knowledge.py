@@ -353,7 +353,7 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
         return {"steps": config["steps"], "wall_time_s": 0.0, "skipped": True}
     resume_here = resume and (folder / "checkpoint").exists()
     echo(f"{title}: {config['steps']} steps of {config['batch_size']} examples of up to {source.block_size} "
-         "characters" + (", packed into rows" if getattr(source, "pack", False) else ""))
+         "characters" + (", packed into rows" if source.pack else ""))
     with warnings.catch_warnings():  # a slow precision was named once, when the run started; not again each phase
         warnings.simplefilter("ignore", SlowPrecisionWarning)
         trainer = Trainer(model, config, source, out_dir=folder, tokenizer=tokenizer, resume=resume_here,

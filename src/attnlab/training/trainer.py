@@ -415,9 +415,9 @@ class Trainer:
         if rows < n_proc:
             raise DataError(f"a packed batch of {rows} row(s) cannot be shared among {n_proc} processes; raise "
                             "batch_size or train on fewer processes")
-        start, local = rank * rows // n_proc, (rank + 1) * rows // n_proc - rank * rows // n_proc
-        parts = min(per_rank // (self.config.micro_batch_size or per_rank), local)
-        bounds = [start + i * local // parts for i in range(parts + 1)]
+        start, stop = rank * rows // n_proc, (rank + 1) * rows // n_proc
+        parts = min(per_rank // (self.config.micro_batch_size or per_rank), stop - start)
+        bounds = [start + i * (stop - start) // parts for i in range(parts + 1)]
         return [slice_batch(batch, bounds[i], bounds[i + 1], rows) for i in range(parts)]
 
     def backward(self, batch: dict[str, Any]) -> tuple[Tensor, int]:
