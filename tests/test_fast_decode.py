@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnlab.inference import fast_decode
 from attnlab.inference.fast_decode import FastGPTDecoder
 from attnlab.inference.generate import generate
 from attnlab.models.gpt import GPT, GPTConfig
@@ -95,8 +96,6 @@ def test_column_sliced_products_give_the_same_logits(monkeypatch, slices):
     """On a multi-core CPU, fp32 weights too large for the cache are multiplied in column slices (one per
     thread); the logits stay those of the full forward. 5 divides no width here (32, 96, 128, 23): the
     products fall back to the largest slice count that divides theirs."""
-    from attnlab.inference import fast_decode
-
     monkeypatch.setattr(fast_decode, "_slices", lambda *args: slices)
     model = _gpt()
     ids = torch.randint(0, 23, (2, 10), generator=torch.Generator().manual_seed(2))
@@ -107,8 +106,6 @@ def test_column_sliced_products_give_the_same_logits(monkeypatch, slices):
 
 
 def test_slicing_is_chosen_for_fp32_weights_beyond_the_cache(monkeypatch):
-    from attnlab.inference import fast_decode
-
     model = _gpt()
     assert FastGPTDecoder(model, batch=1, capacity=4).slices == 1  # a tiny model sits in any cache
     monkeypatch.setattr(fast_decode, "cpu_last_level_cache_bytes", lambda: 0)
@@ -165,3 +162,59 @@ def test_gelu_is_the_exact_gelu_at_every_size(n):
     before = torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()
     torch.testing.assert_close(_native_gelu(x), torch.nn.functional.gelu(x), atol=1e-6, rtol=1e-6)
     assert (torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()) == before
+
+
+ONEDNN_BF16 = pytest.mark.skipif(not fast_decode._onednn_linear_works(),
+                                 reason="this torch build or CPU has no oneDNN bf16 linear")
+
+
+def _packed_decoder(monkeypatch, model, **kwargs):
+    """The decoder with oneDNN's packed bf16 products, whether or not this CPU has bf16 instructions
+    (without them oneDNN computes the same numbers, only slower)."""
+    monkeypatch.setattr(fast_decode, "_packs", lambda weight: weight.dtype == torch.bfloat16)
+    decoder = FastGPTDecoder(model, **kwargs)
+    assert decoder.packed and decoder.k.dtype == torch.float32  # an fp32 cache of the bf16 keys and values
+    return decoder
+
+
+@ONEDNN_BF16
+@pytest.mark.parametrize("overrides", SUPPORTED)
+def test_packed_bf16_products_give_the_unpacked_logits(monkeypatch, overrides):
+    """bf16 weights on a CPU with bf16 instructions are multiplied by oneDNN's packed copies, with GELU or
+    ReLU applied inside the fc1 product, attention over an fp32 cache: within bf16 rounding of the plain
+    bf16 decoder and of the general forward, with the same tokens."""
+    model = _gpt(**overrides).bfloat16()
+    ids = torch.randint(0, 23, (2, 12), generator=torch.Generator().manual_seed(1))
+    plain = FastGPTDecoder(model, batch=2, capacity=12)
+    assert not plain.packed or fast_decode._packs(model.lm_head.weight)
+    packed = _packed_decoder(monkeypatch, model, batch=2, capacity=12)
+    fused = {"gelu": "gelu", "relu": "relu"}.get(model.config.activation, "none")
+    assert all(layer.fc1_act == fused and (layer.act is None) == (fused != "none") for layer in packed.layers)
+    steps = [ids[:, :5]] + [ids[:, t : t + 1] for t in range(5, 12)]
+    a = torch.stack([packed.step(s) for s in steps], 1)
+    b = torch.stack([plain.step(s) for s in steps], 1)
+    assert a.dtype == torch.bfloat16
+    general = model(ids).logits[:, 4:]
+    torch.testing.assert_close(a.float(), b.float(), atol=6e-3, rtol=0)
+    torch.testing.assert_close(a.float(), general.float(), atol=6e-3, rtol=0)
+
+
+@ONEDNN_BF16
+def test_packed_bf16_decoding_gives_the_same_tokens_padded_rows_too(monkeypatch):
+    model = _gpt(position="rotary").bfloat16()
+    prompts = [[1, 2, 3, 4, 5, 6], [7, 8]]  # different lengths: left padding, a mask
+    plain = generate(model, prompts, 16, greedy=True)
+    monkeypatch.setattr(fast_decode, "_packs", lambda weight: weight.dtype == torch.bfloat16)
+    assert generate(model, prompts, 16, greedy=True) == plain
+    assert generate(model, prompts, 16, greedy=True, fast=False) == plain
+
+
+def test_packing_is_chosen_only_for_bf16_weights_on_a_cpu_with_bf16(monkeypatch):
+    model = _gpt()
+    assert not FastGPTDecoder(model, batch=1, capacity=4).packed  # fp32: the plain products
+    assert not FastGPTDecoder(_gpt().half(), batch=1, capacity=4).packed
+    monkeypatch.setattr(fast_decode, "cpu_has_bf16", lambda: False)
+    decoder = FastGPTDecoder(_gpt().bfloat16(), batch=1, capacity=4)
+    assert not decoder.packed and decoder.k.dtype == torch.bfloat16
+    monkeypatch.setattr(fast_decode, "cpu_has_bf16", lambda: True)
+    assert bool(FastGPTDecoder(_gpt().bfloat16(), batch=1, capacity=4).packed) == fast_decode._onednn_linear_works()
