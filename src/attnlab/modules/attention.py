@@ -157,7 +157,9 @@ def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None,
     then cost no pass of their own over the (T, S) scores.
     """
     t, s = q.shape[-2], k.shape[-2]
-    additive = _causal_additive(t, s, q.dtype, q.device) if causal else None  # (T, S)
+    # Under torch.compile the mask is traced into the graph: the cache wrapper would only draw a warning.
+    causal_additive = _causal_additive.__wrapped__ if torch.compiler.is_compiling() else _causal_additive
+    additive = causal_additive(t, s, q.dtype, q.device) if causal else None  # (T, S)
     for extra in (mask, bias):
         if extra is not None:
             extra = _as_additive(extra, q.dtype)
