@@ -168,10 +168,15 @@ ONEDNN_BF16 = pytest.mark.skipif(not fast_decode._onednn_linear_works(),
                                  reason="this torch build or CPU has no oneDNN bf16 linear")
 
 
-def _packed_decoder(monkeypatch, model, **kwargs):
-    """The decoder with oneDNN's packed bf16 products, whether or not this CPU has bf16 instructions
+def _force_packing(monkeypatch, on: bool = True) -> None:
+    """Packed bf16 products on (for bf16 weights) or off, whether or not this CPU has bf16 instructions
     (without them oneDNN computes the same numbers, only slower)."""
-    monkeypatch.setattr(fast_decode, "_packs", lambda weight: weight.dtype == torch.bfloat16)
+    monkeypatch.setattr(fast_decode, "_packs", lambda weight: on and weight.dtype == torch.bfloat16)
+
+
+def _packed_decoder(monkeypatch, model, **kwargs):
+    """The decoder with oneDNN's packed bf16 products (see `_force_packing`)."""
+    _force_packing(monkeypatch)
     decoder = FastGPTDecoder(model, **kwargs)
     assert decoder.packed and decoder.k.dtype == torch.float32  # an fp32 cache of the bf16 keys and values
     return decoder
@@ -185,7 +190,7 @@ def test_packed_bf16_products_give_the_unpacked_logits(monkeypatch, overrides):
     bf16 decoder and of the general forward, with the same tokens."""
     model = _gpt(**overrides).bfloat16()
     ids = torch.randint(0, 23, (2, 12), generator=torch.Generator().manual_seed(1))
-    monkeypatch.setattr(fast_decode, "_packs", lambda weight: False)
+    _force_packing(monkeypatch, on=False)
     plain = FastGPTDecoder(model, batch=2, capacity=12)
     assert not plain.packed and plain.k.dtype == torch.bfloat16
     packed = _packed_decoder(monkeypatch, model, batch=2, capacity=12)
@@ -204,9 +209,9 @@ def test_packed_bf16_products_give_the_unpacked_logits(monkeypatch, overrides):
 def test_packed_bf16_decoding_gives_the_same_tokens_padded_rows_too(monkeypatch):
     model = _gpt(position="rotary").bfloat16()
     prompts = [[1, 2, 3, 4, 5, 6], [7, 8]]  # different lengths: left padding, a mask
-    monkeypatch.setattr(fast_decode, "_packs", lambda weight: False)
+    _force_packing(monkeypatch, on=False)
     plain = generate(model, prompts, 16, greedy=True)
-    monkeypatch.setattr(fast_decode, "_packs", lambda weight: weight.dtype == torch.bfloat16)
+    _force_packing(monkeypatch)
     assert generate(model, prompts, 16, greedy=True) == plain
     assert generate(model, prompts, 16, greedy=True, fast=False) == plain
 
