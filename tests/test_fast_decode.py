@@ -91,15 +91,17 @@ def test_other_configurations_take_the_general_path(overrides):
     assert len(generate(model, [[1, 2, 3]], 5, greedy=True)[0]) == 5
 
 
+@pytest.mark.parametrize("batch", [1, 2, 6])
 @pytest.mark.parametrize("slices", [2, 3, 5])
-def test_column_sliced_products_give_the_same_logits(monkeypatch, slices):
-    """On a multi-core CPU, fp32 weights too large for the cache are multiplied in column slices (one per
-    thread); the logits stay those of the full forward. 5 divides no width here (32, 96, 128, 23): the
-    products fall back to the largest slice count that divides theirs."""
+def test_sliced_products_give_the_same_logits(monkeypatch, slices, batch):
+    """On a multi-core CPU, fp32 weights too large for the cache are multiplied in slices (one per thread):
+    blocks of weight rows times the inputs for a few rows, the inputs times column slices for more (6 rows,
+    and the prompt); the logits stay those of the full forward. 5 divides no width here (32, 96, 128, 23):
+    the products fall back to the largest slice count that divides theirs."""
     monkeypatch.setattr(fast_decode, "_slices", lambda *args: slices)
     model = _gpt()
-    ids = torch.randint(0, 23, (2, 10), generator=torch.Generator().manual_seed(2))
-    decoder = FastGPTDecoder(model, batch=2, capacity=10)
+    ids = torch.randint(0, 23, (batch, 10), generator=torch.Generator().manual_seed(2))
+    decoder = FastGPTDecoder(model, batch=batch, capacity=10)
     assert decoder.slices == slices
     logits = [decoder.step(ids[:, :4])] + [decoder.step(ids[:, t : t + 1]) for t in range(4, 10)]
     torch.testing.assert_close(torch.stack(logits, 1), model(ids).logits[:, 3:], atol=1e-5, rtol=1e-5)

@@ -11,8 +11,8 @@ score bias computed once per token for all layers), and the MLP. `generate` pick
 it applies; anything else (Shaw relative keys, which read the queries; bilinear or Synthesizer attention;
 post-norm) takes the general path. Prompts of different lengths (left-padded, with a mask) count positions
 over real tokens and mask the padding, as the general forward does. Large fp32 weights on a multi-core CPU
-are multiplied in column slices (`_slices`); bf16 weights on a CPU with bf16 instructions by oneDNN's packed
-copies, GELU or ReLU inside the product, attention over an fp32 cache (`_packs`).
+are multiplied in slices, one per thread (`_slices`); bf16 weights on a CPU with bf16 instructions by
+oneDNN's packed copies, GELU or ReLU inside the product, attention over an fp32 cache (`_packs`).
 
 Legend: B batch, T new tokens, S cached + new, D width, H heads, Dh head width, V vocabulary.
 """
@@ -31,6 +31,13 @@ from attnlab.modules.attention import attention
 from attnlab.modules.feedforward import gelu
 from attnlab.modules.positions import PositionScheme, RotaryPosition
 from attnlab.training.device import cpu_has_bf16, cpu_last_level_cache_bytes
+
+# Up to this many input rows (batch rows at one new token each), a sliced fp32 product multiplies each block
+# of weight rows by the inputs as columns, (out/S, in)·(in, M): MKL then streams every weight row once, as
+# dot products. On 2 cores of a Zen 4 the 24 products of a token at 384 wide took ~1.0 ms this way and
+# ~2.1 ms as the inputs times column slices of the weight, (M, in)·(in, out/S); from 8 rows on, the latter
+# was 5-10 % faster and is used there.
+_FEW_ROWS = 4
 
 
 class _Layer(NamedTuple):
@@ -247,22 +254,24 @@ def _fused_layers(model: nn.Module) -> list[tuple[Tensor, Tensor | None]] | None
 
 
 def _slices(weight: Tensor, fused: list[tuple[Tensor, Tensor | None]], layers: nn.Module) -> int:
-    """How many column slices `_weight` cuts each weight into: one per CPU thread for fp32 weights too large
-    for the last-level cache, else one.
+    """How many slices `_weight` cuts each weight into: one per CPU thread for fp32 weights larger than a
+    quarter of the last-level cache, else one.
 
     At batch 1 every product is a matrix-vector product, and the BLAS (MKL) runs it on one core. Where the
-    weights stream from memory, one core reads ~14 GB/s on a 2-core AMD EPYC (Zen 3) and both together
-    ~40; a batched product over S slices of the output columns is spread over the threads by torch: the six
-    layers of shape B (384 wide, 42 MB) took 1.9 ms per token instead of 3.4, and decoding ran 1.4x faster.
-    Where the weights sit in the cache (128 and 256 wide) slicing measured 0-20 % slower, the threads'
-    start-up outweighing the reads; half-precision matrix-vector products are threaded already."""
+    weights stream from memory, one core reads ~14-20 GB/s and two together ~30-40; a batched product over S
+    blocks of the weight's rows is spread over the threads by torch. On 2 cores of a Zen 4 the six layers of
+    shape B (384 wide, 42 MB) took ~1.0 ms per token this way instead of 3.7 unsliced. The L3 of a shared
+    VM is shared with other tenants' cores, so weights stream from memory well below its size: decoding at
+    256 wide (13 MB) ran 23-30 % faster sliced, at 192 wide (7 MB) the same, at 128 and 160 (3-5 MB) 4-23 %
+    slower, the threads' start-up outweighing the reads. Half-precision matrix-vector products are threaded
+    already."""
     threads = torch.get_num_threads()
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or threads < 2:
         return 1
     size = sum(w.numel() * w.element_size() for w, _ in fused)
     size += sum(p.numel() * p.element_size() for layer in layers
                 for p in (layer.self_attn.out_proj.weight, layer.ff.fc1.weight, layer.ff.fc2.weight))
-    return min(threads, 16) if size > cpu_last_level_cache_bytes() else 1
+    return min(threads, 16) if size > cpu_last_level_cache_bytes() // 4 else 1
 
 
 def _packs(weight: Tensor) -> bool:
@@ -293,7 +302,8 @@ def _onednn_linear_works() -> bool:
 
 def _weight(w: Tensor, b: Tensor | None, split: int, pack: int = 0) -> tuple[Tensor, Tensor | None]:
     """A Linear's (out, in) weight and bias as `_affine` takes them. With one slice, the transposed weight
-    (in, out), a view; with S, (S, in, out/S) views over S column slices and the bias as (S, 1, out/S).
+    (in, out), a view; with S, the weight as S blocks of rows (S, out/S, in) and the bias as (S, out/S, 1),
+    views.
     A width S does not divide takes the largest slice count below S that does. With `pack` (the rows per
     product), oneDNN's packed copy of the weight instead (see `_packs`)."""
     if pack:
@@ -302,7 +312,7 @@ def _weight(w: Tensor, b: Tensor | None, split: int, pack: int = 0) -> tuple[Ten
     s = next(s for s in range(split, 0, -1) if out % s == 0)
     if s == 1:
         return w.t(), b
-    return w.view(s, out // s, -1).transpose(1, 2), (b.view(s, 1, out // s) if b is not None else None)
+    return w.view(s, out // s, -1), (b.view(s, out // s, 1) if b is not None else None)
 
 
 def _activation(act: Callable[[Tensor], Tensor], pack: int) -> tuple[Callable[[Tensor], Tensor] | None, str]:
@@ -324,6 +334,12 @@ def _affine(x: Tensor, w: Tensor, b: Tensor | None, act: str = "none") -> Tensor
         return torch.ops.mkldnn._linear_pointwise(x, w, b, act, [], "none" if act == "gelu" else "")
     if w.dim() == 2:
         return torch.addmm(b, x, w) if b is not None else torch.mm(x, w)
-    xs = x.expand(w.shape[0], *x.shape)  # (S, M, in): the same rows for every slice, no copy
-    y = torch.baddbmm(b, xs, w) if b is not None else torch.bmm(xs, w)  # (S, M, out/S)
-    return y.transpose(0, 1).reshape(x.shape[0], -1)  # (M, out): a view when M = 1
+    m = x.shape[0]
+    if m <= _FEW_ROWS:  # each block of weight rows times the input columns: (S, out/S, in)·(in, M)
+        xs = x.t().expand(w.shape[0], -1, -1)  # (S, in, M): the same input for every block, no copy
+        y = torch.baddbmm(b, w, xs) if b is not None else torch.bmm(w, xs)  # (S, out/S, M)
+        return y.view(1, -1) if m == 1 else y.view(-1, m).t().contiguous()  # (M, out)
+    xs = x.expand(w.shape[0], *x.shape)  # (S, M, in)
+    wt = w.transpose(1, 2)  # (S, in, out/S)
+    y = torch.baddbmm(b.transpose(1, 2), xs, wt) if b is not None else torch.bmm(xs, wt)  # (S, M, out/S)
+    return y.transpose(0, 1).reshape(m, -1)  # (M, out)
