@@ -35,7 +35,8 @@ class LoadedRun:
 # Weight precisions for inference. Decoding one token reads every weight once, so halving the bytes can halve
 # the time where memory is the limit: batch-1 decoding of a 6-layer 384-wide GPT on 2 CPU cores ran 1.2-1.4x
 # as fast with bf16 weights as with fp32 ones on an AMD Zen 5 and a Zen 3 (torch's bf16/fp16 matrix-vector
-# kernels accumulate in fp32).
+# kernels accumulate in fp32). On a Zen 4, whose fp32 products stream the weights on both cores
+# (`fast_decode._slices`), the two ran at the same speed.
 WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
