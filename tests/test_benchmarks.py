@@ -73,3 +73,21 @@ def test_bench_scripts_take_a_device(tmp_path, capsys):
     bench = load("bench_gpt")
     bench.memory_row("ours,fp32,A,cpu")  # the peak-memory child process, in this one
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["peak_mib"] >= 0
+
+
+@pytest.mark.slow
+def test_bench_ceiling_runs(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    out = tmp_path / "ceiling.json"
+    results = load("bench_ceiling").main(["--shapes", "A", "--repeats", "1", "--decode-tokens", "4",
+                                          "--no-attention", "--json", str(out)])
+    rows = results["rows"]
+    assert set(rows) == {"train A default", "decode A fp32"}
+    for row in rows.values():
+        # The bound is a lower bound on the time of the workload: the ceiling is the reference over it.
+        assert row["ceiling"] == pytest.approx(row["reference_s"] / row["bound_s"])
+        assert row["bound_s"] > 0 and row["now"] > 0
+    assert rows["train A default"]["aten_calls"] > 100
+    assert results["bare"]["read_bytes_per_s"] > 0
+    assert json.loads(out.read_text())["rows"].keys() == rows.keys()
+    assert "ceiling" in capsys.readouterr().out
