@@ -6,6 +6,9 @@ import sys
 def run() -> None:
     """Load the command line and run it; Ctrl-C while it loads (typer, rich) stops with the same one line
     and exit code 130 as Ctrl-C later on."""
+    from attnlab.allocator import keep_freed_memory
+
+    keep_freed_memory()  # this process is the command's own: training steps reuse freed memory (see there)
     try:
         from attnlab.cli import main
     except KeyboardInterrupt:
