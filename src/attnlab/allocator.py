@@ -5,10 +5,10 @@ A training step allocates and frees the same large buffers (activations, their g
 every step. With glibc's defaults, blocks above a threshold that starts at 128 KiB get fresh pages from the
 kernel (mmap) and freed memory at the top of the heap goes back to it, so each step's buffers come back as
 new pages that the kernel faults in and zeroes one by one, expensive on a virtual machine. Keeping freed
-memory for reuse made a bf16 training step faster on 2 cores of an AMD Zen 4 (same script, separate processes,
-two rounds): shape A (4 layers, 128 wide) 26.0-32.6 -> 23.4-24.3 ms, shape B (6 layers, 384 wide) 522 -> 447-478
-ms. The price: the process holds on to the memory of its peak until it exits, which a training run reaches
-every step anyway.
+memory for reuse made a bf16 training step faster on 2 cores of an AMD Zen 4 (the same script in separate
+processes, alternating): shape A (4 layers, 128 wide) 24.5-25.8 -> 22.4-23.9 ms, shape B (6 layers, 384 wide)
+540-553 -> 466-477 ms. The price: the process holds on to the memory of its peak until it exits, which a
+training run reaches every step anyway.
 
 The command line applies this at start (`attnlab.__main__`); the library does not, as it is process-wide.
 `ATTNLAB_MALLOC=system` keeps glibc's defaults, and so does any allocator setting of the user's own
