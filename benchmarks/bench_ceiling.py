@@ -17,7 +17,7 @@ FLOPs); one below it is not ruled out by the hardware. Beside each training row:
 beyond its products (and, at shape A, in how many more operator calls: at that size the framework, not the
 arithmetic, is the limit).
 
-    python benchmarks/bench_ceiling.py            # ~3 min on 2 CPU cores; needs the [bench] extra (HF transformers)
+    python benchmarks/bench_ceiling.py            # ~1 min on 2 CPU cores; needs the [bench] extra (HF transformers)
 """
 
 from __future__ import annotations
