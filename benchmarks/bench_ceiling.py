@@ -57,14 +57,20 @@ def best_seconds(fn, repeats: int, device, warmup: int = 2) -> float:
     return min(times)
 
 
+def linear_shapes(shape: Shape) -> list[tuple[int, int]]:
+    """(in, out) of every weight matrix a GPT of `shape` multiplies by: per layer the fused QKV product, the
+    attention output, the MLP's two; then the head (tied to the token embeddings)."""
+    d = shape.d_model
+    return [(d, 3 * d), (d, d), (d, 4 * d), (4 * d, d)] * shape.n_layers + [(d, VOCAB)]
+
+
 def step_products(shape: Shape, dtype: torch.dtype, device) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], float]:
     """The (a, b) operands of every `a @ b` of a training step's Linears and head, in the layouts autograd
     uses (forward x·Wᵀ, input gradient dY·W, weight gradient dYᵀ·x), and their FLOPs."""
     g = torch.Generator().manual_seed(0)
-    n, d = shape.batch * shape.block, shape.d_model
-    linears = [(d, 3 * d), (d, d), (d, 4 * d), (4 * d, d)] * shape.n_layers + [(d, VOCAB)]
+    n = shape.batch * shape.block
     pairs, flops = [], 0.0
-    for fan_in, fan_out in linears:
+    for fan_in, fan_out in linear_shapes(shape):
         x, w, dy = (torch.randn(*s, generator=g).to(device, dtype) for s in ((n, fan_in), (fan_out, fan_in),
                                                                             (n, fan_out)))
         pairs += [(x, w.t()), (dy, w), (dy.t(), x)]
@@ -130,13 +136,14 @@ def aten_calls_per_step(shape: Shape, dtype: torch.dtype | None, device) -> int:
 
 
 def weight_bytes(shape: Shape, element_size: int) -> int:
-    d = shape.d_model
-    return element_size * (shape.n_layers * 12 * d * d + VOCAB * d)
+    """Bytes of the weight matrices a decoded token reads (biases and norms are a rounding error)."""
+    return element_size * sum(fan_in * fan_out for fan_in, fan_out in linear_shapes(shape))
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (median reported)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed calls per measurement (workloads: the median; bare products and reads: the best)")
     p.add_argument("--shapes", default="A,B")
     p.add_argument("--no-attention", action="store_true", help="skip the attention rows")
     p.add_argument("--decode-tokens", type=int, default=100)

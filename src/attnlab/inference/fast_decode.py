@@ -46,7 +46,7 @@ class _Layer(NamedTuple):
     norm1_w: Tensor
     norm1_b: Tensor
     norm1_eps: float
-    qkv_w: Tensor  # a `_weight`: a transposed view (D, 3D), (S, D, 3D/S) slices, or oneDNN's packed copy
+    qkv_w: Tensor  # a `_weight`: a transposed view (D, 3D), (S, 3D/S, D) row blocks, or oneDNN's packed copy
     qkv_b: Tensor | None
     scale: float | None
     out_w: Tensor
