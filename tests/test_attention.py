@@ -555,7 +555,7 @@ def test_blocked_causal_path_equals_the_full_product(monkeypatch):
     seeing only the keys up to its end; it must equal the full masked product, values and gradients."""
     import attnlab.modules.attention as core
 
-    monkeypatch.setattr(core, "CAUSAL_BLOCK", 4)
+    monkeypatch.setattr(core, "QUERY_BLOCK", 4)
     monkeypatch.setattr(core, "EXPLICIT_MAX_KEYS", 8)  # T = 10 keys: past the plain explicit path
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 10, 8, generator=g) for _ in range(3))
@@ -577,3 +577,170 @@ def test_blocked_causal_path_equals_the_full_product(monkeypatch):
     ours = attention(qb, kb, vb, causal=True)[0].float()
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(ours, ref, atol=3e-2, rtol=3e-2)
+
+
+# --------------------------------------------------------------------------------------------------
+# The blocked half-precision path (`_BlockedAttention`): scratch buffers kept between calls
+# --------------------------------------------------------------------------------------------------
+
+
+def _float64_reference(q, k, v, causal, grad):
+    """Output and q/k/v gradients of the full masked product in float64."""
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
+    out.backward(grad.double())
+    return [out.detach()] + [x.grad for x in leaves]
+
+
+@pytest.mark.parametrize("shape", [
+    # (B, H, T, S, Dq, Dv, causal, queries per block)
+    (2, 3, 10, 10, 8, 8, True, 4),      # three causal blocks, the last one short
+    (2, 3, 10, 10, 8, 8, True, 64),     # one block
+    (2, 3, 10, 7, 8, 6, False, 4),      # cross-shaped: more queries than keys, values of another width
+    (1, 2, 5, 12, 8, 8, False, 64),
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_blocked_half_path_matches_float64(monkeypatch, shape, dtype):
+    """Half precision on a CPU without mask, bias, dropout or weights runs `_BlockedAttention`: its output and
+    gradients must match the float64 product as closely as the explicit half path does."""
+    import attnlab.modules.attention as core
+
+    b, h, t, s, dq, dv, causal, rows = shape
+    monkeypatch.setattr(core, "QUERY_BLOCK", rows)
+    calls = []
+    real_apply = core._BlockedAttention.apply
+    monkeypatch.setattr(core._BlockedAttention, "apply", lambda *a: calls.append(1) or real_apply(*a))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(b, h, t, dq, generator=g), torch.randn(b, h, s, dq, generator=g), \
+        torch.randn(b, h, s, dv, generator=g)
+    grad = torch.randn(b, h, t, dv, generator=g)
+    ref = _float64_reference(q, k, v, causal, grad)
+    errors = {}
+    for name, weights in (("blocked", False), ("explicit", True)):
+        leaves = [x.to(dtype).requires_grad_() for x in (q, k, v)]
+        out, _ = attention(*leaves, causal=causal, need_weights=weights)
+        out.backward(grad.to(dtype))
+        errors[name] = [float((a.detach().double() - r).norm() / r.norm())
+                        for a, r in zip([out] + [x.grad for x in leaves], ref)]
+    assert len(calls) == 1  # the blocked path ran once (not for need_weights)
+    for blocked, explicit in zip(errors["blocked"], errors["explicit"]):
+        assert blocked < 1.5 * explicit + 1e-3, errors
+
+
+def test_blocked_half_path_keeps_each_call_apart(monkeypatch):
+    """Two attention layers run forward one after the other and backward in reverse order: each must keep
+    its own probabilities, not views of the scratch buffer the next call overwrites (mutant: saving the
+    scratch view instead of a copy). Bit-equal to each layer computed and differentiated on its own."""
+    import attnlab.modules.attention as core
+
+    monkeypatch.setattr(core, "QUERY_BLOCK", 4)
+    g = torch.Generator().manual_seed(1)
+    q1, k1, v1, q2, k2 = (torch.randn(2, 2, 10, 8, generator=g).bfloat16().requires_grad_() for _ in range(5))
+    grad = torch.randn(2, 2, 10, 8, generator=g).bfloat16()
+
+    def layer2(x):
+        return attention(q2, k2, x, causal=True)[0]
+
+    out = layer2(attention(q1, k1, v1, causal=True)[0])
+    out.backward(grad)
+    stacked = [x.grad.clone() for x in (q1, k1, v1, q2, k2)]
+    for x in (q1, k1, v1, q2, k2):
+        x.grad = None
+    mid = attention(q1, k1, v1, causal=True)[0]
+    m = mid.detach().requires_grad_()
+    layer2(m).backward(grad)
+    mid.backward(m.grad)
+    for a, b in zip(stacked, [x.grad for x in (q1, k1, v1, q2, k2)]):
+        assert torch.equal(a, b)
+
+
+def test_blocked_half_path_without_gradients_gives_the_same_output(monkeypatch):
+    """Under no_grad nothing is kept (the probabilities stay in the scratch buffer): the output is the same."""
+    import attnlab.modules.attention as core
+
+    monkeypatch.setattr(core, "QUERY_BLOCK", 4)
+    q, k, v = (torch.randn(2, 3, 9, 8).bfloat16() for _ in range(3))
+    with torch.no_grad():
+        plain = attention(q, k, v, causal=True)[0]
+    tracked = attention(*(x.requires_grad_() for x in (q, k, v)), causal=True)[0]
+    assert torch.equal(plain, tracked.detach())
+
+
+def test_blocked_half_path_scratch_buffers_are_bounded(monkeypatch):
+    """Blocks shrink so that a block's scores fit WORKSPACE_BYTES (down to 32 queries); a block larger than
+    that gets a buffer of its own that is not kept. Either way the result is unchanged."""
+    import attnlab.modules.attention as core
+
+    assert core._block_rows(48, 256, 256, torch.bfloat16) == 256  # 6 MiB of scores: one block
+    assert core._block_rows(6, 2048, 2048, torch.bfloat16) == core.QUERY_BLOCK
+    assert core._block_rows(48, 2048, 2048, torch.bfloat16) == 170  # 32 MiB / (48 · 2,048 · 2 bytes)
+    monkeypatch.setattr(core, "WORKSPACE_BYTES", 64 * 100 * 2)
+    assert core._block_rows(1, 100, 100, torch.bfloat16) == 64
+    assert core._block_rows(4, 100, 100, torch.bfloat16) == 32  # 16 would fit: 32 is the floor
+    kept = core._workspace(5, 64 * 100, torch.bfloat16, torch.device("cpu"))
+    assert core._workspace(5, 10, torch.bfloat16, torch.device("cpu")).data_ptr() == kept.data_ptr()
+    big = core._workspace(5, 64 * 100 + 1, torch.bfloat16, torch.device("cpu"))
+    assert big.data_ptr() != kept.data_ptr()
+    assert core._workspace(5, 10, torch.bfloat16, torch.device("cpu")).data_ptr() == kept.data_ptr()
+
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(4, 1, 100, 8, generator=g).bfloat16().requires_grad_() for _ in range(3))
+    out, _ = attention(q, k, v, causal=True)  # blocks of 32 queries, buffers beyond the limit
+    out.float().sum().backward()
+    grads = [x.grad for x in (q, k, v)]
+    monkeypatch.setattr(core, "WORKSPACE_BYTES", 32 << 20)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    ref, _ = attention(*leaves, causal=True, need_weights=True)
+    ref.float().sum().backward()
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    for a, b in zip(grads, [x.grad for x in leaves]):
+        torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("call", ["mask", "bias", "dropout", "weights", "fp32", "causal-cross"])
+def test_blocked_half_path_is_not_taken_where_it_does_not_apply(monkeypatch, call):
+    """Masks, biases, dropout, requested weights, fp32, and causal attention with T != S keep their paths."""
+    import attnlab.modules.attention as core
+
+    monkeypatch.setattr(core._BlockedAttention, "apply", lambda *a: pytest.fail(f"{call}: blocked path taken"))
+    q, k, v = (torch.randn(1, 2, 6, 8).bfloat16() for _ in range(3))
+    kw: dict = {"causal": True}
+    if call == "mask":
+        kw["mask"] = torch.ones(1, 1, 1, 6, dtype=torch.bool)
+    elif call == "bias":
+        kw["bias"] = torch.zeros(1, 2, 6, 6).bfloat16()
+    elif call == "dropout":
+        kw["dropout"] = 0.1
+    elif call == "weights":
+        kw["need_weights"] = True
+    elif call == "fp32":
+        q, k, v = q.float(), k.float(), v.float()
+    else:
+        k, v = k[:, :, :4], v[:, :, :4]  # fewer keys than queries: the explicit path's offset mask
+        q = q[:, :, :3]
+    out, _ = attention(q, k, v, **kw)
+    assert torch.isfinite(out.float()).all()
+
+
+def test_long_half_attention_keeps_bounded_memory(monkeypatch):
+    """Beyond EXPLICIT_MAX_KEYS, where keeping every probability for the backward would exceed
+    KEPT_PROBABILITY_BYTES, the fused kernel (memory linear in T) runs instead; without gradients, or below
+    the limit, the blocked path runs, causal or not."""
+    import attnlab.modules.attention as core
+
+    taken = []
+    real_apply = core._BlockedAttention.apply
+    monkeypatch.setattr(core._BlockedAttention, "apply", lambda *a: taken.append(a[4]) or real_apply(*a))
+    monkeypatch.setattr(core, "EXPLICIT_MAX_KEYS", 8)
+    q, k, v = (torch.randn(1, 2, 16, 8).bfloat16().requires_grad_() for _ in range(3))
+    attention(q, k, v, causal=True)
+    attention(q, k, v)
+    assert taken == [True, False]
+    monkeypatch.setattr(core, "KEPT_PROBABILITY_BYTES", 2 * 16 * 16 * 2 // 2 - 1)  # one byte short (causal)
+    out, _ = attention(q, k, v, causal=True)
+    assert taken == [True, False]
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.equal(out, ref)
+    with torch.no_grad():
+        attention(q, k, v, causal=True)
+    assert taken == [True, False, True]

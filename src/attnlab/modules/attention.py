@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -63,14 +64,26 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
 # The attention function
 # --------------------------------------------------------------------------------------------------
 
-# Which implementation runs when weights are not requested. Measured with benchmarks/bench_attention.py
-# (forward + backward, causal) on an AVX-512 CPU: in bf16/fp16, torch's flash kernel is 2-3x slower than the
-# explicit path below up to a few hundred keys (T=112: 31 ms vs 9; T=256: 32 vs 16); beyond, the explicit
-# path taken one block of queries at a time (each block sees only the keys up to its end, so the masked
-# upper triangle is mostly skipped) still beats it (T=2048: 56 ms vs 79). In fp32 and on GPUs the fused
-# kernel is as fast or faster everywhere.
+# Which implementation runs when weights are not requested. In bf16/fp16 on a CPU, torch's flash kernel is
+# slow: written out with batched products, attention is faster at every length measured. Without a mask, bias
+# or dropout that is `_BlockedAttention` (blocks of QUERY_BLOCK queries, causal blocks against the keys up to
+# their end only, scratch matrices in buffers kept between calls). Forward + backward, causal, 2 cores of a
+# Zen 4, q, k and v read from a fused projection as in a model, torch's allocator untouched (2026-11-24):
+#     (B, H, T, Dh)      flash   explicit path before   _BlockedAttention
+#     (8, 6, 256, 64)     26 ms       18 ms                 13 ms
+#     (4, 6, 512, 64)     45          31                    21
+#     (2, 6, 1024, 64)    49          55                    36
+#     (1, 6, 2048, 64)    82          86                    58
+# and without causality 1.25-1.5x faster than flash at 1,024-2,048 keys. Most of the difference to the path
+# before is memory: written through autograd it put four (T, S) matrices per call in fresh memory, which glibc
+# hands back to the kernel when freed and the kernel zeroes again at the next use; with glibc told to keep
+# freed memory (`attnlab.allocator`, as the `attnlab` command does) the two were within 10 %. With a mask, a
+# bias or requested weights the explicit path runs (masks and bias folded into one additive matrix), up to
+# EXPLICIT_MAX_KEYS keys. In fp32 (the blocked path measured no faster there) and on GPUs the fused kernel runs.
 EXPLICIT_MAX_KEYS = 512
-CAUSAL_BLOCK = 512  # queries per block of the blocked causal path
+QUERY_BLOCK = 256  # queries per block of the blocked paths
+WORKSPACE_BYTES = 32 << 20  # the most each of `_BlockedAttention`'s two kept scratch buffers may hold
+KEPT_PROBABILITY_BYTES = 512 << 20  # beyond 512 keys, the most probabilities one call may keep for its backward
 
 
 def prefers_explicit(q: Tensor, s: int) -> bool:
@@ -106,8 +119,9 @@ def attention(
         dropout: dropout probability on the attention weights (pass 0.0 in eval mode).
         scale: score multiplier; default 1/sqrt(Dq).
         need_weights: also return the (B, H, T, S) weights. This takes the explicit path; otherwise the
-            faster of the fused `scaled_dot_product_attention` kernel and the explicit path runs (see
-            `prefers_explicit`). Both give the same numbers.
+            fastest path measured for the device, dtype and shape runs: torch's fused
+            `scaled_dot_product_attention`, or in half precision on a CPU a blocked or explicit one (see the
+            notes above EXPLICIT_MAX_KEYS). All give the same numbers up to rounding.
 
     Returns:
         (out (B, H, T, Dv), weights or None). A query whose keys are all masked gets a zero output
@@ -120,11 +134,20 @@ def attention(
     # Only a user mask (or causal with more queries than keys) can hide every key of a row.
     may_hide_rows = mask is not None or (causal and t > s)
 
+    if (_half_on_cpu(q) and mask is None and bias is None and not need_weights and (t == s or not causal)
+            and not torch.compiler.is_compiling()):
+        # Blocked paths, unless keeping every probability for the backward would take more memory than
+        # KEPT_PROBABILITY_BYTES at a length torch's flash kernel (memory linear in T) also serves well.
+        keep = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        kept = q.shape[:-2].numel() * t * s * q.element_size() // (2 if causal else 1)
+        if s <= EXPLICIT_MAX_KEYS or not keep or kept <= KEPT_PROBABILITY_BYTES:
+            if dropout == 0:
+                return _BlockedAttention.apply(q, k, v, scale, causal, keep), None
+            if causal and s > EXPLICIT_MAX_KEYS:
+                return _blocked_causal_attention(q, k, v, dropout=dropout, scale=scale), None
     if need_weights or prefers_explicit(q, s):
         return _explicit_attention(q, k, v, mask=mask, bias=bias, causal=causal, dropout=dropout, scale=scale,
                                    need_weights=need_weights, may_hide_rows=may_hide_rows)
-    if causal and t == s and mask is None and bias is None and _half_on_cpu(q):
-        return _blocked_causal_attention(q, k, v, dropout=dropout, scale=scale), None
 
     # Fold causality, the boolean mask and the additive bias into one attn_mask for the fused kernel.
     attn_mask = mask
@@ -181,18 +204,133 @@ def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None,
 
 
 def _blocked_causal_attention(q: Tensor, k: Tensor, v: Tensor, *, dropout: float, scale: float) -> Tensor:
-    """Causal self-attention (T = S) one block of CAUSAL_BLOCK queries at a time: block [i, e) attends to
+    """Causal self-attention (T = S) one block of QUERY_BLOCK queries at a time: block [i, e) attends to
     keys [0, e) only, so the fully masked part of the score matrix is never computed. Each block is the
     explicit path with its causal mask bottom-right aligned (query i + j sees keys up to i + j), so the
-    result equals the full product."""
+    result equals the full product. (With dropout; without, `_BlockedAttention` does the same faster.)"""
     t = q.shape[-2]
     blocks = []
-    for i in range(0, t, CAUSAL_BLOCK):
-        e = min(i + CAUSAL_BLOCK, t)
+    for i in range(0, t, QUERY_BLOCK):
+        e = min(i + QUERY_BLOCK, t)
         out, _ = _explicit_attention(q[:, :, i:e], k[:, :, :e], v[:, :, :e], mask=None, bias=None, causal=True,
                                      dropout=dropout, scale=scale, need_weights=False, may_hide_rows=False)
         blocks.append(out)
     return torch.cat(blocks, dim=2)  # (B, H, T, Dv)
+
+
+class _BlockedAttention(torch.autograd.Function):
+    """softmax(q·kᵀ·scale [+ causal mask])·v for half precision on a CPU, forward and backward written out,
+    one block of QUERY_BLOCK queries at a time (causal: each block against the keys up to its end only).
+
+    The products and kernels of `_explicit_attention` (bf16 products with fp32 accumulation, the softmax and
+    its backward in fp32 internally), arranged to touch little fresh memory: only each block's probabilities
+    are kept for the backward (`keep`); the scores, and in the backward the gradients of probabilities and
+    scores, go into two scratch buffers that live between calls (per thread, each at most WORKSPACE_BYTES:
+    blocks get fewer queries where a buffer would be larger). The gradients of keys and values sum over
+    blocks in fp32 and are rounded once.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, keep: bool) -> Tensor:
+        b, h, t, d = q.shape
+        s, dv = k.shape[-2], v.shape[-1]
+        q3, k3, v3 = q.reshape(b * h, t, d), k.reshape(b * h, s, d), v.reshape(b * h, s, dv)
+        rows = _block_rows(b * h, t, s, q.dtype)
+        scores = _workspace(0, b * h * rows * s, q.dtype, q.device)
+        out = q.new_empty(b * h, t, dv)
+        probs = []
+        for i in range(0, t, rows):
+            e = min(i + rows, t)
+            keys = e if causal else s
+            # Probabilities kept for the backward get memory of their own: the scratch buffer serves the next
+            # block and the next call.
+            p = _block_probabilities(scores, q3, k3, i, e, keys, scale, causal, fresh=keep)
+            if keep:
+                probs.append(p)
+            if rows >= t:  # one block: straight into the output
+                torch.bmm(p, v3, out=out)
+            else:  # a product written into the strided rows would run as one small product per matrix
+                out[:, i:e] = torch.bmm(p, v3[:, :keys])
+        if keep:
+            ctx.save_for_backward(q3, k3, v3, *probs)
+            ctx.args = (b, h, rows, scale)
+        return out.view(b, h, t, dv)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        q3, k3, v3, *probs = ctx.saved_tensors
+        b, h, rows, scale = ctx.args
+        t, s = q3.shape[1], k3.shape[1]
+        g3 = grad.reshape(q3.shape[0], t, v3.shape[-1])
+        scratch = _workspace(1, max(p.numel() for p in probs), q3.dtype, q3.device)
+        if len(probs) == 1:
+            p = probs[0]
+            ds = _score_gradients(scratch, p, g3, v3)
+            dq = torch.baddbmm(q3, ds, k3, beta=0, alpha=scale)
+            dk = torch.baddbmm(k3, ds.transpose(1, 2), q3, beta=0, alpha=scale)
+            dv = torch.bmm(p.transpose(1, 2), g3)
+        else:
+            # Keys and values collect a term from every block: summed in fp32, rounded once at the end.
+            dq = torch.empty_like(q3)
+            dk, dv = (x.new_zeros(x.shape, dtype=torch.float32) for x in (k3, v3))
+            for p, i in zip(probs, range(0, t, rows)):
+                e, keys = i + p.shape[1], p.shape[2]
+                g = g3[:, i:e]
+                ds = _score_gradients(scratch, p, g, v3[:, :keys])
+                dq[:, i:e] = torch.baddbmm(q3[:, i:e], ds, k3[:, :keys], beta=0, alpha=scale)
+                dk[:, :keys] += torch.baddbmm(k3[:, :keys], ds.transpose(1, 2), q3[:, i:e], beta=0, alpha=scale)
+                dv[:, :keys] += torch.bmm(p.transpose(1, 2), g)
+            dk, dv = dk.to(q3.dtype), dv.to(q3.dtype)
+        return (dq.view(b, h, t, -1), dk.view(b, h, s, -1), dv.view(b, h, s, -1), None, None, None)
+
+
+def _block_probabilities(scores: Tensor, q3: Tensor, k3: Tensor, i: int, e: int, keys: int, scale: float,
+                         causal: bool, fresh: bool) -> Tensor:
+    """softmax(scale·q[i:e]·k[:keys]ᵀ [+ the block's causal mask, bottom-right aligned]), (B·H, e - i, keys):
+    the scores in the scratch buffer `scores`, the probabilities in a new tensor if `fresh`, else over them."""
+    out = scores[: q3.shape[0] * (e - i) * keys].view(q3.shape[0], e - i, keys)
+    kt = k3[:, :keys].transpose(1, 2)
+    if causal:
+        # The block's mask, (e - i, keys) bottom-right aligned, is the last `keys` columns of the (e - i, T)
+        # one: a view, so one mask serves every full block of a call.
+        t = q3.shape[1]
+        mask = _causal_additive(e - i, t, q3.dtype, q3.device)[:, t - keys:]
+        torch.baddbmm(mask, q3[:, i:e], kt, alpha=scale, out=out)
+    else:
+        torch.baddbmm(out, q3[:, i:e], kt, beta=0, alpha=scale, out=out)
+    if fresh:
+        return torch._softmax(out, -1, False)
+    return torch.ops.aten._softmax.out(out, -1, False, out=out)  # in place: each row is read, then written
+
+
+def _score_gradients(scratch: Tensor, p: Tensor, g: Tensor, v: Tensor) -> Tensor:
+    """The gradient of a block's scores, p ⊙ (g·vᵀ - rowsum(p ⊙ g·vᵀ)), computed in the scratch buffer."""
+    dp = torch.bmm(g, v.transpose(1, 2), out=scratch[: p.numel()].view(p.shape))
+    return torch.ops.aten._softmax_backward_data.out(dp, p, -1, p.dtype, grad_input=dp)  # in place, row by row
+
+
+def _block_rows(pairs: int, t: int, s: int, dtype: torch.dtype) -> int:
+    """Queries per block: QUERY_BLOCK (or T, if fewer), fewer where a block's (pairs, rows, S) scores would
+    exceed the scratch buffer's WORKSPACE_BYTES, down to 32 (past that the buffer is allocated per call)."""
+    fit = WORKSPACE_BYTES // max(1, pairs * s * torch.finfo(dtype).bits // 8)
+    return min(t, max(min(QUERY_BLOCK, fit), 32))
+
+
+_scratch = threading.local()
+
+
+def _workspace(slot: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """n elements of a scratch buffer kept between calls (per thread, dtype and device; contents undefined);
+    a fresh one, not kept, where n elements exceed WORKSPACE_BYTES."""
+    if n * torch.finfo(dtype).bits // 8 > WORKSPACE_BYTES:
+        return torch.empty(n, dtype=dtype, device=device)
+    buffers = _scratch.__dict__.setdefault("buffers", {})
+    key = (slot, dtype, device)
+    buf = buffers.get(key)
+    if buf is None or buf.numel() < n:
+        buf = buffers[key] = torch.empty(n, dtype=dtype, device=device)
+    return buf[:n]
 
 
 @functools.lru_cache(maxsize=16)
