@@ -744,3 +744,29 @@ def test_long_half_attention_keeps_bounded_memory(monkeypatch):
     with torch.no_grad():
         attention(q, k, v, causal=True)
     assert taken == [True, False, True]
+
+
+def test_fp32_attention_under_onednn_products_takes_the_blocked_path(monkeypatch):
+    """While fp32 products go to oneDNN (fp32 training of wide models), fp32 attention without a mask runs
+    `_BlockedAttention` (torch's flash kernel is slow there) and matches float64; outside it, the fused kernel."""
+    import attnlab.modules.attention as core
+    from attnlab.training.device import fast_fp32_matmul, onednn_fp32_is_exact
+
+    if not onednn_fp32_is_exact():
+        pytest.skip("oneDNN's fp32 products are not exact fp32 on this CPU: attnlab never turns them on")
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 40, 16, generator=g).requires_grad_() for _ in range(3))
+    grad = torch.randn(2, 3, 40, 16, generator=g)
+    ref = _float64_reference(q, k, v, True, grad)
+    calls = []
+    real_apply = core._BlockedAttention.apply
+    monkeypatch.setattr(core._BlockedAttention, "apply", lambda *a: calls.append(1) or real_apply(*a))
+    attention(q.detach(), k.detach(), v.detach(), causal=True)
+    assert not calls and not core._onednn_fp32(q)
+    with fast_fp32_matmul("cpu") as on:
+        assert on and core._onednn_fp32(q)
+        out, _ = attention(q, k, v, causal=True)
+        out.backward(grad)
+    assert calls == [1]
+    for a, r in zip([out] + [x.grad for x in (q, k, v)], ref):
+        torch.testing.assert_close(a.detach().double(), r, atol=1e-5, rtol=1e-5)
