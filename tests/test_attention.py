@@ -770,3 +770,14 @@ def test_fp32_attention_under_onednn_products_takes_the_blocked_path(monkeypatch
     assert calls == [1]
     for a, r in zip([out] + [x.grad for x in (q, k, v)], ref):
         torch.testing.assert_close(a.detach().double(), r, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("t, s", [(0, 0), (0, 5), (3, 0)])
+def test_half_attention_with_no_queries_or_no_keys(t, s):
+    """Empty query or key lengths keep working in half precision (the blocked path needs at least one of each:
+    mutant: dropping its `t and s` guard makes the block loop step by 0)."""
+    q = torch.randn(1, 2, t, 8).bfloat16().requires_grad_()
+    k, v = (torch.randn(1, 2, s, 8).bfloat16().requires_grad_() for _ in range(2))
+    out, _ = attention(q, k, v, causal=t == s)
+    out.float().sum().backward()
+    assert out.shape == (1, 2, t, 8) and not out.float().abs().sum()

@@ -148,7 +148,7 @@ def attention(
     may_hide_rows = mask is not None or (causal and t > s)
 
     if ((_half_on_cpu(q) or _onednn_fp32(q)) and mask is None and bias is None and not need_weights
-            and (t == s or not causal) and not torch.compiler.is_compiling()):
+            and (t == s or not causal) and t and s and not torch.compiler.is_compiling()):
         # Blocked paths, unless keeping every probability for the backward would take more memory than
         # KEPT_PROBABILITY_BYTES at a length torch's flash kernel (memory linear in T) also serves well.
         keep = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -232,14 +232,15 @@ def _blocked_causal_attention(q: Tensor, k: Tensor, v: Tensor, *, dropout: float
 
 
 class _BlockedAttention(torch.autograd.Function):
-    """softmax(q·kᵀ·scale [+ causal mask])·v for half precision on a CPU, forward and backward written out,
-    one block of QUERY_BLOCK queries at a time (causal: each block against the keys up to its end only).
+    """softmax(q·kᵀ·scale [+ causal mask])·v for half precision on a CPU (and fp32 while fp32 products go to
+    oneDNN, see `_onednn_fp32`), forward and backward written out, one block of QUERY_BLOCK queries at a time
+    (causal: each block against the keys up to its end only).
 
-    The products and kernels of `_explicit_attention` (bf16 products with fp32 accumulation, the softmax and
-    its backward in fp32 internally), arranged to touch little fresh memory: only each block's probabilities
-    are kept for the backward (`keep`); the scores, and in the backward the gradients of probabilities and
-    scores, go into two scratch buffers that live between calls (per thread, each at most WORKSPACE_BYTES:
-    blocks get fewer queries where a buffer would be larger). The gradients of keys and values sum over
+    The products and kernels of `_explicit_attention` (in half precision: products accumulated in fp32, the
+    softmax and its backward computed in fp32 internally), arranged to touch little fresh memory: only each
+    block's probabilities are kept for the backward (`keep`); the scores, and in the backward the gradients of
+    probabilities and scores, go into two scratch buffers that live between calls (per thread, each at most
+    WORKSPACE_BYTES: blocks get fewer queries where a buffer would be larger). The gradients of keys and values sum over
     blocks in fp32 and are rounded once.
     """
 
