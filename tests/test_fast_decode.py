@@ -227,3 +227,45 @@ def test_packing_is_chosen_only_for_bf16_weights_on_a_cpu_with_bf16(monkeypatch)
     assert not decoder.packed and decoder.k.dtype == torch.bfloat16
     monkeypatch.setattr(fast_decode, "cpu_has_bf16", lambda: True)
     assert bool(FastGPTDecoder(_gpt().bfloat16(), batch=1, capacity=4).packed) == fast_decode._onednn_linear_works()
+
+
+@ONEDNN_BF16
+def test_packed_weights_are_kept_between_calls_and_rebuilt_when_a_weight_changes(monkeypatch):
+    """A second decoder of the same model reuses the packed copies (no reordering); a changed weight (an
+    optimizer step in place, `load_state_dict`, `.data` replaced), or another batch size, packs anew, and the
+    logits follow the change (mutant: a cache that ignores the change would decode with stale weights)."""
+    model = _gpt().bfloat16()
+    ids = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(2))
+    calls = []
+    namespace = torch.ops.mkldnn
+
+    class Ops:  # torch.ops.mkldnn with its reorder counted
+        def __getattr__(self, name):
+            return getattr(namespace, name)
+
+        def _reorder_linear_weight(self, w, rows):
+            calls.append(rows)
+            return namespace._reorder_linear_weight(w, rows)
+
+    monkeypatch.setattr(fast_decode.torch.ops, "mkldnn", Ops(), raising=False)
+    first = _packed_decoder(monkeypatch, model, batch=1, capacity=6).step(ids)
+    n = len(calls)
+    assert n == 4 * model.config.n_layers + 1
+    again = _packed_decoder(monkeypatch, model, batch=1, capacity=6).step(ids)
+    assert len(calls) == n and torch.equal(first, again)
+    _packed_decoder(monkeypatch, model, batch=2, capacity=6)  # products of 2 rows: packed for them
+    assert len(calls) == 2 * n
+    changes = [
+        lambda: model.blocks.layers[0].ff.fc2.weight.data.mul_(2.0),  # in place, as an optimizer step
+        lambda: model.load_state_dict({k: v * 0.5 for k, v in model.state_dict().items()}),
+        lambda: setattr(model.lm_head.weight, "data", model.lm_head.weight.data.clone().neg()),
+    ]
+    for change in changes:
+        with torch.no_grad():
+            change()
+        before = len(calls)
+        got = _packed_decoder(monkeypatch, model, batch=1, capacity=6).step(ids)
+        assert len(calls) == before + n
+        _force_packing(monkeypatch, on=False)
+        torch.testing.assert_close(got.float(), FastGPTDecoder(model, batch=1, capacity=6).step(ids).float(),
+                                   atol=6e-3, rtol=0)

@@ -20,7 +20,8 @@ Legend: B batch, T new tokens, S cached + new, D width, H heads, Dh head width, 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import torch
@@ -86,16 +87,17 @@ class FastGPTDecoder:
         weight = model.lm_head.weight
         self.slices = split = _slices(weight, fused, model.blocks.layers)
         self.packed = pack = batch if _packs(weight) else 0
+        packs = iter(_packed_weights(model, fused, pack)) if pack else None  # taken in the order below
         self.layers = []
         for layer, (qkv_w, qkv_b) in zip(model.blocks.layers, fused):  # (3D, D), (3D,)
             attn = layer.self_attn
             norm1, norm2, ff = layer.attn_block.norm, layer.ff_block.norm, layer.ff
             # Plain tensors and functions, not modules: a module call costs microseconds of Python per token.
             self.layers.append(_Layer(
-                norm1.weight, norm1.bias, norm1.eps, *_weight(qkv_w, qkv_b, split, pack), attn.scores.scale,
-                *_weight(attn.out_proj.weight, attn.out_proj.bias, split, pack), norm2.weight, norm2.bias,
-                norm2.eps, *_weight(ff.fc1.weight, ff.fc1.bias, split, pack),
-                *_activation(ff.act, pack), *_weight(ff.fc2.weight, ff.fc2.bias, split, pack)))
+                norm1.weight, norm1.bias, norm1.eps, *_weight(qkv_w, qkv_b, split, packs), attn.scores.scale,
+                *_weight(attn.out_proj.weight, attn.out_proj.bias, split, packs), norm2.weight, norm2.bias,
+                norm2.eps, *_weight(ff.fc1.weight, ff.fc1.bias, split, packs),
+                *_activation(ff.act, pack), *_weight(ff.fc2.weight, ff.fc2.bias, split, packs)))
         shape = (len(self.layers), batch, self.n_heads, capacity, self.head_dim)
         # With packed bf16 weights the cache is fp32 (the same values, exactly): torch's bf16 attention kernel
         # for one query took 76 µs at 208 keys on the Zen 4 where its fp32 one took 16 (13 against 9 at 16
@@ -117,7 +119,7 @@ class FastGPTDecoder:
             self._position_table = model.position.embed(zeros, positions)[0]  # (capacity, D)
         self._token_table, self._token_scale = model.embed.token.weight, model.embed.scale
         final = model.blocks.norm
-        self._final = (final.weight, final.bias, final.eps, *_weight(weight, model.lm_head.bias, 1, pack))
+        self._final = (final.weight, final.bias, final.eps, *_weight(weight, model.lm_head.bias, 1, packs))
         self._positions = positions  # (1, capacity)
         self._keep = None
         if mask is not None:
@@ -280,9 +282,9 @@ def _packs(weight: Tensor) -> bool:
 
     At batch 1 on 2 cores of an AMD Zen 4 (AVX-512 bf16), a (384, 1536) product took 48-73 µs through
     `addmm` and 24-27 through oneDNN with the weight reordered once (the same bits); decoding at 384 wide ran
-    330 -> 482 tokens/s, at 128 wide no faster nor slower. The price is a packed copy of every weight while
-    the decoder lives. Elsewhere (fp32, fp16, a CPU without bf16 instructions, a GPU) the plain product
-    stays."""
+    330 -> 482 tokens/s, at 128 wide no faster nor slower. The price is a packed copy of every weight, kept
+    with the model between `generate` calls (`_packed_weights`). Elsewhere (fp32, fp16, a CPU without bf16
+    instructions, a GPU) the plain product stays."""
     return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and cpu_has_bf16()
             and _onednn_linear_works())
 
@@ -300,19 +302,46 @@ def _onednn_linear_works() -> bool:
         return False
 
 
-def _weight(w: Tensor, b: Tensor | None, split: int, pack: int = 0) -> tuple[Tensor, Tensor | None]:
+def _weight(w: Tensor, b: Tensor | None, split: int, packs: Iterator[Tensor] | None = None
+            ) -> tuple[Tensor, Tensor | None]:
     """A Linear's (out, in) weight and bias as `_affine` takes them. With one slice, the transposed weight
     (in, out), a view; with S, the weight as S blocks of rows (S, out/S, in) and the bias as (S, out/S, 1),
     views.
-    A width S does not divide takes the largest slice count below S that does. With `pack` (the rows per
-    product), oneDNN's packed copy of the weight instead (see `_packs`)."""
-    if pack:
-        return torch.ops.mkldnn._reorder_linear_weight(w.detach(), pack), b
+    A width S does not divide takes the largest slice count below S that does. With `packs`, the next of
+    oneDNN's packed copies instead (see `_packs`, `_packed_weights`)."""
+    if packs is not None:
+        return next(packs), b
     out = w.shape[0]
     s = next(s for s in range(split, 0, -1) if out % s == 0)
     if s == 1:
         return w.t(), b
     return w.view(s, out // s, -1), (b.view(s, out // s, 1) if b is not None else None)
+
+
+# The packed weights of each model, kept from one `generate` call to the next: (what they were packed from,
+# the packed copies). Packing a 384-wide, 6-layer model's 25 weights took ~13 ms on the Zen 4, 4 % of
+# decoding 200 tokens and a quarter of decoding 20.
+_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _packed_weights(model: nn.Module, fused: list[tuple[Tensor, Tensor | None]], rows: int) -> list[Tensor]:
+    """oneDNN's packed copies of the model's weights for products of `rows` rows, in the order the decoder
+    takes them (each layer's fused QKV, output, MLP in and MLP out weights, then the head's): made once and
+    reused while no parameter of the model has changed (its version counter, storage and shape are checked,
+    so training steps, `load_state_dict` and `.data` replacement all rebuild them). The copies stay as long
+    as the model does."""
+    params = list(model.parameters())
+    key = (rows, tuple((p.data_ptr(), p._version, p.shape, p.dtype) for p in params))
+    hit = _PACKED.get(model)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    weights = []
+    for layer, (qkv_w, _) in zip(model.blocks.layers, fused):
+        weights += [qkv_w, layer.self_attn.out_proj.weight, layer.ff.fc1.weight, layer.ff.fc2.weight]
+    weights.append(model.lm_head.weight)
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows) for w in weights]
+    _PACKED[model] = (key, packed)
+    return packed
 
 
 def _activation(act: Callable[[Tensor], Tensor], pack: int) -> tuple[Callable[[Tensor], Tensor] | None, str]:
