@@ -115,3 +115,32 @@ def test_interrupted_and_resumed_equals_uninterrupted_with_dropout(tmp_path, nam
     assert resumed.fit()["start_step"] == 2
     for key, value in whole.model.state_dict().items():
         assert torch.equal(resumed.model.state_dict()[key], value), key
+
+
+@pytest.mark.filterwarnings("ignore:.*without bf16")
+def test_interrupted_and_resumed_equals_uninterrupted_in_bf16(tmp_path):
+    """bf16 autocast without dropout: attention takes the blocked half-precision path (`_BlockedAttention`,
+    scratch buffers kept between calls); a run stopped and resumed still ends bit for bit where the
+    uninterrupted one does."""
+    import attnlab.modules.attention as core
+
+    batch = {k: v for k, v in _batches()["gpt"].items() if k != "attention_mask"}  # no mask: the blocked path
+    config = _config(steps=4, micro_batch_size=4, seed=3, precision="bf16")
+    taken = []
+    real_apply = core._BlockedAttention.apply
+
+    def fresh():
+        torch.manual_seed(0)
+        return _model("gpt", dropout=0.0)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(core._BlockedAttention, "apply", lambda *a: taken.append(1) or real_apply(*a))
+        whole = Trainer(fresh(), config, OneBatch(batch), out_dir=tmp_path / "whole")
+        whole.fit()
+    assert taken
+    with pytest.raises(TrainingInterrupted):
+        Trainer(fresh(), config, OneBatch(batch, interrupt_at=2), out_dir=tmp_path / "parts").fit()
+    resumed = Trainer(fresh(), config, OneBatch(batch), out_dir=tmp_path / "parts", resume=True)
+    assert resumed.fit()["start_step"] == 2
+    for key, value in whole.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[key], value), key
