@@ -232,8 +232,9 @@ def test_packing_is_chosen_only_for_bf16_weights_on_a_cpu_with_bf16(monkeypatch)
 @ONEDNN_BF16
 def test_packed_weights_are_kept_between_calls_and_rebuilt_when_a_weight_changes(monkeypatch):
     """A second decoder of the same model reuses the packed copies (no reordering); a changed weight (an
-    optimizer step in place, `load_state_dict`, `.data` replaced), or another batch size, packs anew, and the
-    logits follow the change (mutant: a cache that ignores the change would decode with stale weights)."""
+    optimizer step in place, one value written through `.data`, `load_state_dict`, `.data` replaced), or
+    another batch size, packs anew, and the logits follow the change (mutant: a cache that misses a change
+    would decode with stale weights)."""
     model = _gpt().bfloat16()
     ids = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(2))
     calls = []
@@ -255,8 +256,11 @@ def test_packed_weights_are_kept_between_calls_and_rebuilt_when_a_weight_changes
     assert len(calls) == n and torch.equal(first, again)
     _packed_decoder(monkeypatch, model, batch=2, capacity=6)  # products of 2 rows: packed for them
     assert len(calls) == 2 * n
+    _packed_decoder(monkeypatch, model, batch=1, capacity=6)
+    assert len(calls) == 3 * n
     changes = [
-        lambda: model.blocks.layers[0].ff.fc2.weight.data.mul_(2.0),  # in place, as an optimizer step
+        lambda: model.blocks.layers[0].ff.fc2.weight.mul_(2.0),  # in place, as an optimizer step
+        lambda: model.blocks.layers[1].self_attn.out_proj.weight.data[0, :1].add_(1.0),  # unseen by versions
         lambda: model.load_state_dict({k: v * 0.5 for k, v in model.state_dict().items()}),
         lambda: setattr(model.lm_head.weight, "data", model.lm_head.weight.data.clone().neg()),
     ]
@@ -269,3 +273,9 @@ def test_packed_weights_are_kept_between_calls_and_rebuilt_when_a_weight_changes
         _force_packing(monkeypatch, on=False)
         torch.testing.assert_close(got.float(), FastGPTDecoder(model, batch=1, capacity=6).step(ids).float(),
                                    atol=6e-3, rtol=0)
+    monkeypatch.setattr(fast_decode, "PACK_CACHE_BYTES", 0)  # too large to keep: packed for every call
+    model.lm_head.weight.data.neg_()
+    before = len(calls)
+    _packed_decoder(monkeypatch, model, batch=1, capacity=6)
+    _packed_decoder(monkeypatch, model, batch=1, capacity=6)
+    assert len(calls) == before + 2 * n and model not in fast_decode._PACKED
