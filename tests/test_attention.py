@@ -697,16 +697,19 @@ def test_blocked_half_path_scratch_buffers_are_bounded(monkeypatch):
         torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2)
 
 
-@pytest.mark.parametrize("call", ["mask", "bias", "dropout", "weights", "fp32", "causal-cross"])
+@pytest.mark.parametrize("call", ["learned-mask", "3-d-mask", "bias", "dropout", "weights", "fp32", "causal-cross"])
 def test_blocked_half_path_is_not_taken_where_it_does_not_apply(monkeypatch, call):
-    """Masks, biases, dropout, requested weights, fp32, and causal attention with T != S keep their paths."""
+    """Float masks that need a gradient, masks of other ranks, biases, dropout, requested weights, fp32, and
+    causal attention with T != S keep their paths."""
     import attnlab.modules.attention as core
 
     monkeypatch.setattr(core._BlockedAttention, "apply", lambda *a: pytest.fail(f"{call}: blocked path taken"))
     q, k, v = (torch.randn(1, 2, 6, 8).bfloat16() for _ in range(3))
     kw: dict = {"causal": True}
-    if call == "mask":
-        kw["mask"] = torch.ones(1, 1, 1, 6, dtype=torch.bool)
+    if call == "learned-mask":
+        kw["mask"] = torch.zeros(1, 1, 1, 6).bfloat16().requires_grad_()
+    elif call == "3-d-mask":
+        kw["mask"] = torch.ones(1, 6, 6, dtype=torch.bool)
     elif call == "bias":
         kw["bias"] = torch.zeros(1, 2, 6, 6).bfloat16()
     elif call == "dropout":
@@ -781,3 +784,74 @@ def test_half_attention_with_no_queries_or_no_keys(t, s):
     out, _ = attention(q, k, v, causal=t == s)
     out.float().sum().backward()
     assert out.shape == (1, 2, t, 8) and not out.float().abs().sum()
+
+
+@pytest.mark.parametrize("case", ["right-padding", "left-padding", "documents", "per-head", "float"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_blocked_path_with_masks_matches_the_explicit_path(monkeypatch, case, causal):
+    """Under oneDNN's fp32 products (fp32 training of wide models) key padding, document masks (one per row),
+    per-head and float masks run on the blocked path; rows that see no key (left padding under causality)
+    give zeros and zero, finite gradients, as the explicit path. In half precision masks keep the explicit
+    path (see `_blockable`)."""
+    import attnlab.modules.attention as core
+    from attnlab.training.device import fast_fp32_matmul, onednn_fp32_is_exact
+
+    if not onednn_fp32_is_exact():
+        pytest.skip("oneDNN's fp32 products are not exact fp32 on this CPU: attnlab never turns them on")
+
+    monkeypatch.setattr(core, "QUERY_BLOCK", 4)
+    calls = []
+    real_apply = core._BlockedAttention.apply
+    monkeypatch.setattr(core._BlockedAttention, "apply", lambda *a: calls.append(1) or real_apply(*a))
+    b, h, t, d = 3, 2, 10, 8
+    g = torch.Generator().manual_seed(4)
+    lengths = torch.tensor([10, 6, 3])
+    right = torch.arange(t)[None] < lengths[:, None]  # (B, S)
+    if case == "right-padding":
+        mask = right[:, None, None, :]
+    elif case == "left-padding":
+        mask = right.flip(-1)[:, None, None, :]  # leading pad keys: early causal rows see nothing
+    elif case == "documents":
+        doc = torch.tensor([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3, [0] * 10])
+        mask = (doc[:, :, None] == doc[:, None, :])[:, None]  # (B, 1, T, S)
+    elif case == "per-head":
+        mask = torch.rand(b, h, t, t, generator=g) > 0.3
+    else:
+        mask = torch.zeros(b, 1, 1, t).masked_fill(~right[:, None, None, :], float("-inf"))
+    q, k, v = (torch.randn(b, h, t, d, generator=g) for _ in range(3))
+    grad = torch.randn(b, h, t, d, generator=g)
+    leaves = [x.bfloat16().requires_grad_() for x in (q, k, v)]
+    attention(*leaves, mask=mask if mask.dtype == torch.bool else mask.bfloat16(), causal=causal)
+    assert not calls  # half precision with a mask: the explicit path
+    results = []
+    for weights in (False, True):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        with fast_fp32_matmul("cpu"):
+            out, _ = attention(*leaves, mask=mask, causal=causal, need_weights=weights)
+            out.backward(grad)
+        results.append([out] + [x.grad for x in leaves])
+    assert len(calls) == 1
+    for blocked, explicit in zip(*results):
+        assert torch.isfinite(blocked).all()
+        torch.testing.assert_close(blocked.detach(), explicit.detach(), atol=1e-5, rtol=1e-4)
+    if case == "left-padding" and causal:
+        assert (results[0][0][2, :, :7] == 0).all()  # row 2's first 7 keys are padding
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("variant", ["synthesizer-dense", "dot"])
+def test_bf16_autocast_training_with_document_masks_on_every_variant(variant, packed):
+    """Under bf16 autocast a variant may hand attention keys of another dtype (the Synthesizer's position
+    weights stay fp32): the blocked path takes only matching dtypes, the rest keeps the explicit path, whose
+    products autocast. A packed batch (document masks) trains forward and backward on either."""
+    from attnlab.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=12, d_model=16, n_heads=2, n_layers=2, attention=variant))
+    ids = torch.randint(0, 11, (2, 12))
+    documents = torch.tensor([[0] * 5 + [1] * 7, [0] * 12])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(ids, labels=ids, document_ids=documents if packed else None).loss
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters()
+                                        if p.grad is not None)
