@@ -855,3 +855,17 @@ def test_bf16_autocast_training_with_document_masks_on_every_variant(variant, pa
     loss.backward()
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters()
                                         if p.grad is not None)
+
+
+def test_fp32_attention_on_a_torch_without_the_onednn_precision_switch(monkeypatch):
+    """Older torch (pyproject allows 2.4) has no `torch.backends.mkldnn.matmul`: fp32 attention must not ask
+    it for anything it lacks (mutant: reading `.matmul.fp32_precision` directly raises there)."""
+    import types
+
+    import attnlab.modules.attention as core
+
+    monkeypatch.setattr(torch.backends, "mkldnn", types.SimpleNamespace(is_available=lambda: False))
+    q, k, v = (torch.randn(1, 2, 5, 8) for _ in range(3))
+    assert not core._onednn_fp32(q)
+    out, _ = attention(q, k, v, causal=True)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))

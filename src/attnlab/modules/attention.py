@@ -104,8 +104,9 @@ def _onednn_fp32(q: Tensor) -> bool:
     """fp32 on a CPU while fp32 products go to oneDNN (`attnlab.training.device.fast_fp32_matmul`, as fp32
     training of wide models does): torch's flash kernel then runs its many small products through oneDNN,
     each paying oneDNN's per-call cost."""
+    backend = getattr(torch.backends.mkldnn, "matmul", None)  # absent before torch 2.7 or so
     return (q.device.type == "cpu" and q.dtype == torch.float32
-            and getattr(torch.backends.mkldnn.matmul, "fp32_precision", "none") == "bf16" and onednn_fp32_is_exact())
+            and getattr(backend, "fp32_precision", "none") == "bf16" and onednn_fp32_is_exact())
 
 
 def attention(
