@@ -331,8 +331,8 @@ def _packed_weights(model: nn.Module, fused: list[tuple[Tensor, Tensor | None]],
     """oneDNN's packed copies of the model's weights for products of `rows` rows, in the order the decoder
     takes them (each layer's fused QKV, output, MLP in and MLP out weights, then the head's).
 
-    They are kept with the model and reused while its weights hold the same values: compared element for
-    element with copies taken at packing time, so any change (an optimizer step, `load_state_dict`, a write
+    They are kept with the model and reused while its weights hold the same values: compared bit for bit
+    (`_same_bits`) with copies taken at packing time, so any change (an optimizer step, `load_state_dict`, a write
     through `.data`, which no version counter sees) packs anew. The price of keeping them: two copies of the
     weights while the model lives."""
     weights = []

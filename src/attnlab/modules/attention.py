@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.training.device import onednn_fp32_is_exact
+from attnlab.training.device import onednn_fp32_matmul_on
 
 # --------------------------------------------------------------------------------------------------
 # Masks
@@ -104,9 +104,7 @@ def _onednn_fp32(q: Tensor) -> bool:
     """fp32 on a CPU while fp32 products go to oneDNN (`attnlab.training.device.fast_fp32_matmul`, as fp32
     training of wide models does): torch's flash kernel then runs its many small products through oneDNN,
     each paying oneDNN's per-call cost."""
-    backend = getattr(torch.backends.mkldnn, "matmul", None)  # absent before torch 2.7 or so
-    return (q.device.type == "cpu" and q.dtype == torch.float32
-            and getattr(backend, "fp32_precision", "none") == "bf16" and onednn_fp32_is_exact())
+    return q.device.type == "cpu" and q.dtype == torch.float32 and onednn_fp32_matmul_on()
 
 
 def attention(
@@ -307,8 +305,7 @@ class _BlockedAttention(torch.autograd.Function):
 
 
 def _block_probabilities(scores: Tensor, q3: Tensor, k3: Tensor, i: int, e: int, keys: int, scale: float,
-                         causal: bool, fresh: bool,
-                         masks: tuple[int, Tensor | None, Tensor | None] = (1, None, None)) -> Tensor:
+                         causal: bool, fresh: bool, masks: tuple[int, Tensor | None, Tensor | None]) -> Tensor:
     """softmax(scale·q[i:e]·k[:keys]ᵀ [+ the block's causal mask, bottom-right aligned] [+ a mask]),
     (B·H, e - i, keys): the scores in the scratch buffer `scores`, the probabilities in a new tensor if
     `fresh`, else over them. `masks` is (B, the additive mask of `_block_mask` or None, its hidden rows or
@@ -367,8 +364,8 @@ def _block_mask(mask: Tensor, dtype: torch.dtype, t: int, s: int, causal: bool) 
     allowed = mask if mask.dtype == torch.bool else mask > float("-inf")
     if causal:
         allowed = allowed & causal_mask(t, s, device=mask.device)
-    visible = allowed.any(dim=-1, keepdim=True)
-    hidden = None if bool(visible.all()) else ~visible.expand(*visible.shape[:2], t, 1)
+    visible = _any_visible(allowed, s)
+    hidden = None if visible is None else ~visible.expand(*visible.shape[:2], t, 1)
     return _as_additive(mask, dtype), hidden
 
 

@@ -191,6 +191,20 @@ def synchronize(device: torch.device | str) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
+def _onednn_matmul_backend():
+    """torch's oneDNN matmul settings with their `fp32_precision` switch, or None in a torch without it
+    (older than ~2.7, which pyproject allows)."""
+    backend = getattr(getattr(torch.backends, "mkldnn", None), "matmul", None)
+    return backend if hasattr(backend, "fp32_precision") else None
+
+
+def onednn_fp32_matmul_on() -> bool:
+    """Whether fp32 matmuls take oneDNN's exact AVX-512 path right now (inside `fast_fp32_matmul`, or a
+    user's own setting of the same switch on a CPU where `onednn_fp32_is_exact`)."""
+    backend = _onednn_matmul_backend()
+    return backend is not None and backend.fp32_precision == "bf16" and onednn_fp32_is_exact()
+
+
 @functools.cache
 def onednn_fp32_is_exact() -> bool:
     """Whether routing fp32 matmuls to oneDNN keeps fp32 accuracy on this CPU, checked against float64.
@@ -200,8 +214,8 @@ def onednn_fp32_is_exact() -> bool:
     AVX-512 CPUs without AMX it computes in fp32 (error ~1e-7) on a path 2-3x faster than MKL's on AMD
     CPUs. Only the second case passes this check.
     """
-    backend = getattr(getattr(torch.backends, "mkldnn", None), "matmul", None)
-    if backend is None or not hasattr(backend, "fp32_precision") or not torch.backends.mkldnn.is_available():
+    backend = _onednn_matmul_backend()
+    if backend is None or not torch.backends.mkldnn.is_available():
         return False
     old = backend.fp32_precision
     try:
@@ -236,7 +250,7 @@ def fast_fp32_matmul(device: torch.device | str, enabled: bool = True) -> Iterat
     if not enabled or torch.device(device).type != "cpu" or not onednn_fp32_is_exact():
         yield False
         return
-    backend = torch.backends.mkldnn.matmul
+    backend = _onednn_matmul_backend()
     old = backend.fp32_precision
     backend.fp32_precision = "bf16"
     try:
