@@ -584,6 +584,16 @@ def test_blocked_causal_path_equals_the_full_product(monkeypatch):
 # --------------------------------------------------------------------------------------------------
 
 
+def _record_blocked_calls(monkeypatch) -> list[tuple]:
+    """The arguments of every `_BlockedAttention.apply` call from now on (the calls still run)."""
+    import attnlab.modules.attention as core
+
+    calls = []
+    real_apply = core._BlockedAttention.apply
+    monkeypatch.setattr(core._BlockedAttention, "apply", lambda *a: calls.append(a) or real_apply(*a))
+    return calls
+
+
 def _float64_reference(q, k, v, causal, grad):
     """Output and q/k/v gradients of the full masked product in float64."""
     leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
@@ -607,9 +617,7 @@ def test_blocked_half_path_matches_float64(monkeypatch, shape, dtype):
 
     b, h, t, s, dq, dv, causal, rows = shape
     monkeypatch.setattr(core, "QUERY_BLOCK", rows)
-    calls = []
-    real_apply = core._BlockedAttention.apply
-    monkeypatch.setattr(core._BlockedAttention, "apply", lambda *a: calls.append(1) or real_apply(*a))
+    calls = _record_blocked_calls(monkeypatch)
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(b, h, t, dq, generator=g), torch.randn(b, h, s, dq, generator=g), \
         torch.randn(b, h, s, dv, generator=g)
@@ -731,22 +739,20 @@ def test_long_half_attention_keeps_bounded_memory(monkeypatch):
     the limit, the blocked path runs, causal or not."""
     import attnlab.modules.attention as core
 
-    taken = []
-    real_apply = core._BlockedAttention.apply
-    monkeypatch.setattr(core._BlockedAttention, "apply", lambda *a: taken.append(a[4]) or real_apply(*a))
+    calls = _record_blocked_calls(monkeypatch)  # argument 4: causal
     monkeypatch.setattr(core, "EXPLICIT_MAX_KEYS", 8)
     q, k, v = (torch.randn(1, 2, 16, 8).bfloat16().requires_grad_() for _ in range(3))
     attention(q, k, v, causal=True)
     attention(q, k, v)
-    assert taken == [True, False]
+    assert [a[4] for a in calls] == [True, False]
     monkeypatch.setattr(core, "KEPT_PROBABILITY_BYTES", 2 * 16 * 16 * 2 // 2 - 1)  # one byte short (causal)
     out, _ = attention(q, k, v, causal=True)
-    assert taken == [True, False]
+    assert [a[4] for a in calls] == [True, False]
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert torch.equal(out, ref)
     with torch.no_grad():
         attention(q, k, v, causal=True)
-    assert taken == [True, False, True]
+    assert [a[4] for a in calls] == [True, False, True]
 
 
 def test_fp32_attention_under_onednn_products_takes_the_blocked_path(monkeypatch):
@@ -761,16 +767,14 @@ def test_fp32_attention_under_onednn_products_takes_the_blocked_path(monkeypatch
     q, k, v = (torch.randn(2, 3, 40, 16, generator=g).requires_grad_() for _ in range(3))
     grad = torch.randn(2, 3, 40, 16, generator=g)
     ref = _float64_reference(q, k, v, True, grad)
-    calls = []
-    real_apply = core._BlockedAttention.apply
-    monkeypatch.setattr(core._BlockedAttention, "apply", lambda *a: calls.append(1) or real_apply(*a))
+    calls = _record_blocked_calls(monkeypatch)
     attention(q.detach(), k.detach(), v.detach(), causal=True)
     assert not calls and not core._onednn_fp32(q)
     with fast_fp32_matmul("cpu") as on:
         assert on and core._onednn_fp32(q)
         out, _ = attention(q, k, v, causal=True)
         out.backward(grad)
-    assert calls == [1]
+    assert len(calls) == 1
     for a, r in zip([out] + [x.grad for x in (q, k, v)], ref):
         torch.testing.assert_close(a.detach().double(), r, atol=1e-5, rtol=1e-5)
 
@@ -800,9 +804,7 @@ def test_blocked_path_with_masks_matches_the_explicit_path(monkeypatch, case, ca
         pytest.skip("oneDNN's fp32 products are not exact fp32 on this CPU: attnlab never turns them on")
 
     monkeypatch.setattr(core, "QUERY_BLOCK", 4)
-    calls = []
-    real_apply = core._BlockedAttention.apply
-    monkeypatch.setattr(core._BlockedAttention, "apply", lambda *a: calls.append(1) or real_apply(*a))
+    calls = _record_blocked_calls(monkeypatch)
     b, h, t, d = 3, 2, 10, 8
     g = torch.Generator().manual_seed(4)
     lengths = torch.tensor([10, 6, 3])
