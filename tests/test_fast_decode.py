@@ -171,9 +171,10 @@ ONEDNN_BF16 = pytest.mark.skipif(not fast_decode._onednn_linear_works(),
 
 
 def _force_packing(monkeypatch, on: bool = True) -> None:
-    """Packed bf16 products on (for bf16 weights) or off, whether or not this CPU has bf16 instructions
-    (without them oneDNN computes the same numbers, only slower)."""
+    """Packed bf16 products on (for bf16 weights, one row too) or off, whether or not this CPU has bf16
+    instructions (without them oneDNN computes the same numbers, only slower)."""
     monkeypatch.setattr(fast_decode, "_packs", lambda weight: on and weight.dtype == torch.bfloat16)
+    monkeypatch.setattr(fast_decode, "_own_gemv", lambda weight: False)
 
 
 def _packed_decoder(monkeypatch, model, **kwargs):
@@ -218,15 +219,71 @@ def test_packed_bf16_decoding_gives_the_same_tokens_padded_rows_too(monkeypatch)
     assert generate(model, prompts, 16, greedy=True, fast=False) == plain
 
 
-def test_packing_is_chosen_only_for_bf16_weights_on_a_cpu_with_bf16(monkeypatch):
+def test_packing_is_chosen_only_for_bf16_weights_on_a_cpu_with_bf16_and_several_rows(monkeypatch):
     model = _gpt()
-    assert not FastGPTDecoder(model, batch=1, capacity=4).packed  # fp32: the plain products
-    assert not FastGPTDecoder(_gpt().half(), batch=1, capacity=4).packed
+    for batch in (1, 2):
+        for decoder in (FastGPTDecoder(model, batch=batch, capacity=4),  # fp32: the plain products
+                        FastGPTDecoder(_gpt().half(), batch=batch, capacity=4)):
+            assert not decoder.packed and not decoder.own_gemv and decoder.k.dtype == decoder.layers[0].out_w.dtype
     monkeypatch.setattr(fast_decode, "cpu_has_bf16", lambda: False)
-    decoder = FastGPTDecoder(_gpt().bfloat16(), batch=1, capacity=4)
-    assert not decoder.packed and decoder.k.dtype == torch.bfloat16
+    decoder = FastGPTDecoder(_gpt().bfloat16(), batch=2, capacity=4)
+    assert not decoder.packed and not decoder.own_gemv and decoder.k.dtype == torch.bfloat16
     monkeypatch.setattr(fast_decode, "cpu_has_bf16", lambda: True)
-    assert bool(FastGPTDecoder(_gpt().bfloat16(), batch=1, capacity=4).packed) == fast_decode._onednn_linear_works()
+    assert bool(FastGPTDecoder(_gpt().bfloat16(), batch=2, capacity=4).packed) == fast_decode._onednn_linear_works()
+    for has_bf16 in (False, True):  # one row of bf16: torch's own matrix-vector kernel, with or without
+        monkeypatch.setattr(fast_decode, "cpu_has_bf16", lambda has_bf16=has_bf16: has_bf16)
+        decoder = FastGPTDecoder(_gpt().bfloat16(), batch=1, capacity=4)
+        assert decoder.own_gemv and not decoder.packed and decoder.k.dtype == torch.float32
+
+
+@pytest.mark.parametrize("overrides", SUPPORTED)
+def test_one_row_of_bf16_takes_torchs_own_kernel_with_onednn_off_for_the_step(monkeypatch, overrides):
+    """Batch-1 decoding with bf16 weights: every product of a one-token step runs with oneDNN switched off
+    (torch's own matrix-vector kernel), the prompt's with it on; the switch is restored after each step, an
+    error included. Logits within bf16 rounding of the general forward and of the packed path, the same
+    tokens as the general path."""
+    model = _gpt(**overrides).bfloat16()
+    ids = torch.randint(0, 23, (1, 12), generator=torch.Generator().manual_seed(1))
+    seen = []
+    affine = fast_decode._affine
+
+    def spy(*args, **kwargs):
+        seen.append(torch._C._get_mkldnn_enabled())
+        return affine(*args, **kwargs)
+
+    monkeypatch.setattr(fast_decode, "_affine", spy)
+    before = torch._C._get_mkldnn_enabled()
+    decoder = FastGPTDecoder(model, batch=1, capacity=12)
+    assert decoder.own_gemv
+    logits = [decoder.step(ids[:, :5])]
+    assert seen and all(on == before for on in seen)  # the prompt: several rows, oneDNN as it was
+    for t in range(5, 12):
+        seen.clear()
+        logits.append(decoder.step(ids[:, t : t + 1]))
+        assert len(seen) == 4 * model.config.n_layers + 1 and not any(seen)
+        assert torch._C._get_mkldnn_enabled() == before
+    own = torch.stack(logits, 1)
+    assert own.dtype == torch.bfloat16
+    general = model(ids).logits[:, 4:]
+    torch.testing.assert_close(own.float(), general.float(), atol=6e-3, rtol=0)
+    if fast_decode._onednn_linear_works():
+        packed = _packed_decoder(monkeypatch, model, batch=1, capacity=12)
+        steps = [ids[:, :5]] + [ids[:, t : t + 1] for t in range(5, 12)]
+        torch.testing.assert_close(own.float(), torch.stack([packed.step(s) for s in steps], 1).float(),
+                                   atol=6e-3, rtol=0)
+    monkeypatch.undo()
+    prompts = [[1, 2, 3, 4]]
+    assert generate(model, prompts, 16, greedy=True) == generate(model, prompts, 16, greedy=True, fast=False)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a product failed")
+
+    decoder = FastGPTDecoder(model, batch=1, capacity=12)
+    decoder.step(ids[:, :5])
+    monkeypatch.setattr(fast_decode, "_affine", broken)
+    with pytest.raises(RuntimeError, match="a product failed"):
+        decoder.step(ids[:, 5:6])
+    assert torch._C._get_mkldnn_enabled() == before
 
 
 @ONEDNN_BF16

@@ -11,8 +11,10 @@ score bias computed once per token for all layers), and the MLP. `generate` pick
 it applies; anything else (Shaw relative keys, which read the queries; bilinear or Synthesizer attention;
 post-norm) takes the general path. Prompts of different lengths (left-padded, with a mask) count positions
 over real tokens and mask the padding, as the general forward does. Large fp32 weights on a multi-core CPU
-are multiplied in slices, one per thread (`_slices`); bf16 weights on a CPU with bf16 instructions by
-oneDNN's packed copies, GELU or ReLU inside the product, attention over an fp32 cache (`_packs`).
+are multiplied in slices, one per thread (`_slices`). bf16 weights on a CPU attend over an fp32 cache; a
+batch of one row multiplies them by torch's own matrix-vector kernel, oneDNN switched off for each one-token
+step (`_own_gemv`); more rows, on a CPU with bf16 instructions, by oneDNN's packed copies, GELU or ReLU inside
+the product (`_packs`).
 
 Legend: B batch, T new tokens, S cached + new, D width, H heads, Dh head width, V vocabulary.
 """
@@ -86,7 +88,9 @@ class FastGPTDecoder:
         self.pos = 0
         weight = model.lm_head.weight
         self.slices = split = _slices(weight, fused, model.blocks.layers)
-        self.packed = pack = batch if _packs(weight) else 0
+        # One row of bf16: torch's own matrix-vector kernel (`_own_gemv`); more rows: oneDNN's packed copies.
+        self.own_gemv = batch == 1 and _own_gemv(weight)
+        self.packed = pack = batch if not self.own_gemv and _packs(weight) else 0
         packs = iter(_packed_weights(model, fused, pack)) if pack else None  # taken in the order below
         self.layers = []
         for layer, (qkv_w, qkv_b) in zip(model.blocks.layers, fused):  # (3D, D), (3D,)
@@ -99,10 +103,11 @@ class FastGPTDecoder:
                 norm2.eps, *_weight(ff.fc1.weight, ff.fc1.bias, split, packs),
                 *_activation(ff.act, pack), *_weight(ff.fc2.weight, ff.fc2.bias, split, packs)))
         shape = (len(self.layers), batch, self.n_heads, capacity, self.head_dim)
-        # With packed bf16 weights the cache is fp32 (the same values, exactly): torch's bf16 attention kernel
-        # for one query took 76 µs at 208 keys on the Zen 4 where its fp32 one took 16 (13 against 9 at 16
-        # keys). Decoding 900 tokens at 384 wide ran 329 -> 421 tokens/s; 200 tokens, within noise.
-        self._cache_dtype = torch.float32 if pack else weight.dtype
+        # With bf16 weights on a CPU the cache is fp32 (the same values, exactly): torch's bf16 attention
+        # kernel for one query took 76 µs at 208 keys on the Zen 4 where its fp32 one took 16 (13 against 9 at
+        # 16 keys). Decoding 900 tokens at 384 wide with packed weights ran 329 -> 421 tokens/s; 200 tokens,
+        # within noise; with torch's own matrix-vector kernel 200 tokens at 128 wide 0.47 -> 0.43 ms a token.
+        self._cache_dtype = torch.float32 if pack or self.own_gemv else weight.dtype
         self.k = weight.new_empty(shape, dtype=self._cache_dtype)
         self.v = weight.new_empty(shape, dtype=self._cache_dtype)
         self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)  # per-layer views, taken once
@@ -156,6 +161,17 @@ class FastGPTDecoder:
             raise ValueError("after the prompt, feed one token at a time")
         if end > self.k.shape[3]:
             raise ValueError(f"the cache holds {self.k.shape[3]} positions; build the decoder with more capacity")
+        if not (self.own_gemv and t == 1):
+            return self._step(ids, start, end)
+        onednn = torch._C._get_mkldnn_enabled()
+        torch._C._set_mkldnn_enabled(False)  # for this step, torch's own bf16 matrix-vector kernel (`_own_gemv`)
+        try:
+            return self._step(ids, start, end)
+        finally:
+            torch._C._set_mkldnn_enabled(onednn)
+
+    def _step(self, ids: Tensor, start: int, end: int) -> Tensor:
+        b, t = ids.shape
         x = F.embedding(ids, self._token_table)  # (B, T, D)
         if self._token_scale != 1.0:
             x = x * self._token_scale
@@ -276,6 +292,22 @@ def _slices(weight: Tensor, fused: list[tuple[Tensor, Tensor | None]], layers: n
     return min(threads, 16) if size > cpu_last_level_cache_bytes() // 4 else 1
 
 
+def _own_gemv(weight: Tensor) -> bool:
+    """Whether steps of one row multiply by torch's own bf16 matrix-vector kernel, with oneDNN switched off
+    for the step: bf16 weights on a CPU.
+
+    On a CPU with bf16 instructions torch sends bf16 products to oneDNN, whose every call from Python costs
+    ~14 µs beyond its arithmetic (a 64 × 64 product of packed weights took 13.4-14 µs on the Zen 4, the
+    primitive itself 3-6 µs at 384 × 384 by ONEDNN_VERBOSE). Without oneDNN, a product of one row takes
+    torch's own kernel (fp32 sums of bf16 products, on every thread; the one CPUs without bf16 instructions
+    always take): 384 × 384 in 13 µs against 18 packed, and decoding 200 tokens in turns with the packed
+    path went 0.87 -> 0.47 ms a token at 128 wide, 1.47 -> 1.04 at 256, 1.79 -> 1.50 at 384 (6 layers), the
+    same tokens. Products of more rows keep oneDNN: torch's own kernel for them is a plain loop. (The switch
+    is process-wide for the step: an op another thread runs meanwhile skips oneDNN too, with the same
+    result up to rounding.)"""
+    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+
+
 def _packs(weight: Tensor) -> bool:
     """Whether to multiply by oneDNN's packed copies of the weights: bf16 weights on a CPU with bf16
     instructions, where torch's own bf16 product for a few rows is slow.
@@ -284,7 +316,8 @@ def _packs(weight: Tensor) -> bool:
     `addmm` and 24-27 through oneDNN with the weight reordered once (the same bits); decoding at 384 wide ran
     330 -> 482 tokens/s, at 128 wide no faster nor slower. The price is a packed copy of every weight, kept
     with the model between `generate` calls (`_packed_weights`). Elsewhere (fp32, fp16, a CPU without bf16
-    instructions, a GPU) the plain product stays."""
+    instructions, a GPU) the plain product stays. A batch of one row takes torch's own kernel instead
+    (`_own_gemv`): faster still at every width measured."""
     return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and cpu_has_bf16()
             and _onednn_linear_works())
 
