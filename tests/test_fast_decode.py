@@ -195,7 +195,7 @@ def test_packed_bf16_products_give_the_unpacked_logits(monkeypatch, overrides):
     ids = torch.randint(0, 23, (2, 12), generator=torch.Generator().manual_seed(1))
     _force_packing(monkeypatch, on=False)
     plain = FastGPTDecoder(model, batch=2, capacity=12)
-    assert not plain.packed and plain.k.dtype == torch.bfloat16
+    assert not plain.packed
     packed = _packed_decoder(monkeypatch, model, batch=2, capacity=12)
     fused = {"gelu": "gelu", "relu": "relu"}.get(model.config.activation, "none")
     assert all(layer.fc1_act == fused and (layer.act is None) == (fused != "none") for layer in packed.layers)
@@ -220,20 +220,22 @@ def test_packed_bf16_decoding_gives_the_same_tokens_padded_rows_too(monkeypatch)
 
 
 def test_packing_is_chosen_only_for_bf16_weights_on_a_cpu_with_bf16_and_several_rows(monkeypatch):
-    model = _gpt()
-    for batch in (1, 2):
-        for decoder in (FastGPTDecoder(model, batch=batch, capacity=4),  # fp32: the plain products
-                        FastGPTDecoder(_gpt().half(), batch=batch, capacity=4)):
-            assert not decoder.packed and not decoder.own_gemv and decoder.k.dtype == decoder.layers[0].out_w.dtype
-    monkeypatch.setattr(fast_decode, "cpu_has_bf16", lambda: False)
-    decoder = FastGPTDecoder(_gpt().bfloat16(), batch=2, capacity=4)
-    assert not decoder.packed and not decoder.own_gemv and decoder.k.dtype == torch.bfloat16
-    monkeypatch.setattr(fast_decode, "cpu_has_bf16", lambda: True)
-    assert bool(FastGPTDecoder(_gpt().bfloat16(), batch=2, capacity=4).packed) == fast_decode._onednn_linear_works()
-    for has_bf16 in (False, True):  # one row of bf16: torch's own matrix-vector kernel, with or without
+    """...and the cache is fp32 for half-precision weights on a CPU with bf16 instructions only."""
+    for has_bf16 in (False, True):
         monkeypatch.setattr(fast_decode, "cpu_has_bf16", lambda has_bf16=has_bf16: has_bf16)
+        for batch in (1, 2):
+            decoder = FastGPTDecoder(_gpt(), batch=batch, capacity=4)  # fp32: the plain products
+            assert not decoder.packed and not decoder.own_gemv and decoder.k.dtype == torch.float32
+            decoder = FastGPTDecoder(_gpt().half(), batch=batch, capacity=4)
+            assert not decoder.packed and not decoder.own_gemv
+            assert decoder.k.dtype == (torch.float32 if has_bf16 else torch.float16)
+        # One row of bf16: torch's own matrix-vector kernel, whatever the CPU; several: packed where it can.
         decoder = FastGPTDecoder(_gpt().bfloat16(), batch=1, capacity=4)
-        assert decoder.own_gemv and not decoder.packed and decoder.k.dtype == torch.float32
+        assert decoder.own_gemv and not decoder.packed
+        assert decoder.k.dtype == (torch.float32 if has_bf16 else torch.bfloat16)
+        decoder = FastGPTDecoder(_gpt().bfloat16(), batch=2, capacity=4)
+        assert not decoder.own_gemv and bool(decoder.packed) == (has_bf16 and fast_decode._onednn_linear_works())
+        assert decoder.k.dtype == (torch.float32 if has_bf16 else torch.bfloat16)
 
 
 @pytest.mark.parametrize("overrides", SUPPORTED)

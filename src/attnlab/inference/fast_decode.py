@@ -103,11 +103,7 @@ class FastGPTDecoder:
                 norm2.eps, *_weight(ff.fc1.weight, ff.fc1.bias, split, packs),
                 *_activation(ff.act, pack), *_weight(ff.fc2.weight, ff.fc2.bias, split, packs)))
         shape = (len(self.layers), batch, self.n_heads, capacity, self.head_dim)
-        # With bf16 weights on a CPU the cache is fp32 (the same values, exactly): torch's bf16 attention
-        # kernel for one query took 76 µs at 208 keys on the Zen 4 where its fp32 one took 16 (13 against 9 at
-        # 16 keys). Decoding 900 tokens at 384 wide with packed weights ran 329 -> 421 tokens/s; 200 tokens,
-        # within noise; with torch's own matrix-vector kernel 200 tokens at 128 wide 0.47 -> 0.43 ms a token.
-        self._cache_dtype = torch.float32 if pack or self.own_gemv else weight.dtype
+        self._cache_dtype = torch.float32 if pack or _fp32_cache(weight) else weight.dtype
         self.k = weight.new_empty(shape, dtype=self._cache_dtype)
         self.v = weight.new_empty(shape, dtype=self._cache_dtype)
         self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)  # per-layer views, taken once
@@ -306,6 +302,20 @@ def _own_gemv(weight: Tensor) -> bool:
     is process-wide for the step: an op another thread runs meanwhile skips oneDNN too, with the same
     result up to rounding.)"""
     return weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+
+
+def _fp32_cache(weight: Tensor) -> bool:
+    """Whether the keys and values of half-precision weights are cached in fp32 (the same values, exactly)
+    and attended in fp32: on a CPU with bf16 instructions.
+
+    There torch's bf16 attention kernel for one query took 76 µs at 208 keys on the Zen 4 where its fp32 one
+    took 16 (13 against 9 at 16 keys). Decoding 900 tokens at 384 wide with packed weights ran 329 -> 421
+    tokens/s (200 tokens: within noise); 200 tokens in turns with a cache in the weights' dtype: fp16 weights
+    1.59 -> 1.36 ms a token at 384 wide and 0.46 -> 0.42 at 128; bf16 weights with torch's own
+    matrix-vector kernel 1.39 -> 1.34 at 384, 0.415 -> 0.427 at 128 (the two casts a layer outweigh the
+    attention there). On the AVX2 Zen 3, without bf16 instructions, an fp32 cache for bf16 weights measured
+    0.996x at 384 wide and 1.06x slower at 128, so the cache keeps the weights' dtype there."""
+    return weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16) and cpu_has_bf16()
 
 
 def _packs(weight: Tensor) -> bool:
