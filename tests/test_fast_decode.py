@@ -338,3 +338,59 @@ def test_packed_weights_are_kept_between_calls_and_rebuilt_when_a_weight_changes
     _packed_decoder(monkeypatch, model, batch=1, capacity=6)
     _packed_decoder(monkeypatch, model, batch=1, capacity=6)
     assert len(calls) == before + 2 * n and model not in fast_decode._PACKED
+
+
+def _onednn_states(module: torch.nn.Module) -> list[bool]:
+    """The oneDNN switch at every call of `module` (a forward pre-hook), kept in the returned list."""
+    states: list[bool] = []
+    module.register_forward_pre_hook(lambda *_: states.append(torch._C._get_mkldnn_enabled()))
+    return states
+
+
+@pytest.mark.parametrize("position", ["learned", "relative"])
+def test_general_forward_decodes_one_row_of_bf16_with_onednn_off(monkeypatch, position):
+    """Through the general forward with a KV cache (here forced; Shaw relative positions always take it),
+    each one-token step of one row of bf16 weights runs with oneDNN switched off (torch's own matrix-vector
+    kernel), the prompt and batches of several rows with it as it was; the same tokens as with oneDNN on
+    throughout, and the switch as it was afterwards (mutant: a step left on oneDNN, or the switch left off)."""
+    model = _gpt(position=position).bfloat16()
+    states = _onednn_states(model)
+    before = torch._C._get_mkldnn_enabled()
+    tokens = generate(model, [[1, 2, 3, 4]], 12, greedy=True, fast=False)
+    assert states[0] == before and not any(states[1:]) and len(states) == 12
+    assert torch._C._get_mkldnn_enabled() == before
+    states.clear()
+    generate(model, [[1, 2, 3, 4], [5, 6, 7, 8]], 6, greedy=True, fast=False)
+    assert states and all(on == before for on in states)
+    states.clear()
+    generate(_gpt(position=position), [[1, 2, 3, 4]], 6, greedy=True, fast=False)  # fp32: untouched
+    monkeypatch.setattr(fast_decode, "_own_gemv", lambda weight: False)
+    states.clear()
+    assert generate(model, [[1, 2, 3, 4]], 12, greedy=True, fast=False) == tokens
+    assert all(on == before for on in states)
+
+
+def test_translating_one_source_with_bf16_weights_runs_onednn_off():
+    """Greedy translation and beam search of one source with one beam: each decoder step with oneDNN off;
+    two sources, or two beams, with it as it was; beam width 1 gives greedy's target."""
+    from attnlab.inference.generate import beam_search, greedy_translate
+    from attnlab.models.transformer import Seq2SeqTransformer, TransformerConfig
+
+    torch.manual_seed(0)
+    config = TransformerConfig(src_vocab_size=7, tgt_vocab_size=7, d_model=16, n_heads=2, d_ff=32,
+                               n_encoder_layers=1, n_decoder_layers=2, dropout=0.0, max_len=12, norm="pre")
+    model = Seq2SeqTransformer(config).eval().bfloat16()
+    states = _onednn_states(model.lm_head)
+    before = torch._C._get_mkldnn_enabled()
+    src = torch.tensor([[3, 4, 5, 6], [6, 5, 4, 3]])
+    one = greedy_translate(model, src[:1], max_len=6)
+    assert states and not any(states) and torch._C._get_mkldnn_enabled() == before
+    states.clear()
+    assert beam_search(model, src[:1], beam_size=1, max_len=6) == one
+    assert states and not any(states)
+    for run in (lambda: greedy_translate(model, src, max_len=6), lambda: beam_search(model, src[:1], beam_size=2,
+                                                                                     max_len=6)):
+        states.clear()
+        run()
+        assert states and all(on == before for on in states)
+    assert torch._C._get_mkldnn_enabled() == before

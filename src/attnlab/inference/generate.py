@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import ConfigError
+from attnlab.inference.fast_decode import FastGPTDecoder, one_row_of_own_gemv, onednn_off
 
 
 def sample_next(
@@ -158,13 +159,12 @@ def _decoder(model: nn.Module, ids: Tensor, mask: Tensor, total: int, *, masked:
     """A function cur -> (B, V) logits of the token after ids[:, :cur], called for cur = longest, longest+1...:
     the low-overhead decoder where it applies, else the model's forward with a KV cache; past a bounded model's
     `limit` positions (and without a cache), the forward over the last `limit` tokens, recomputed each step."""
-    from attnlab.inference.fast_decode import FastGPTDecoder
-
     capacity = total if limit is None else min(total, limit)
     decoder = FastGPTDecoder.for_model(model, ids.shape[0], capacity, mask[:, :capacity] if masked else None) \
         if cached and fast else None
     cache = model.new_cache(capacity=capacity) if cached and decoder is None else None
     fed = 0  # tokens already in the cache
+    weight = _a_weight(model)
 
     def step(cur: int) -> Tensor:
         nonlocal fed
@@ -172,12 +172,20 @@ def _decoder(model: nn.Module, ids: Tensor, mask: Tensor, total: int, *, masked:
             return decoder.step(ids[:, decoder.pos : cur])
         if cache is not None and cur <= capacity:
             start, fed = fed, cur
-            return model(ids[:, start:cur], attention_mask=mask[:, :cur] if masked else None,
-                         cache=cache).logits[:, -1]
+            with onednn_off(one_row_of_own_gemv(weight, ids.shape[0] * (cur - start))):
+                return model(ids[:, start:cur], attention_mask=mask[:, :cur] if masked else None,
+                             cache=cache).logits[:, -1]
         start = 0 if limit is None else max(0, cur - limit)  # the window slides: positions restart at its start
         return model(ids[:, start:cur], attention_mask=mask[:, start:cur] if masked else None).logits[:, -1]
 
     return step
+
+
+def _a_weight(model: nn.Module) -> Tensor | None:
+    """A weight matrix of the model, whose dtype and device stand for the products of a decoding step (None
+    for a model without one)."""
+    parameters = model.parameters() if hasattr(model, "parameters") else ()
+    return next((p for p in parameters if p.dim() == 2), None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -210,8 +218,10 @@ def _greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None
     out = torch.zeros((b, max_len), dtype=torch.long, device=src_ids.device)
     done = torch.zeros(b, dtype=torch.bool, device=src_ids.device)
     n = 0
+    one_row = one_row_of_own_gemv(_a_weight(model), b)  # one source: torch's own bf16 matrix-vector kernel
     for n in range(1, max_len + 1):
-        logits, _, _, _ = model.decode(tok, memory, src_mask, cache=cache)
+        with onednn_off(one_row):
+            logits, _, _, _ = model.decode(tok, memory, src_mask, cache=cache)
         tok = logits[:, -1].argmax(-1, keepdim=True)
         out[:, n - 1] = tok[:, 0]
         done |= tok[:, 0] == c.eos_id
@@ -276,8 +286,10 @@ def _beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, bea
         best_length.copy_(torch.where(better, torch.full_like(best_length, length), best_length))
 
     step = 0
+    one_row = one_row_of_own_gemv(_a_weight(model), b * k)
     for step in range(1, max_len + 1):
-        logits, _, _, _ = model.decode(tokens, memory, mask, cache=cache)
+        with onednn_off(one_row):
+            logits, _, _, _ = model.decode(tokens, memory, mask, cache=cache)
         logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B·k, V)
         vocab = logp.shape[-1]
         cand = (scores[:, :, None] + logp.view(b, k, vocab)).view(b, k * vocab)
