@@ -11,10 +11,10 @@ score bias computed once per token for all layers), and the MLP. `generate` pick
 it applies; anything else (Shaw relative keys, which read the queries; bilinear or Synthesizer attention;
 post-norm) takes the general path. Prompts of different lengths (left-padded, with a mask) count positions
 over real tokens and mask the padding, as the general forward does. Large fp32 weights on a multi-core CPU
-are multiplied in slices, one per thread (`_slices`). bf16 weights on a CPU attend over an fp32 cache; a
-batch of one row multiplies them by torch's own matrix-vector kernel, oneDNN switched off for each one-token
-step (`_own_gemv`); more rows, on a CPU with bf16 instructions, by oneDNN's packed copies, GELU or ReLU inside
-the product (`_packs`).
+are multiplied in slices, one per thread (`_slices`). bf16 weights on a CPU: a batch of one row multiplies
+them by torch's own matrix-vector kernel, oneDNN switched off for each one-token step (`_own_gemv`); more
+rows, on a CPU with bf16 instructions, by oneDNN's packed copies, GELU or ReLU inside the product (`_packs`).
+Half-precision weights on a CPU with bf16 instructions attend over an fp32 cache (`_fp32_cache`).
 
 Legend: B batch, T new tokens, S cached + new, D width, H heads, Dh head width, V vocabulary.
 """
@@ -319,9 +319,8 @@ def _own_gemv(weight: Tensor) -> bool:
     torch's own kernel (fp32 sums of bf16 products, on every thread; the one CPUs without bf16 instructions
     always take): 384 × 384 in 13 µs against 18 packed, and decoding 200 tokens in turns with the packed
     path went 0.87 -> 0.47 ms a token at 128 wide, 1.47 -> 1.04 at 256, 1.79 -> 1.50 at 384 (6 layers), the
-    same tokens. Products of more rows keep oneDNN: torch's own kernel for them is a plain loop. (The switch
-    is process-wide for the step: an op another thread runs meanwhile skips oneDNN too, with the same
-    result up to rounding.)"""
+    same tokens. Products of more rows keep oneDNN: torch's own kernel for them is a plain loop (see
+    `onednn_off` for the switch's scope)."""
     return weight.device.type == "cpu" and weight.dtype == torch.bfloat16
 
 
