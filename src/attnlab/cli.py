@@ -78,7 +78,8 @@ def generate(
     best: bool = typer.Option(False, "--best", help="Use the run's best/ checkpoint instead of the latest."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or mps."),
     dtype: str = typer.Option("fp32", help="Weights: fp32 (as trained), bf16 or fp16 (half the memory read "
-                              "per token: faster decoding of wide models; results differ by rounding)."),
+                              "per token: faster decoding of wide models; results differ by rounding; on a "
+                              "CPU prefer bf16)."),
 ) -> None:
     """Generate text from a trained language model (with a KV cache), or translate with a seq2seq model."""
     from attnlab.inference.runs import check_decoding_options, generate_texts, load_run
