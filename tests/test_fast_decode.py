@@ -220,7 +220,9 @@ def test_packed_bf16_decoding_gives_the_same_tokens_padded_rows_too(monkeypatch)
 
 
 def test_packing_is_chosen_only_for_bf16_weights_on_a_cpu_with_bf16_and_several_rows(monkeypatch):
-    """...and the cache is fp32 for half-precision weights on a CPU with bf16 instructions only."""
+    """oneDNN's packed products for bf16 weights and several rows on a CPU with bf16 instructions; torch's own
+    kernel for one row of bf16 on any CPU; an fp32 cache for half-precision weights where the CPU has bf16
+    instructions only."""
     for has_bf16 in (False, True):
         monkeypatch.setattr(fast_decode, "cpu_has_bf16", lambda has_bf16=has_bf16: has_bf16)
         for batch in (1, 2):
