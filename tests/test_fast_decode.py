@@ -166,6 +166,27 @@ def test_gelu_is_the_exact_gelu_at_every_size(n):
     assert (torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()) == before
 
 
+def test_onednn_off_switches_off_within_the_block_and_restores_what_it_found():
+    """The one oneDNN switch (GELU, the decoders): off inside, restored on the way out, an error included, to
+    on or off as it was found; `on=False` changes nothing (mutant: a switch left off after the block)."""
+    from attnlab.training.device import onednn_off
+
+    found = torch._C._get_mkldnn_enabled()
+    try:
+        for start in (True, False):
+            torch._C._set_mkldnn_enabled(start)
+            with onednn_off():
+                assert not torch._C._get_mkldnn_enabled()
+            assert torch._C._get_mkldnn_enabled() == start
+            with pytest.raises(RuntimeError, match="inside"), onednn_off():
+                raise RuntimeError("inside")
+            assert torch._C._get_mkldnn_enabled() == start
+            with onednn_off(False):
+                assert torch._C._get_mkldnn_enabled() == start
+    finally:
+        torch._C._set_mkldnn_enabled(found)
+
+
 ONEDNN_BF16 = pytest.mark.skipif(not fast_decode._onednn_linear_works(),
                                  reason="this torch build or CPU has no oneDNN bf16 linear")
 

@@ -21,7 +21,6 @@ Legend: B batch, T new tokens, S cached + new, D width, H heads, Dh head width, 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import weakref
 from collections.abc import Callable, Iterator
@@ -34,7 +33,7 @@ from torch import Tensor, nn
 from attnlab.modules.attention import attention
 from attnlab.modules.feedforward import gelu
 from attnlab.modules.positions import PositionScheme, RotaryPosition
-from attnlab.training.device import cpu_has_bf16, cpu_last_level_cache_bytes
+from attnlab.training.device import cpu_has_bf16, cpu_last_level_cache_bytes, onednn_off
 
 # Up to this many input rows (batch rows at one new token each), a sliced fp32 product multiplies each block
 # of weight rows by the inputs as columns, (out/S, in)·(in, M): MKL then streams every weight row once, as
@@ -291,22 +290,6 @@ def one_row_of_own_gemv(weight: Tensor | None, rows: int) -> bool:
     (learned positions through the general forward: 2.90 against 4.74; 600 tokens at block 1,024: 3.53
     against 6.84), the same tokens."""
     return weight is not None and rows == 1 and _own_gemv(weight)
-
-
-@contextlib.contextmanager
-def onednn_off(on: bool = True) -> Iterator[None]:
-    """Within the block (where `on`), CPU ops skip oneDNN for torch's own kernels; the switch is restored on
-    the way out, an error included. It is process-wide: an op another thread runs meanwhile skips oneDNN too,
-    with the same result up to rounding."""
-    if not on:
-        yield
-        return
-    onednn = torch._C._get_mkldnn_enabled()
-    torch._C._set_mkldnn_enabled(False)
-    try:
-        yield
-    finally:
-        torch._C._set_mkldnn_enabled(onednn)
 
 
 def _own_gemv(weight: Tensor) -> bool:

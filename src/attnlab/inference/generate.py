@@ -15,7 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import ConfigError
-from attnlab.inference.fast_decode import FastGPTDecoder, one_row_of_own_gemv, onednn_off
+from attnlab.inference.fast_decode import FastGPTDecoder, one_row_of_own_gemv
+from attnlab.training.device import onednn_off
 
 
 def sample_next(

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.registry import Registry
+from attnlab.training.device import onednn_off
 
 NATIVE_GELU_MAX = 8192  # elements: below this torch's own GELU kernel beat oneDNN's on the Zen 3 (above, slower)
 
@@ -17,18 +18,13 @@ def gelu(x: Tensor) -> Tensor:
     On the CPU torch hands an fp32 exact GELU to oneDNN, which costs ~10 µs a call however small the input
     (12 µs for 16 values on a Zen 3 EPYC, against 1.5 µs for torch's own kernel of the same function): a
     fifth of the non-matmul time of a decoding step at batch 1. Small fp32 CPU inputs therefore take
-    torch's kernel; large ones (training) keep oneDNN, which is faster there. (The switch is process-wide
-    for the duration of the call: an op another thread runs at that moment skips oneDNN too, with the same
-    result.)"""
+    torch's kernel; large ones (training) keep oneDNN, which is faster there (`onednn_off`, process-wide for
+    the call)."""
     if (x.numel() > NATIVE_GELU_MAX or x.device.type != "cpu" or x.dtype != torch.float32
             or torch.compiler.is_compiling()):
         return F.gelu(x)
-    enabled = torch._C._get_mkldnn_enabled()
-    torch._C._set_mkldnn_enabled(False)
-    try:
+    with onednn_off():
         return F.gelu(x)
-    finally:
-        torch._C._set_mkldnn_enabled(enabled)
 
 
 ACTIVATIONS: Registry = Registry("activation")
