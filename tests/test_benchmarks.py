@@ -47,6 +47,20 @@ def test_bench_attention_runs(tmp_path, capsys):
     assert (tmp_path / "a.json").is_file()
 
 
+@pytest.mark.slow
+def test_bench_dropout_runs(tmp_path, capsys):
+    import attnlab.modules.dropout as dropout_module
+
+    before = dropout_module.DROPOUT_MIN_ELEMENTS
+    results = load("bench_dropout").main(["--repeats", "1", "--json", str(tmp_path / "d.json")])
+    assert dropout_module.DROPOUT_MIN_ELEMENTS == before  # the steps' switch to torch's dropout is undone
+    assert len(results["op"]) == 8 and len(results["attention"]) == 3
+    assert {r["model"] for r in results["steps"]} == {"translation", "bert-mlm"}
+    assert all(r["torch"] > 0 and r["attnlab"] > 0 for part in ("op", "attention", "steps") for r in results[part])
+    assert (tmp_path / "d.json").is_file()
+    assert "training step" in capsys.readouterr().out
+
+
 def test_turns_wait_for_the_device_around_every_timed_call():
     """A GPU runs behind the host: each call is timed from an idle device to the end of its own work."""
     events = []

@@ -29,6 +29,7 @@ from attnlab.models.output import ModelOutput
 from attnlab.models.registry import register_family, register_preset
 from attnlab.modules.attention import key_mask
 from attnlab.modules.blocks import Encoder, LayerSpec
+from attnlab.modules.dropout import Dropout
 from attnlab.modules.feedforward import ACTIVATIONS
 from attnlab.modules.positions import POSITIONS, PositionScheme, build_position, check_compatible
 from attnlab.modules.variants import VARIANTS
@@ -136,7 +137,7 @@ class BertEmbeddings(nn.Module):
         self.position = position
         self.segment = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
         self.norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
 
     def forward(self, ids: Tensor, positions: Tensor, token_type_ids: Tensor | None) -> Tensor:
         x = self.token(ids)  # (B, T, D)
@@ -205,7 +206,7 @@ class BertModel(nn.Module):
         self.mlm = MaskedLMHead(c) if c.heads == "pretraining" else None
         self.nsp = nn.Linear(c.d_model, 2) if c.heads == "pretraining" and c.nsp else None
         if c.heads == "classification":
-            self.classifier_dropout = nn.Dropout(c.dropout if c.classifier_dropout is None
+            self.classifier_dropout = Dropout(c.dropout if c.classifier_dropout is None
                                                  else c.classifier_dropout)
             self.classifier = nn.Linear(c.d_model, c.n_classes)
         self.apply(self._init_weights)

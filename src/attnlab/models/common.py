@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.errors import AttnlabError
+from attnlab.modules.dropout import Dropout
 from attnlab.modules.positions import PositionScheme
 
 IGNORE_INDEX = -100
@@ -86,7 +87,7 @@ class Embedder(nn.Module):
         self.token = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.token.weight, std=init_std if init_std is not None else d_model ** -0.5)
         self.scale = math.sqrt(d_model) if scale else 1.0
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, ids: Tensor, positions: Tensor, position: PositionScheme) -> Tensor:
         x = self.token(ids)

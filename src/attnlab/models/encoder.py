@@ -34,6 +34,7 @@ from attnlab.models.output import ModelOutput
 from attnlab.models.registry import register_family, register_preset
 from attnlab.modules.attention import KVCache, key_mask
 from attnlab.modules.blocks import NORM_PLACEMENTS, Encoder, LayerSpec
+from attnlab.modules.dropout import Dropout
 from attnlab.modules.feedforward import ACTIVATIONS
 from attnlab.modules.positions import POSITIONS, build_position, check_compatible
 from attnlab.modules.variants import VARIANTS
@@ -168,7 +169,7 @@ class ClassificationHead(nn.Module):
     def __init__(self, config: EncoderConfig):
         super().__init__()
         self.pool = POOLINGS.get(config.pooling)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.proj = nn.Linear(config.d_model, config.n_classes)
 
     def forward(self, h: Tensor, keep: Tensor | None) -> Tensor:

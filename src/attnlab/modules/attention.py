@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.modules.dropout import dropout as attention_dropout
 from attnlab.training.device import onednn_fp32_matmul_on
 
 # --------------------------------------------------------------------------------------------------
@@ -84,7 +85,10 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
 # EXPLICIT_MAX_KEYS keys. In fp32 the fused kernel runs (the blocked path measured 0.96-1.12x its speed), except
 # while fp32 products go to oneDNN (`_onednn_fp32`): the fused kernel took 33 ms at (8, 6, 256, 64) there
 # against 21 without, the blocked path 23, and an fp32 training step at 6 layers x 384 wide, block 256, batch
-# 8 went 842-900 -> 791-820 ms. On GPUs the fused kernel runs.
+# 8 went 842-900 -> 791-820 ms. With dropout on a CPU the explicit path runs at every dtype: there the fused
+# kernel falls back to its math path and torch's slow dropout, and the explicit path with attnlab's `dropout`
+# was 1.5-1.9x faster (fp32, forward + backward, dropout 0.1, `benchmarks/bench_dropout.py`). On GPUs the
+# fused kernel runs.
 EXPLICIT_MAX_KEYS = 512
 QUERY_BLOCK = 256  # queries per block of the blocked paths
 WORKSPACE_BYTES = 32 << 20  # the most each of `_BlockedAttention`'s two kept scratch buffers may hold
@@ -161,7 +165,7 @@ def attention(
                 return _BlockedAttention.apply(q, k, v, scale, causal, keep, additive, hidden), None
             if causal and s > EXPLICIT_MAX_KEYS and _half_on_cpu(q) and mask is None:
                 return _blocked_causal_attention(q, k, v, dropout=dropout, scale=scale), None
-    if need_weights or prefers_explicit(q, s):
+    if need_weights or prefers_explicit(q, s) or (dropout > 0 and q.device.type == "cpu"):
         return _explicit_attention(q, k, v, mask=mask, bias=bias, causal=causal, dropout=dropout, scale=scale,
                                    need_weights=need_weights, may_hide_rows=may_hide_rows)
 
@@ -215,7 +219,7 @@ def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None,
     weights = torch.softmax(scores, dim=-1)
     if visible is not None:
         weights = weights.masked_fill(~visible, 0.0)
-    dropped = F.dropout(weights, p=dropout) if dropout > 0 else weights
+    dropped = attention_dropout(weights, dropout)
     return torch.matmul(dropped, v), (weights if need_weights else None)
 
 

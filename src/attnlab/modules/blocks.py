@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from attnlab.errors import ConfigError
 from attnlab.modules.attention import KVCache, MultiHeadAttention, PositionHook
+from attnlab.modules.dropout import Dropout
 from attnlab.modules.feedforward import FeedForward
 
 NORM_PLACEMENTS = ("post", "pre")
@@ -68,7 +69,7 @@ class _Residual(nn.Module):
     def __init__(self, spec: LayerSpec):
         super().__init__()
         self.norm = nn.LayerNorm(spec.d_model, eps=spec.layer_norm_eps)
-        self.dropout = nn.Dropout(spec.dropout)
+        self.dropout = Dropout(spec.dropout)
         self.pre = spec.norm == "pre"
 
     def forward(self, x: Tensor, fn) -> tuple[Tensor, Tensor | None]:

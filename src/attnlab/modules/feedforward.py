@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.modules.dropout import Dropout
 from attnlab.registry import Registry
 from attnlab.training.device import onednn_off
 
@@ -43,7 +44,7 @@ class FeedForward(nn.Module):
         self.fc1 = nn.Linear(d_model, d_ff, bias=bias)
         self.fc2 = nn.Linear(d_ff, d_model, bias=bias)
         self.act = ACTIVATIONS.get(activation)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.dropout(self.act(self.fc1(x))))
