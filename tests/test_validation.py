@@ -372,3 +372,34 @@ def test_mlm_text_without_sentence_pairs_is_refused_first(capsys, tmp_path, monk
     line = one_line_error(capsys, "train", str(Path(__file__).resolve().parents[1] / "configs" / "bert-mlm.toml"),
                           "--set", "data.path=one.txt", "--set", "train.device=cpu")
     assert "one.txt: no document has two sentences" in line and "one sentence per line" in line
+
+
+def test_bucketing_is_a_translation_setting(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(capsys, "train", *TINY, "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=1",
+                          "--set", "data.bucket_by_length=true")
+    assert line == ("attnlab: error: data.bucket_by_length applies to data.task = 'translation' only (this run's "
+                    "task is 'lm'); drop the setting")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("setting, bucketed", [(None, True), ("true", True), ("false", False)])
+def test_translation_batches_by_length_unless_told_not_to(tmp_path, setting, bucketed):
+    """Vaswani et al. batch sentence pairs by approximate length: so does a translation run by default, and
+    `data.bucket_by_length=false` gives uniformly random batches."""
+    from attnlab.training.recipe import load_run_config, prepare
+
+    # Sources of 1 to 24 words in shuffled order: random batches of 8 mix short and long ones.
+    rng = torch.Generator().manual_seed(0)
+    lengths = (torch.randperm(96, generator=rng) % 24 + 1).tolist()
+    lines = [" ".join(f"w{(i + j) % 7}" for j in range(n)) for i, n in enumerate(lengths)]
+    for name in ("src.txt", "tgt.txt"):
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    overrides = ["model.preset=seq2seq-tiny", "data.task=translation", "data.tokenizer=word", "train.batch_size=8",
+                 f"data.src_path={tmp_path / 'src.txt'}", f"data.tgt_path={tmp_path / 'tgt.txt'}"]
+    if setting is not None:
+        overrides.append(f"data.bucket_by_length={setting}")
+    source = prepare(load_run_config(None, overrides)).train_source
+    real = [source.batch(step)["src_mask"].float().mean().item() for step in range(source.steps_per_epoch)]
+    share = sum(real) / len(real)  # the share of real tokens in the batches of an epoch
+    assert (share > 0.9) if bucketed else (share < 0.75)

@@ -68,6 +68,10 @@ class DataConfig(Config):
         val_fraction: lm, mlm: share of the text kept for validation when no eval_path is given.
         mask_prob: mlm: share of the tokens masked (of those, 80 % become the mask token, 10 % a random
             token, 10 % stay).
+        bucket_by_length: translation: batch sentence pairs of similar source length together, as Vaswani et
+            al. 2017 did (5.1: "batched together by approximate sequence length"), so a batch holds little
+            padding (Multi30k, batches of 64: 96 % of the source tokens real, against 46 % in random batches);
+            false: uniformly random batches. Default (unset): on for translation; other tasks take none.
     """
 
     task: str = "lm"
@@ -85,6 +89,7 @@ class DataConfig(Config):
     max_length: int = 128
     val_fraction: float = 0.1
     mask_prob: float = 0.15
+    bucket_by_length: bool | None = None
 
     def __post_init__(self):
         check_choice("data.task", self.task, TASKS)
@@ -108,6 +113,9 @@ class DataConfig(Config):
         if self.text_column is not None and self.text_column == self.label_column:
             raise ConfigError(f"data.text_column and data.label_column are both {self.text_column!r}, so the labels "
                               "would be read as the text; set data.text_column to the column of the texts")
+        if self.bucket_by_length is not None and self.task != "translation":
+            raise ConfigError(f"data.bucket_by_length applies to data.task = 'translation' only (this run's task is "
+                              f"'{self.task}'); drop the setting")
         if self.task == "classification" and not self.path:
             raise ConfigError("data.task = 'classification' needs data.path (a TSV, CSV or JSONL file)")
         # The least length that holds the task's special tokens and one token of text.
@@ -636,7 +644,8 @@ def _prepare_translation(run: RunConfig, saved: Path | None) -> Prepared:
     tokenizer = _tokenizer(run, src_lines + tgt_lines, saved)
     # The paths, not the lines read above, so that an error (files of different lengths) names the files.
     train_source = ParallelTextSource(d.src_path, d.tgt_path, tokenizer, tokenizer, t.batch_size,
-                                      max_src_length=d.max_length, max_tgt_length=d.max_length, seed=t.seed)
+                                      max_src_length=d.max_length, max_tgt_length=d.max_length, seed=t.seed,
+                                      bucket_by_length=d.bucket_by_length is not False)
     eval_source = None
     if d.eval_src_path:  # and d.eval_tgt_path: DataConfig requires both or neither
         eval_source = ParallelTextSource(d.eval_src_path, d.eval_tgt_path, tokenizer, tokenizer, t.batch_size,
