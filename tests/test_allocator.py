@@ -82,3 +82,26 @@ def test_the_users_choice_stands(env):
 def test_off_linux_nothing_happens(monkeypatch):
     monkeypatch.setattr(sys, "platform", "darwin")
     assert allocator.keep_freed_memory() is False
+
+
+def test_the_onednn_cache_bound_is_set_unless_the_user_set_one(monkeypatch):
+    for name in allocator._ONEDNN_CACHE_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    assert allocator.bound_onednn_cache() is True
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(allocator.ONEDNN_CACHE_PRIMITIVES)
+    for name, value in (("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "2048"), ("DNNL_PRIMITIVE_CACHE_CAPACITY", "0")):
+        for other in allocator._ONEDNN_CACHE_SETTINGS:
+            monkeypatch.delenv(other, raising=False)
+        monkeypatch.setenv(name, value)
+        assert allocator.bound_onednn_cache() is False
+        assert os.environ[name] == value and all(os.environ.get(o) is None for o in allocator._ONEDNN_CACHE_SETTINGS
+                                                 if o != name)
+
+
+def test_the_command_bounds_the_onednn_cache_at_start():
+    probe = ("import attnlab.cli, os; attnlab.cli.main = lambda: None; "
+             "from attnlab.__main__ import run; run(); print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))")
+    clean = {k: v for k, v in os.environ.items() if k not in allocator._ONEDNN_CACHE_SETTINGS}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=clean,
+                          check=True)
+    assert done.stdout.split() == [str(allocator.ONEDNN_CACHE_PRIMITIVES)]

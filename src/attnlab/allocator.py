@@ -10,7 +10,8 @@ processes, alternating): shape A (4 layers, 128 wide) 24.5-25.8 -> 22.4-23.9 ms,
 540-553 -> 466-477 ms. The price: the process holds on to the memory of its peak until it exits, which a
 training run reaches every step anyway.
 
-The command line applies this at start (`attnlab.__main__`); the library does not, as it is process-wide.
+The command line applies this at start (`attnlab.__main__`), with a bound on oneDNN's cache of compiled products
+(`bound_onednn_cache`, below); the library does not, as both are process-wide.
 `ATTNLAB_MALLOC=system` keeps glibc's defaults, and so does any allocator setting of the user's own
 (`MALLOC_*_` variables, `GLIBC_TUNABLES`, or jemalloc/tcmalloc through `LD_PRELOAD`).
 """
@@ -53,3 +54,23 @@ def keep_freed_memory() -> bool:
     if not any(mallopt(_M_MMAP_THRESHOLD, size) == 1 for size in _MMAP_THRESHOLDS):
         return False
     return all([mallopt(param, value) == 1 for param, value in _SETTINGS])
+
+
+# oneDNN (torch's bf16 matrix products on a CPU) keeps a compiled primitive, with memory of its own, for each
+# shape it has seen, up to 1,024 of them by default. A training step of fixed shapes (a GPT on fixed windows)
+# needs a few dozen; batches of varying lengths (translation, batched by length) make new ones for many steps:
+# 400 bf16 steps of the translation config's model on batches of 4-39 by 4-39 tokens grew to 2,200 MiB resident
+# (717 with one shape throughout; 3,225 with freed memory kept, as the command runs). With at most 64 or 256
+# primitives 1,574 and 1,904; with at most 128 and freed memory kept 2,114 against 3,225; the same speed within
+# noise (Zen 4, 2026-11-25).
+ONEDNN_CACHE_PRIMITIVES = 128
+_ONEDNN_CACHE_SETTINGS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
+
+
+def bound_onednn_cache() -> bool:
+    """Keep at most ONEDNN_CACHE_PRIMITIVES of oneDNN's compiled primitives (see the note above); True if it
+    applied. Effective before the process's first oneDNN product; a setting of the user's own stands."""
+    if any(name in os.environ for name in _ONEDNN_CACHE_SETTINGS):
+        return False
+    os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(ONEDNN_CACHE_PRIMITIVES)
+    return True

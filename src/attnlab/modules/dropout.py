@@ -10,7 +10,7 @@ torch's. The same generator and seed make the same masks; only the stream differ
 
 Elsewhere torch's own dropout runs: on GPUs (whose generator is fast), under `torch.compile`, for small
 tensors (below DROPOUT_MIN_ELEMENTS, where the extra calls cost more than they save), and where rounding would
-move the probability by more than 0.1 % of itself (p below ~0.008, or 1).
+move the probability by more than 0.1 % of itself (most p below 0.0076, and p = 1).
 """
 
 from __future__ import annotations
