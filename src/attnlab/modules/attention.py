@@ -87,7 +87,7 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
 # against 21 without, the blocked path 23, and an fp32 training step at 6 layers x 384 wide, block 256, batch
 # 8 went 842-900 -> 791-820 ms. With dropout on a CPU the explicit path runs at every dtype: there the fused
 # kernel falls back to its math path and torch's slow dropout, and the explicit path with attnlab's `dropout`
-# was 1.5-1.9x faster (fp32, forward + backward, dropout 0.1, `benchmarks/bench_dropout.py`). On GPUs the
+# was 1.4-2.0x faster (fp32, forward + backward, dropout 0.1, `benchmarks/bench_dropout.py`). On GPUs the
 # fused kernel runs.
 EXPLICIT_MAX_KEYS = 512
 QUERY_BLOCK = 256  # queries per block of the blocked paths
