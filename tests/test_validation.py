@@ -374,12 +374,12 @@ def test_mlm_text_without_sentence_pairs_is_refused_first(capsys, tmp_path, monk
     assert "one.txt: no document has two sentences" in line and "one sentence per line" in line
 
 
-def test_bucketing_is_a_translation_setting(capsys, tmp_path, monkeypatch):
+def test_bucketing_is_a_setting_of_padded_tasks(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     line = one_line_error(capsys, "train", *TINY, "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=1",
                           "--set", "data.bucket_by_length=true")
-    assert line == ("attnlab: error: data.bucket_by_length applies to data.task = 'translation' only (this run's "
-                    "task is 'lm'); drop the setting")
+    assert line == ("attnlab: error: data.bucket_by_length applies to data.task = 'translation' or "
+                    "'classification' (this run's task is 'lm'); drop the setting")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -402,4 +402,23 @@ def test_translation_batches_by_length_unless_told_not_to(tmp_path, setting, buc
     source = prepare(load_run_config(None, overrides)).train_source
     real = [source.batch(step)["src_mask"].float().mean().item() for step in range(source.steps_per_epoch)]
     share = sum(real) / len(real)  # the share of real tokens in the batches of an epoch
+    assert (share > 0.9) if bucketed else (share < 0.75)
+
+
+@pytest.mark.parametrize("setting, bucketed", [(None, True), ("false", False)])
+def test_classification_batches_by_length_unless_told_not_to(tmp_path, setting, bucketed):
+    from attnlab.training.recipe import load_run_config, prepare
+
+    rng = torch.Generator().manual_seed(0)
+    lengths = (torch.randperm(96, generator=rng) % 24 + 1).tolist()
+    texts = [" ".join(f"w{(i + j) % 7}" for j in range(n)) for i, n in enumerate(lengths)]
+    rows = ["text\tlabel"] + [f"{text}\t{i % 2}" for i, text in enumerate(texts)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    overrides = ["model.preset=encoder-tiny", "data.task=classification", "data.tokenizer=word", "train.batch_size=8",
+                 f"data.path={tmp_path / 'train.tsv'}", "data.text_column=text", "data.label_column=label"]
+    if setting is not None:
+        overrides.append(f"data.bucket_by_length={setting}")
+    source = prepare(load_run_config(None, overrides)).train_source
+    real = [source.batch(step)["attention_mask"].float().mean().item() for step in range(source.steps_per_epoch)]
+    share = sum(real) / len(real)
     assert (share > 0.9) if bucketed else (share < 0.75)

@@ -579,6 +579,7 @@ class ClassificationSource(_ExampleSource):
         label_names: the label list shared by all splits (pass the training set's `label_names` to
             the dev set so ids agree); default: this data's sorted labels.
         prefix_ids, suffix_ids: ids put around every text, e.g. `[tok.cls_id]` and `[tok.sep_id]`.
+        bucket_by_length: batch texts of similar length together (less padding).
     """
 
     def __init__(
@@ -592,6 +593,7 @@ class ClassificationSource(_ExampleSource):
         label_names: Sequence[str] | None = None,
         prefix_ids: Sequence[int] = (),
         suffix_ids: Sequence[int] = (),
+        bucket_by_length: bool = False,
     ):
         _check_common(batch_size, seed)
         if any(i is None for i in (*prefix_ids, *suffix_ids)):
@@ -617,7 +619,8 @@ class ClassificationSource(_ExampleSource):
         else:
             self.label_names = list(label_names or ())
             self.label_ids = None
-        self._order = _EpochOrder(len(self.examples), batch_size, seed)
+        lengths = np.array([len(ids) for ids in self.examples], dtype=np.int64) if bucket_by_length else None
+        self._order = _EpochOrder(len(self.examples), batch_size, seed, lengths)
 
     @classmethod
     def from_file(
