@@ -207,7 +207,7 @@ class BertModel(nn.Module):
         self.nsp = nn.Linear(c.d_model, 2) if c.heads == "pretraining" and c.nsp else None
         if c.heads == "classification":
             self.classifier_dropout = Dropout(c.dropout if c.classifier_dropout is None
-                                                 else c.classifier_dropout)
+                                              else c.classifier_dropout)
             self.classifier = nn.Linear(c.d_model, c.n_classes)
         self.apply(self._init_weights)
         if self.mlm is not None and c.tie_output:
