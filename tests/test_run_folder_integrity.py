@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -374,3 +375,27 @@ def test_a_run_over_another_does_not_keep_its_best_checkpoint(capsys, monkeypatc
     assert not (lm_copy / "best").exists() and not (lm_copy / ".best.old").exists()
     line = one_line_error(capsys, "generate", str(lm_copy), "--best", "--prompt", "a", "-n", "2")
     assert "best" in line
+
+
+@pytest.mark.parametrize("saved, given, warned", [("absent", None, True), (None, "true", False),
+                                                  (None, "false", True), (False, None, True)])
+def test_resuming_warns_when_length_batching_changes(capsys, tmp_path, cls_run, saved, given, warned):
+    """A checkpoint from before `data.bucket_by_length` (no such key) trained on random batches: resumed under
+    today's default it continues on other batches than it would have, and says so. Unset and true are the same."""
+    run = tmp_path / "run"
+    shutil.copytree(cls_run, run)
+    state_file = run / "checkpoint" / "trainer_state.json"
+    state = json.loads(state_file.read_text(encoding="utf-8"))
+    if saved == "absent":
+        del state["extra_state"]["data"]["bucket_by_length"]
+    else:
+        state["extra_state"]["data"]["bucket_by_length"] = saved
+    state_file.write_text(json.dumps(state), encoding="utf-8")
+    extra = [] if given is None else ["--set", f"data.bucket_by_length={given}"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, _, err = run_cli(capsys, "train", "--resume",
+                               *_classifier(cls_run.parent / "train.tsv", run, steps=21), *extra)
+    assert code == 0, err
+    said = " ".join(str(w.message) for w in caught) + err
+    assert ("data.bucket_by_length" in said) is warned

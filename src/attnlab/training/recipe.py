@@ -814,7 +814,10 @@ def _warn_changed_data(checkpoint: Path, data: dict[str, Any]) -> None:
         return
     if not isinstance(saved, dict):  # a checkpoint of a run that did not record them
         return
-    changed = [key for key in data if key in saved and json.dumps(saved[key]) != json.dumps(data[key])]
+    changed = [key for key in data if key in saved and key != "bucket_by_length"
+               and json.dumps(saved[key]) != json.dumps(data[key])]
+    if _batches_by_length(saved) != _batches_by_length(data):  # compared as what the runs did
+        changed.append("bucket_by_length")
     kept = [key for key in changed if key in _TOKENIZER_SETTINGS]
     other = [key for key in changed if key not in _TOKENIZER_SETTINGS]
     if other:
@@ -826,6 +829,14 @@ def _warn_changed_data(checkpoint: Path, data: dict[str, Any]) -> None:
 
 
 _TOKENIZER_SETTINGS = ("tokenizer", "vocab_size")  # a resumed run reads its saved tokenizer instead
+
+
+def _batches_by_length(data: dict[str, Any]) -> bool:
+    """Whether a run of these data settings sorts its batches by length: unset means yes for translation and
+    classification, and a checkpoint from before the setting existed (2026-11-25) did not."""
+    if "bucket_by_length" not in data:
+        return False
+    return data["bucket_by_length"] is not False and data.get("task") in ("translation", "classification")
 
 
 def _label_state(info: dict[str, Any]) -> dict[str, Any]:
