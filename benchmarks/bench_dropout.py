@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from turns import time_in_turns
 
 import attnlab.modules.dropout as dropout_module
+from attnlab.models.registry import build_model
 from attnlab.modules.attention import attention
 from attnlab.modules.dropout import dropout
 from attnlab.training.device import resolve_precision, select_device, synchronize
@@ -84,14 +85,13 @@ def models(device) -> dict:
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": segments,
                 "labels": labels, "next_sentence_label": torch.randint(0, 2, (32,), generator=g)}
 
-    from attnlab.models.registry import build_model
-
     out = {}
-    for name, config, make in (("translation", seq2seq, translation_batch), ("bert-mlm", bert, bert_batch)):
+    for name, config, make, train in (("translation", seq2seq, translation_batch, run.train),
+                                      ("bert-mlm", bert, bert_batch, bert_run.train)):
         torch.manual_seed(0)
         model = build_model(config).to(device).train()
         batches = [{k: v.to(device) for k, v in make().items()} for _ in range(8)]
-        out[name] = (model, batches, build_optimizer(model, run.train, device))
+        out[name] = (model, batches, build_optimizer(model, train, device))
     return out
 
 

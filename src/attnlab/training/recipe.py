@@ -47,6 +47,9 @@ TASK_FAMILIES = {"lm": ("gpt", "encoder"), "classification": ("encoder", "bert")
 TOKENIZER_KINDS = ("char", "word", "bpe", "wordpiece")
 
 
+BUCKETED_TASKS = ("translation", "classification")  # tasks of padded batches, sorted by length by default
+
+
 @dataclass
 class DataConfig(Config):
     """Where the data comes from and how it becomes batches.
@@ -92,6 +95,11 @@ class DataConfig(Config):
     mask_prob: float = 0.15
     bucket_by_length: bool | None = None
 
+    @property
+    def batches_by_length(self) -> bool:
+        """Whether the training batches are sorted by length (`bucket_by_length`, unset = the task's default)."""
+        return _batches_by_length(self.to_dict())
+
     def __post_init__(self):
         check_choice("data.task", self.task, TASKS)
         check_choice("data.tokenizer", self.tokenizer, TOKENIZER_KINDS)
@@ -114,7 +122,7 @@ class DataConfig(Config):
         if self.text_column is not None and self.text_column == self.label_column:
             raise ConfigError(f"data.text_column and data.label_column are both {self.text_column!r}, so the labels "
                               "would be read as the text; set data.text_column to the column of the texts")
-        if self.bucket_by_length is not None and self.task not in ("translation", "classification"):
+        if self.bucket_by_length is not None and self.task not in BUCKETED_TASKS:
             raise ConfigError(f"data.bucket_by_length applies to data.task = 'translation' or 'classification' (this "
                               f"run's task is '{self.task}'); drop the setting")
         if self.task == "classification" and not self.path:
@@ -611,8 +619,7 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
     tokenizer = _tokenizer(run, train_data.texts, saved)
     prefix = [tokenizer.cls_id] if tokenizer.cls_id is not None else []
     train_source = ClassificationSource(train_data, tokenizer, t.batch_size, max_length=d.max_length,
-                                        seed=t.seed, prefix_ids=prefix,
-                                        bucket_by_length=d.bucket_by_length is not False)
+                                        seed=t.seed, prefix_ids=prefix, bucket_by_length=d.batches_by_length)
     eval_source = None
     if d.eval_path:
         eval_data = read_classification_file(d.eval_path, parse_column(d.text_column),
@@ -647,7 +654,7 @@ def _prepare_translation(run: RunConfig, saved: Path | None) -> Prepared:
     # The paths, not the lines read above, so that an error (files of different lengths) names the files.
     train_source = ParallelTextSource(d.src_path, d.tgt_path, tokenizer, tokenizer, t.batch_size,
                                       max_src_length=d.max_length, max_tgt_length=d.max_length, seed=t.seed,
-                                      bucket_by_length=d.bucket_by_length is not False)
+                                      bucket_by_length=d.batches_by_length)
     eval_source = None
     if d.eval_src_path:  # and d.eval_tgt_path: DataConfig requires both or neither
         eval_source = ParallelTextSource(d.eval_src_path, d.eval_tgt_path, tokenizer, tokenizer, t.batch_size,
@@ -836,7 +843,7 @@ def _batches_by_length(data: dict[str, Any]) -> bool:
     classification, and a checkpoint from before the setting existed (2026-11-25) did not."""
     if "bucket_by_length" not in data:
         return False
-    return data["bucket_by_length"] is not False and data.get("task") in ("translation", "classification")
+    return data["bucket_by_length"] is not False and data.get("task") in BUCKETED_TASKS
 
 
 def _label_state(info: dict[str, Any]) -> dict[str, Any]:
