@@ -135,9 +135,10 @@ def test_classification_train_and_evaluate(tmp_path, capsys):
     assert code == 2 and "does not generate" in err
 
 
-def test_translation_train_generate_evaluate(tmp_path, capsys):
+def test_translation_train_generate_evaluate(tmp_path, capsys, monkeypatch):
     """A tiny Transformer learns to reverse four 5-word sentences: its greedy and beam translations then
-    score BLEU 100 (sentences of at least four words: BLEU counts 4-grams), and generate translates."""
+    score BLEU 100 (sentences of at least four words: BLEU counts 4-grams), and generate translates.
+    `evaluate` translates sentences sorted by length and scores them in file order."""
     src = tmp_path / "train.src"
     tgt = tmp_path / "train.tgt"
     sentences = ["a b c d e", "b c d e a", "c a e b d", "e d b a c"]
@@ -171,6 +172,30 @@ def test_translation_train_generate_evaluate(tmp_path, capsys):
     code, _, err = run_cli(capsys, "evaluate", str(out), "--data", str(src), "--target", str(tgt), "--beam-size", "0",
                            "--device", "cpu")
     assert code == 2 and "--beam-size must be at least 1" in err
+
+    import sacrebleu
+
+    from attnlab.inference.generate import greedy_translate
+    from attnlab.inference.runs import load_run
+
+    mixed = ["e d", "a b c d e", "c", "b c d e a d c", "d a", "c a e b d", "b"]  # lengths out of order
+    (tmp_path / "mixed.src").write_text("\n".join(mixed) + "\n", encoding="utf-8")
+    (tmp_path / "mixed.tgt").write_text("\n".join(" ".join(reversed(s.split())) for s in mixed) + "\n",
+                                        encoding="utf-8")
+    scored = []
+    real_bleu = sacrebleu.corpus_bleu
+    monkeypatch.setattr(sacrebleu, "corpus_bleu", lambda hyps, refs: scored.append(hyps) or real_bleu(hyps, refs))
+    code, _, err = run_cli(capsys, "evaluate", str(out), "--data", str(tmp_path / "mixed.src"), "--target",
+                           str(tmp_path / "mixed.tgt"), "--batch-size", "3", "--device", "cpu")
+    assert code == 0, err
+    run = load_run(out, "cpu")
+    alone = []
+    for sentence in mixed:
+        ids = greedy_translate(run.model, torch.tensor([run.tokenizer.encode(sentence)]), max_len=64)[0]
+        alone.append(run.tokenizer.decode(ids, skip_special_tokens=True))
+    by_length = sorted(range(len(mixed)), key=lambda i: len(mixed[i].split()))
+    assert [alone[i] for i in by_length] != alone  # so hypotheses left in the sorted order would show
+    assert scored == [alone]
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -19,6 +19,7 @@ from attnlab.data.sources import (
     MLMSource,
     NSPPairs,
     ParallelTextSource,
+    evaluation_batches,
     mask_tokens,
     pad_batch,
 )
@@ -529,6 +530,40 @@ def test_parallel_bucketing_reduces_padding():
 
     assert padding(bucketed) < padding(plain) / 3
     assert sorted(i for s in range(50) for i in bucketed.indices(s).tolist()) == list(range(400))
+
+
+@pytest.mark.parametrize("max_batches", [None, 3])
+def test_evaluation_sorted_by_length_holds_the_examples_file_order_would(max_batches):
+    """With bucket_by_length, evaluation batches sentences sorted by source, then target length: every example
+    once, and under a batch limit the same examples as the first batches in file order (not the shortest)."""
+    src = [" ".join(["w"] * (1 + (i * 37) % 40)) for i in range(100)]
+    tgt = [" ".join(["w"] * (1 + (i * 11) % 7)) for i in range(100)]
+    tok = WordTokenizer.train(["w"])
+    plain = ParallelTextSource(src, tgt, tok, tok, batch_size=8, seed=0)
+    bucketed = ParallelTextSource(src, tgt, tok, tok, batch_size=8, seed=0, bucket_by_length=True)
+    in_file_order = np.concatenate(plain.eval_indices(8, max_batches))
+    assert in_file_order.tolist() == list(range(len(in_file_order)))
+    batches = bucketed.eval_indices(8, max_batches)
+    order = np.concatenate(batches)
+    assert sorted(order.tolist()) == in_file_order.tolist()
+    keys = [(len(bucketed.src[i]), len(bucketed.tgt[i])) for i in order.tolist()]
+    assert keys == sorted(keys)
+    assert [len(b) for b in batches] == [len(b) for b in plain.eval_indices(8, max_batches)]
+
+    def real_share(source):
+        masks = [b["src_mask"] for b in evaluation_batches(source, 8, max_batches)]
+        return sum(m.sum().item() for m in masks) / sum(m.numel() for m in masks)
+
+    assert real_share(bucketed) > real_share(plain) + 0.15
+    assert max_batches or real_share(bucketed) > 0.9 > 0.6 > real_share(plain)
+
+
+def test_evaluation_batches_limits_any_source():
+    source = CausalLMSource(np.arange(1000) % 50, block_size=10, batch_size=4, seed=0)
+    every = list(source.iter_batches(4))
+    first = list(evaluation_batches(source, 4, 3))
+    assert len(first) == 3 < len(every) and all(equal_batches(a, b) for a, b in zip(first, every))
+    assert len(list(evaluation_batches(source, 4, 0))) == len(every)
 
 
 def test_parallel_mismatched_files(tmp_path):

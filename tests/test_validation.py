@@ -385,8 +385,10 @@ def test_bucketing_is_a_setting_of_padded_tasks(capsys, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("setting, bucketed", [(None, True), ("true", True), ("false", False)])
 def test_translation_batches_by_length_unless_told_not_to(tmp_path, setting, bucketed):
-    """Vaswani et al. batch sentence pairs by approximate length: so does a translation run by default, and
-    `data.bucket_by_length=false` gives uniformly random batches."""
+    """Vaswani et al. batch sentence pairs by approximate length: so does a translation run by default, in
+    training and in evaluation, and `data.bucket_by_length=false` gives uniformly random batches (evaluation in
+    file order)."""
+    from attnlab.data.sources import evaluation_batches
     from attnlab.training.recipe import load_run_config, prepare
 
     # Sources of 1 to 24 words in shuffled order: random batches of 8 mix short and long ones.
@@ -396,17 +398,23 @@ def test_translation_batches_by_length_unless_told_not_to(tmp_path, setting, buc
     for name in ("src.txt", "tgt.txt"):
         (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     overrides = ["model.preset=seq2seq-tiny", "data.task=translation", "data.tokenizer=word", "train.batch_size=8",
-                 f"data.src_path={tmp_path / 'src.txt'}", f"data.tgt_path={tmp_path / 'tgt.txt'}"]
+                 f"data.src_path={tmp_path / 'src.txt'}", f"data.tgt_path={tmp_path / 'tgt.txt'}",
+                 f"data.eval_src_path={tmp_path / 'src.txt'}", f"data.eval_tgt_path={tmp_path / 'tgt.txt'}"]
     if setting is not None:
         overrides.append(f"data.bucket_by_length={setting}")
-    source = prepare(load_run_config(None, overrides)).train_source
+    prep = prepare(load_run_config(None, overrides))
+    source = prep.train_source
     real = [source.batch(step)["src_mask"].float().mean().item() for step in range(source.steps_per_epoch)]
     share = sum(real) / len(real)  # the share of real tokens in the batches of an epoch
+    assert (share > 0.9) if bucketed else (share < 0.75)
+    masks = [batch["src_mask"] for batch in evaluation_batches(prep.eval_source, 8)]
+    share = sum(m.sum().item() for m in masks) / sum(m.numel() for m in masks)
     assert (share > 0.9) if bucketed else (share < 0.75)
 
 
 @pytest.mark.parametrize("setting, bucketed", [(None, True), ("false", False)])
 def test_classification_batches_by_length_unless_told_not_to(tmp_path, setting, bucketed):
+    from attnlab.data.sources import evaluation_batches
     from attnlab.training.recipe import load_run_config, prepare
 
     rng = torch.Generator().manual_seed(0)
@@ -415,10 +423,15 @@ def test_classification_batches_by_length_unless_told_not_to(tmp_path, setting, 
     rows = ["text\tlabel"] + [f"{text}\t{i % 2}" for i, text in enumerate(texts)]
     (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
     overrides = ["model.preset=encoder-tiny", "data.task=classification", "data.tokenizer=word", "train.batch_size=8",
-                 f"data.path={tmp_path / 'train.tsv'}", "data.text_column=text", "data.label_column=label"]
+                 f"data.path={tmp_path / 'train.tsv'}", f"data.eval_path={tmp_path / 'train.tsv'}",
+                 "data.text_column=text", "data.label_column=label"]
     if setting is not None:
         overrides.append(f"data.bucket_by_length={setting}")
-    source = prepare(load_run_config(None, overrides)).train_source
+    prep = prepare(load_run_config(None, overrides))
+    source = prep.train_source
     real = [source.batch(step)["attention_mask"].float().mean().item() for step in range(source.steps_per_epoch)]
     share = sum(real) / len(real)
+    assert (share > 0.9) if bucketed else (share < 0.75)
+    masks = [batch["attention_mask"] for batch in evaluation_batches(prep.eval_source, 8)]
+    share = sum(m.sum().item() for m in masks) / sum(m.numel() for m in masks)
     assert (share > 0.9) if bucketed else (share < 0.75)

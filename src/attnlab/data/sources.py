@@ -13,12 +13,15 @@ Batch dicts hold torch tensors (B = batch, T = time, S = source time):
 - seq2seq: `src_ids`, `src_mask` (B, S), `tgt_ids` (B, T) starting with bos, `labels` (B, T) ending
   with eos and -100 on padding.
 
-Every source also has `iter_batches(batch_size)`, which walks its data once in order (evaluation).
+Every source also has `iter_batches(batch_size)`, which walks its data once (evaluation): in order, or,
+for translation and classification built with `bucket_by_length`, sorted by length (`evaluation_batches` takes
+the first batches of any source without biasing that choice toward short examples).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import warnings
@@ -42,6 +45,7 @@ __all__ = [
     "MaskSpec",
     "NSPPairs",
     "ParallelTextSource",
+    "evaluation_batches",
     "mask_tokens",
     "pad_batch",
     "read_classification_file",
@@ -197,10 +201,12 @@ class _EpochOrder:
 
 
 class _ExampleSource:
-    """Shared by sources over a finite list of examples: `batch(step)` via `_EpochOrder`, in-order eval."""
+    """Shared by sources over a finite list of examples: `batch(step)` via `_EpochOrder`; evaluation in file
+    order, or sorted by `_eval_keys` (primary key first) when the source batches by length."""
 
     batch_size: int
     _order: _EpochOrder
+    _eval_keys: tuple[np.ndarray, ...] | None = None
 
     def __len__(self) -> int:
         return self._order.n
@@ -216,14 +222,34 @@ class _ExampleSource:
     def batch(self, step: int) -> Batch:
         return self.collate(self._order.indices(step))
 
-    def iter_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
-        """Every example once, in file order; the last batch may be smaller."""
+    def eval_indices(self, batch_size: int | None = None, max_batches: int | None = None) -> list[np.ndarray]:
+        """The example indices of each evaluation batch: the first `max_batches` batches' worth of examples in
+        file order (all without it), sorted by length when the source batches by length, so that a batch
+        pads little; the last batch may be smaller."""
         size = batch_size or self.batch_size
-        for start in range(0, len(self), size):
-            yield self.collate(np.arange(start, min(start + size, len(self))))
+        n = len(self) if not max_batches else min(len(self), max_batches * size)
+        order = np.arange(n)
+        if self._eval_keys is not None:  # np.lexsort sorts by its last key first; it is stable
+            order = np.lexsort(tuple(key[:n] for key in reversed(self._eval_keys)))
+        return [order[start:start + size] for start in range(0, n, size)]
+
+    def iter_batches(self, batch_size: int | None = None, max_batches: int | None = None) -> Iterator[Batch]:
+        """Every example once (or the first `max_batches` batches' worth), batched by `eval_indices`."""
+        for indices in self.eval_indices(batch_size, max_batches):
+            yield self.collate(indices)
 
     def collate(self, indices: np.ndarray) -> Batch:
         raise NotImplementedError
+
+
+def evaluation_batches(source: BatchSource, batch_size: int, max_batches: int | None = None) -> Iterator[Batch]:
+    """The evaluation batches of `source`, at most `max_batches` of them (all with None or 0). A source that
+    sorts its evaluation by length sorts only the examples those batches hold, the same ones as in file
+    order, so a limit does not pick the shortest examples."""
+    if isinstance(source, _ExampleSource):
+        return source.iter_batches(batch_size, max_batches or None)
+    batches = source.iter_batches(batch_size)
+    return itertools.islice(batches, max_batches) if max_batches else batches
 
 
 # ------------------------------------------------------------------------------------------------
@@ -579,7 +605,8 @@ class ClassificationSource(_ExampleSource):
         label_names: the label list shared by all splits (pass the training set's `label_names` to
             the dev set so ids agree); default: this data's sorted labels.
         prefix_ids, suffix_ids: ids put around every text, e.g. `[tok.cls_id]` and `[tok.sep_id]`.
-        bucket_by_length: batch texts of similar length together (less padding).
+        bucket_by_length: batch texts of similar length together (less padding), in training and in
+            evaluation (`iter_batches`, sorted by length).
     """
 
     def __init__(
@@ -619,8 +646,9 @@ class ClassificationSource(_ExampleSource):
         else:
             self.label_names = list(label_names or ())
             self.label_ids = None
-        lengths = np.array([len(ids) for ids in self.examples], dtype=np.int64) if bucket_by_length else None
-        self._order = _EpochOrder(len(self.examples), batch_size, seed, lengths)
+        lengths = np.array([len(ids) for ids in self.examples], dtype=np.int64)
+        self._order = _EpochOrder(len(self.examples), batch_size, seed, lengths if bucket_by_length else None)
+        self._eval_keys = (lengths,) if bucket_by_length else None
 
     @classmethod
     def from_file(
@@ -660,7 +688,8 @@ class ParallelTextSource(_ExampleSource):
     Args:
         src_path, tgt_path: the files, or lists of lines.
         max_src_length, max_tgt_length: cut longer sentences (the target length counts bos/eos).
-        bucket_by_length: batch sentences of similar source length together (less padding).
+        bucket_by_length: batch sentences of similar source length together (less padding); evaluation
+            (`iter_batches`) sorts them by source, then target length.
     """
 
     def __init__(
@@ -712,8 +741,10 @@ class ParallelTextSource(_ExampleSource):
             _warn_cut([len(ids) for ids in tgt_ids], body, "target sentences", "data.max_length", 1)
         self.src = [ids[:max_src_length] for ids in src_ids]
         self.tgt = [ids[:body] for ids in tgt_ids]
-        lengths = np.array([len(s) for s in self.src], dtype=np.int64) if bucket_by_length else None
-        self._order = _EpochOrder(len(self.src), batch_size, seed, lengths)
+        lengths = np.array([len(s) for s in self.src], dtype=np.int64)
+        self._order = _EpochOrder(len(self.src), batch_size, seed, lengths if bucket_by_length else None)
+        # Evaluation sorts by target length too: its loss reads whole targets (teacher forcing).
+        self._eval_keys = (lengths, np.array([len(t) for t in self.tgt], dtype=np.int64)) if bucket_by_length else None
 
     def collate(self, indices: np.ndarray) -> Batch:
         idx = indices.tolist()

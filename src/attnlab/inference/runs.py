@@ -315,7 +315,7 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, 
                         "the classifier can only score the classes it was trained on")
     prefix = [tok.cls_id] if tok.cls_id is not None else []
     source = ClassificationSource(examples, tok, batch_size, max_length=d.get("max_length", 128),
-                                  label_names=labels, prefix_ids=prefix)
+                                  label_names=labels, prefix_ids=prefix, bucket_by_length=True)
     values, sizes = evaluate_batches(model, source.iter_batches(batch_size), classification_counts)
     return {"loss": values["loss"], "accuracy": values["accuracy"], "examples": sizes["accuracy"]}
 
@@ -332,18 +332,19 @@ def _evaluate_translation(run: LoadedRun, data: str | Path, target: str | Path |
         raise ConfigError("a translation model needs --target REFERENCES (one translation per line of --data)")
     tok, model, d = run.tokenizer, run.model, run.data
     max_length = d.get("max_length", 128)
+    # Batches of sentences of similar length: less padding, and a greedy or beam batch ends sooner.
     source = ParallelTextSource(data, target, tok, tok, batch_size, max_src_length=max_length,
-                                max_tgt_length=max_length)
+                                max_tgt_length=max_length, bucket_by_length=True)
     device = _device(model)
     out = _token_loss_metrics(model, source.iter_batches(batch_size))
-    hyps: list[str] = []
-    for batch in source.iter_batches(batch_size):
+    hyps: list[str] = [""] * len(source)
+    for indices in source.eval_indices(batch_size):
+        batch = source.collate(indices)
         src = batch["src_ids"].to(device)
-        mask = batch.get("src_mask")
-        mask = None if mask is None else mask.to(device)
+        mask = batch["src_mask"].to(device)
         ids = (beam_search(model, src, mask, beam_size=beam_size, max_len=max_length) if beam_size > 1
                else greedy_translate(model, src, mask, max_len=max_length))
-        hyps.extend(tok.decode(i, skip_special_tokens=True) for i in ids)
-    refs = read_lines(target)
-    out["bleu"] = float(sacrebleu.corpus_bleu(hyps, [refs[: len(hyps)]]).score)
+        for i, hyp in zip(indices.tolist(), ids):
+            hyps[i] = tok.decode(hyp, skip_special_tokens=True)
+    out["bleu"] = float(sacrebleu.corpus_bleu(hyps, [read_lines(target)]).score)
     return out

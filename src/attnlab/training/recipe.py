@@ -74,7 +74,8 @@ class DataConfig(Config):
         bucket_by_length: translation and classification: batch examples of similar (source) length together,
             as Vaswani et al. 2017 did (5.1: "batched together by approximate sequence length"), so a batch
             holds little padding (Multi30k, batches of 64: 96 % of the source tokens real, against 46 % in
-            random batches; SST-2, batches of 32: 95 % against 29 %); false: uniformly random batches.
+            random batches; SST-2, batches of 32: 95 % against 29 %); evaluation then batches the held-out
+            examples sorted by length. false: uniformly random batches, evaluation in file order.
             Default (unset): on for those two tasks; the others have no padded batches to sort.
     """
 
@@ -626,7 +627,7 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
                                              parse_column(d.label_column))
         eval_source = ClassificationSource(eval_data, tokenizer, t.batch_size, max_length=d.max_length,
                                            seed=t.seed, label_names=train_source.label_names,
-                                           prefix_ids=prefix)
+                                           prefix_ids=prefix, bucket_by_length=d.batches_by_length)
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, n_classes=train_source.num_labels,
                           max_len=max(d.max_length, 8), head="classification", heads="classification",
                           pad_id=tokenizer.pad_id or 0)
@@ -659,7 +660,7 @@ def _prepare_translation(run: RunConfig, saved: Path | None) -> Prepared:
     if d.eval_src_path:  # and d.eval_tgt_path: DataConfig requires both or neither
         eval_source = ParallelTextSource(d.eval_src_path, d.eval_tgt_path, tokenizer, tokenizer, t.batch_size,
                                          max_src_length=d.max_length, max_tgt_length=d.max_length,
-                                         seed=t.seed)
+                                         seed=t.seed, bucket_by_length=d.batches_by_length)
     config = model_config(run.model, src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size,
                           pad_id=tokenizer.pad_id or 0, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
                           max_len=max(d.max_length + 2, 16))

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.config import Config, check_choice, check_positive
-from attnlab.data.sources import BatchSource
+from attnlab.data.sources import BatchSource, evaluation_batches
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError
 from attnlab.training import checkpoint as ckpt
 from attnlab.training.device import (
@@ -488,9 +488,7 @@ class Trainer:
 
         def this_process_batches():
             nonlocal token_level
-            for i, batch in enumerate(self.eval_source.iter_batches(batch_size)):
-                if cfg.eval_batches and i >= cfg.eval_batches:
-                    break
+            for i, batch in enumerate(evaluation_batches(self.eval_source, batch_size, cfg.eval_batches)):
                 token_level = token_level or (isinstance(batch.get("labels"), Tensor) and batch["labels"].ndim >= 2)
                 if i % self.world.size == self.world.rank:
                     yield batch
