@@ -329,19 +329,29 @@ def test_bert_source_batches(word_tok):
     assert sum(b["input_ids"].shape[0] for b in source.iter_batches(10)) == len(pairs)
 
 
+def _pair_rows(batches) -> list[tuple]:
+    """Each row of BERT batches as (input ids, labels, token types, next-sentence label), without padding."""
+    out = []
+    for batch in batches:
+        for r in range(batch["input_ids"].shape[0]):
+            n = int(batch["attention_mask"][r].sum())
+            out.append(tuple(tuple(batch[k][r, :n].tolist()) for k in ("input_ids", "labels", "token_type_ids"))
+                       + (int(batch["next_sentence_label"][r]),))
+    return out
+
+
+def _real_share(batches) -> float:
+    masks = [b["attention_mask"] for b in batches]
+    return sum(m.sum().item() for m in masks) / sum(m.numel() for m in masks)
+
+
 def test_bert_evaluation_masks_do_not_depend_on_the_batch_size(word_tok):
     # They were drawn per batch: `attnlab evaluate --batch-size` changed the masked tokens and the scores.
     pairs = NSPPairs(documents(), word_tok, max_length=12)
     source = BertSource(pairs, batch_size=64, masking=MaskSpec.from_tokenizer(word_tok), seed=1)
 
     def rows(size):
-        out = []
-        for batch in source.iter_batches(size):
-            for r in range(batch["input_ids"].shape[0]):
-                n = int(batch["attention_mask"][r].sum())
-                out.append(tuple(tuple(batch[k][r, :n].tolist()) for k in ("input_ids", "labels", "token_type_ids"))
-                           + (int(batch["next_sentence_label"][r]),))
-        return out
+        return _pair_rows(source.iter_batches(size))
 
     one = rows(1)
     assert len(one) == len(pairs) and any(label != -100 for row in one for label in row[1])
@@ -349,6 +359,42 @@ def test_bert_evaluation_masks_do_not_depend_on_the_batch_size(word_tok):
     again = BertSource(pairs, batch_size=8, masking=MaskSpec.from_tokenizer(word_tok), seed=1)
     labels = [b["labels"].tolist() for b in source.iter_batches(5)]
     assert [b["labels"].tolist() for b in again.iter_batches(5)] == labels  # the source's own batch size: no matter
+
+
+def test_bert_batches_by_length(word_tok):
+    """With bucket_by_length the pairs of 50 steps are drawn at once and sorted by length into those steps'
+    batches: little padding, every batch a pure function of (seed, step), NSP still half random."""
+    docs = [[f"doc {d} sentence {s} " + "x " * ((d * 7 + s * 5) % 23) for s in range(2 + d % 4)] for d in range(40)]
+    tok = WordTokenizer.train([" ".join(doc) for doc in docs])
+    pairs = NSPPairs(docs, tok, max_length=64)
+    spec = MaskSpec.from_tokenizer(tok)
+    plain = BertSource(pairs, batch_size=8, masking=spec, seed=1)
+    bucketed = BertSource(pairs, batch_size=8, masking=spec, seed=1, bucket_by_length=True)
+    steps = range(120)  # two full pools and part of a third
+    assert _real_share(bucketed.batch(s) for s in steps) > 0.9 > 0.75 > _real_share(plain.batch(s) for s in steps)
+    fresh = BertSource(pairs, batch_size=8, masking=spec, seed=1, bucket_by_length=True)
+    for step in (117, 3, 60, 49, 50, 0):  # any order, any process
+        assert equal_batches(fresh.batch(step), bucketed.batch(step))
+    assert not equal_batches(bucketed.batch(0), bucketed.batch(1))
+    labels = torch.cat([bucketed.batch(s)["next_sentence_label"] for s in steps]).float()
+    assert abs(labels.mean().item() - 0.5) < 0.05
+    with pytest.raises(ValueError):
+        bucketed.batch(-1)
+
+
+@pytest.mark.parametrize("max_batches", [None, 2])
+def test_bert_evaluation_sorted_by_length_masks_each_pair_as_in_order(word_tok, max_batches):
+    pairs = NSPPairs(documents(), word_tok, max_length=32)  # no pair cut: lengths differ
+    spec = MaskSpec.from_tokenizer(word_tok)
+    plain = BertSource(pairs, batch_size=8, masking=spec, seed=1)
+    bucketed = BertSource(pairs, batch_size=8, masking=spec, seed=1, bucket_by_length=True)
+    in_order = _pair_rows(evaluation_batches(plain, 4, max_batches))
+    by_length = _pair_rows(evaluation_batches(bucketed, 4, max_batches))
+    assert len(in_order) == (len(pairs) if max_batches is None else 8)
+    assert sorted(by_length) == sorted(in_order)  # each pair masked the same way
+    assert max_batches or by_length != in_order
+    lengths = [len(row[0]) for row in by_length]
+    assert lengths == sorted(lengths)
 
 
 def test_sentences_always_cut_in_a_pair_are_reported(word_tok):

@@ -214,7 +214,7 @@ def test_a_resumed_run_saves_its_data_settings_in_the_checkpoint(capsys, tmp_pat
     assert code == 0, err
     described = json.loads((run / "run.json").read_text(encoding="utf-8"))
     saved = json.loads((run / "checkpoint" / "trainer_state.json").read_text(encoding="utf-8"))["extra_state"]
-    assert saved == {"data": described["data"], "labels": described["labels"]}
+    assert saved == {"data": described["data"], "labels": described["labels"], "batches_by_length": True}
     assert saved["data"]["max_length"] == 32
 
 
@@ -378,17 +378,22 @@ def test_a_run_over_another_does_not_keep_its_best_checkpoint(capsys, monkeypatc
 
 
 @pytest.mark.parametrize("saved, given, warned", [("absent", None, True), (None, "true", False),
-                                                  (None, "false", True), (False, None, True)])
+                                                  (None, "false", True), (False, None, True),
+                                                  ("recorded", None, False), ("recorded", "false", True)])
 def test_resuming_warns_when_length_batching_changes(capsys, tmp_path, cls_run, saved, given, warned):
     """A checkpoint from before `data.bucket_by_length` (no such key) trained on random batches: resumed under
-    today's default it continues on other batches than it would have, and says so. Unset and true are the same."""
+    today's default it continues on other batches than it would have, and says so. Unset and true are the same.
+    Checkpoints now record what their run did ("recorded")."""
     run = tmp_path / "run"
     shutil.copytree(cls_run, run)
     state_file = run / "checkpoint" / "trainer_state.json"
     state = json.loads(state_file.read_text(encoding="utf-8"))
+    assert state["extra_state"]["batches_by_length"] is True
+    if saved != "recorded":  # a checkpoint from before the record
+        del state["extra_state"]["batches_by_length"]
     if saved == "absent":
         del state["extra_state"]["data"]["bucket_by_length"]
-    else:
+    elif saved != "recorded":
         state["extra_state"]["data"]["bucket_by_length"] = saved
     state_file.write_text(json.dumps(state), encoding="utf-8")
     extra = [] if given is None else ["--set", f"data.bucket_by_length={given}"]
@@ -399,3 +404,17 @@ def test_resuming_warns_when_length_batching_changes(capsys, tmp_path, cls_run, 
     assert code == 0, err
     said = " ".join(str(w.message) for w in caught) + err
     assert ("data.bucket_by_length" in said) is warned
+
+
+@pytest.mark.parametrize("extra, sorted_", [
+    ({"data": {"task": "translation"}}, False),  # before data.bucket_by_length
+    ({"data": {"task": "translation", "bucket_by_length": None}}, True),
+    ({"data": {"task": "classification", "bucket_by_length": False}}, False),
+    ({"data": {"task": "mlm", "bucket_by_length": None}}, False),  # before mlm pairs were sorted
+    ({"data": {"task": "mlm", "bucket_by_length": None}, "batches_by_length": True}, True),
+    ({"data": {"task": "translation", "bucket_by_length": None}, "batches_by_length": False}, False),
+])
+def test_what_a_checkpoints_run_did_with_batch_lengths(extra, sorted_):
+    from attnlab.training.recipe import _saved_batches_by_length
+
+    assert _saved_batches_by_length(extra) is sorted_

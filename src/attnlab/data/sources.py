@@ -14,8 +14,8 @@ Batch dicts hold torch tensors (B = batch, T = time, S = source time):
   with eos and -100 on padding.
 
 Every source also has `iter_batches(batch_size)`, which walks its data once (evaluation): in order, or,
-for translation and classification built with `bucket_by_length`, sorted by length (`evaluation_batches` takes
-the first batches of any source without biasing that choice toward short examples).
+for translation, classification and BERT's sentence pairs built with `bucket_by_length`, sorted by length
+(`evaluation_batches` takes the first batches of any source without biasing that choice toward short examples).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ IGNORE_INDEX = -100
 # Extra seed words keep the random streams of different uses apart.
 _EPOCH_SALT = 0x5EED_0001
 _EVAL_SALT = 0x5EED_0002
+_POOL_SALT = 0x5EED_0003
 Batch = dict[str, torch.Tensor]
 
 
@@ -246,7 +247,7 @@ def evaluation_batches(source: BatchSource, batch_size: int, max_batches: int | 
     """The evaluation batches of `source`, at most `max_batches` of them (all with None or 0). A source that
     sorts its evaluation by length sorts only the examples those batches hold, the same ones as in file
     order, so a limit does not pick the shortest examples."""
-    if isinstance(source, _ExampleSource):
+    if isinstance(source, (_ExampleSource, BertSource)):
         return source.iter_batches(batch_size, max_batches or None)
     batches = source.iter_batches(batch_size)
     return itertools.islice(batches, max_batches) if max_batches else batches
@@ -401,16 +402,16 @@ def mask_tokens(
     return out.to(input_ids.device), labels.to(input_ids.device)
 
 
-def _mask_each_row(input_ids: torch.Tensor, spec: MaskSpec, seed: int, first_row: int,
+def _mask_each_row(input_ids: torch.Tensor, spec: MaskSpec, seed: int, rows: Sequence[int],
                   lengths: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`mask_tokens` for evaluation: row r (the `first_row + r`-th of the evaluation set) masked over its first
+    """`mask_tokens` for evaluation: row r (the `rows[r]`-th example of the evaluation set) masked over its first
     `lengths[r]` tokens (all of them without `lengths`) by a generator of its own, so a row's masks do not depend
     on the batch it is in. Returns (masked input_ids, labels); positions past a row's length keep their ids and
     are ignored by the loss."""
     ids, labels = input_ids.clone(), torch.full_like(input_ids, IGNORE_INDEX)
-    for r in range(input_ids.shape[0]):
+    for r, row in enumerate(rows):
         n = input_ids.shape[1] if lengths is None else lengths[r]
-        generator = torch_generator(step_rng(seed, first_row + r + 1, _EVAL_SALT))
+        generator = torch_generator(step_rng(seed, int(row) + 1, _EVAL_SALT))
         ids[r:r + 1, :n], labels[r:r + 1, :n] = mask_tokens(input_ids[r:r + 1, :n], spec, generator)
     return ids, labels
 
@@ -444,7 +445,8 @@ class MLMSource(_TokenWindows):
         n_windows = len(self.tokens) // self.block_size
         for first in range(0, n_windows, size):
             starts = np.arange(first, min(first + size, n_windows)) * self.block_size
-            ids, labels = _mask_each_row(_long(self._windows(starts, self.block_size)), self.masking, self.seed, first)
+            ids, labels = _mask_each_row(_long(self._windows(starts, self.block_size)), self.masking, self.seed,
+                                         range(first, first + len(starts)))
             yield {"input_ids": ids, "labels": labels}
 
 
@@ -550,18 +552,44 @@ class BertSource:
 
     Each batch has `input_ids`, `attention_mask`, `token_type_ids`, `labels` (masked LM, -100 where
     nothing was masked) and `next_sentence_label` (0 = B follows A, 1 = B is random, as in BERT and HF).
+
+    With `bucket_by_length`, the pairs of POOL_BATCHES consecutive steps are drawn together, sorted by length
+    and cut into that many batches, handed out in a random order: the same pairs as ever in distribution, few
+    pad positions in a batch. Evaluation (`iter_batches`) then batches the pairs sorted by length too, each
+    masked as in file order.
     """
 
     steps_per_epoch: int | None = None
+    POOL_BATCHES = _EpochOrder.POOL_BATCHES
 
-    def __init__(self, pairs: NSPPairs, batch_size: int, masking: MaskSpec, seed: int = 0):
+    def __init__(self, pairs: NSPPairs, batch_size: int, masking: MaskSpec, seed: int = 0,
+                 bucket_by_length: bool = False):
         _check_common(batch_size, seed)
         self.pairs, self.batch_size, self.masking, self.seed = pairs, batch_size, masking, seed
+        self.bucket_by_length = bucket_by_length
+        self._sentence_lengths = np.array([len(x) for x in pairs.sentences], dtype=np.int64)
+        self._memo: tuple[int, tuple[np.ndarray, ...]] | None = None  # the last pool (a cache, not state)
+
+    def _lengths(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The length of each pair's `[CLS] A [SEP] B [SEP]`, as `encode_pair` cuts it."""
+        return np.minimum(self._sentence_lengths[a] + self._sentence_lengths[b] + 3, self.pairs.max_length)
+
+    def _pool(self, pool: int) -> tuple[np.ndarray, ...]:
+        """(a, b, is_next), each (POOL_BATCHES, batch_size): the batches of steps pool·P … pool·P + P - 1."""
+        if self._memo is not None and self._memo[0] == pool:
+            return self._memo[1]
+        rng = step_rng(self.seed, pool, _POOL_SALT)
+        a, b, is_next = self.pairs.sample(rng, self.POOL_BATCHES * self.batch_size)
+        order = np.argsort(self._lengths(a, b), kind="stable")
+        rows = rng.permutation(self.POOL_BATCHES)
+        batches = tuple(x[order].reshape(self.POOL_BATCHES, self.batch_size)[rows] for x in (a, b, is_next))
+        self._memo = (pool, batches)
+        return batches
 
     def _collate(self, a: np.ndarray, b: np.ndarray, is_next: np.ndarray, rng: np.random.Generator | None,
-                 *, first_row: int = 0) -> Batch:
+                 *, rows: Sequence[int] = ()) -> Batch:
         """Encode, pad and mask pairs: the whole batch by `rng` (training), or, with `rng` None, each pair by its
-        own generator, numbered from `first_row` (evaluation: the masks do not depend on the batch size)."""
+        own generator, numbered by `rows` (evaluation: the masks do not depend on the batch)."""
         sents = self.pairs.sentences
         encoded = [self.pairs.encode_pair(sents[i], sents[j]) for i, j in zip(a.tolist(), b.tolist())]
         out = pad_batch([ids for ids, _ in encoded], self.pairs.pad_id)
@@ -572,23 +600,33 @@ class BertSource:
                 out["input_ids"], self.masking, torch_generator(rng), attention_mask=out["attention_mask"]
             )
         else:
-            out["input_ids"], out["labels"] = _mask_each_row(out["input_ids"], self.masking, self.seed, first_row,
+            out["input_ids"], out["labels"] = _mask_each_row(out["input_ids"], self.masking, self.seed, rows,
                                                             [len(ids) for ids, _ in encoded])
         out["next_sentence_label"] = _long(1 - is_next)  # BERT's convention: 0 = B follows A
         return out
 
     def batch(self, step: int) -> Batch:
         rng = step_rng(self.seed, step)
-        return self._collate(*self.pairs.sample(rng, self.batch_size), rng)
+        if not self.bucket_by_length:
+            return self._collate(*self.pairs.sample(rng, self.batch_size), rng)
+        if step < 0:
+            raise ValueError(f"step must be non-negative, got {step}")
+        pool, row = divmod(step, self.POOL_BATCHES)
+        return self._collate(*(x[row] for x in self._pool(pool)), rng)
 
-    def iter_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
-        """Every anchor sentence once, in order, with fixed random partners and masking: the same pairs and
-        masks whatever the batch size."""
+    def iter_batches(self, batch_size: int | None = None, max_batches: int | None = None) -> Iterator[Batch]:
+        """Every anchor sentence once (or the first `max_batches` batches' worth), with fixed random partners and
+        masking: the same pairs and masks whatever the batch size, in order or, with `bucket_by_length`, sorted
+        by length."""
         size = batch_size or self.batch_size
         a, b, is_next = self.pairs.in_order(step_rng(self.seed, 0, _EVAL_SALT))
-        for start in range(0, len(a), size):
-            part = slice(start, start + size)
-            yield self._collate(a[part], b[part], is_next[part], None, first_row=start)
+        n = len(a) if not max_batches else min(len(a), max_batches * size)
+        order = np.arange(n)
+        if self.bucket_by_length:
+            order = np.argsort(self._lengths(a[:n], b[:n]), kind="stable")
+        for start in range(0, n, size):
+            part = order[start:start + size]
+            yield self._collate(a[part], b[part], is_next[part], None, rows=part.tolist())
 
 
 # ------------------------------------------------------------------------------------------------
