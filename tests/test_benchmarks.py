@@ -61,6 +61,20 @@ def test_bench_dropout_runs(tmp_path, capsys):
     assert "training step" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_bench_loss_runs(tmp_path, capsys):
+    import attnlab.models.common as common
+
+    before = common.SELECT_ROWS_BELOW
+    results = load("bench_loss").main(["--repeats", "1", "--json", str(tmp_path / "l.json")])
+    assert common.SELECT_ROWS_BELOW == before  # the "torch" columns' switch is undone
+    assert {r["case"] for r in results["loss"]} == {"bert-mlm", "knowledge", "translation"}
+    assert {r["model"] for r in results["steps"]} == {"translation", "bert-mlm"}
+    assert all(r["torch"] > 0 and r["attnlab"] > 0 for part in ("loss", "steps") for r in results[part])
+    assert (tmp_path / "l.json").is_file()
+    assert "token loss" in capsys.readouterr().out
+
+
 def test_turns_wait_for_the_device_around_every_timed_call():
     """A GPU runs behind the host: each call is timed from an idle device to the end of its own work."""
     events = []

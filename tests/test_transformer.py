@@ -239,6 +239,34 @@ def test_token_loss_averages_over_real_targets_and_is_zero_without_any():
     assert logits.grad is not None and torch.isfinite(logits.grad).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("share, smoothing", [(0.15, 0.0), (0.4, 0.1), (0.7, 0.1), (1.0, 0.0)])
+def test_token_loss_scores_only_the_labelled_rows_on_a_cpu(monkeypatch, dtype, share, smoothing):
+    """With half of the labels or more ignored (BERT's masked LM: 85 %), the rows with a label are picked out
+    before the cross-entropy: the loss and gradient of torch's cross-entropy over every row."""
+    import attnlab.models.common as common
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 50, 30, generator=g).to(dtype).requires_grad_()
+    labels = torch.randint(0, 30, (4, 50), generator=g)
+    labels[torch.rand(4, 50, generator=g) >= share] = -100
+    labels[0, 0] = 5  # at least one label
+    scored = []
+    real_ce = F.cross_entropy
+    monkeypatch.setattr(common.F, "cross_entropy", lambda x, *a, **k: scored.append(x.shape[0]) or real_ce(x, *a, **k))
+    loss, n = token_loss(logits, labels, label_smoothing=smoothing)
+    loss.backward()
+    n_real = int((labels != -100).sum())
+    assert int(n) == n_real and scored == [n_real if n_real <= 0.5 * 200 else 200]
+    reference = logits.detach().clone().requires_grad_()
+    expected = real_ce(reference.reshape(-1, 30).float(), labels.reshape(-1), ignore_index=-100,
+                       label_smoothing=smoothing)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits.grad, reference.grad, atol=1e-6 if dtype == torch.float32 else 1e-3, rtol=0)
+    assert (logits.grad[labels == -100] == 0).all()
+
+
 def test_positions_from_mask_and_length_limit():
     keep = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0]])  # left- and right-padded rows
     assert positions_from_mask(keep).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 2, 2]]
