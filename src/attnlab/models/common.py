@@ -51,10 +51,10 @@ def token_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) 
 
     On a CPU, where torch's cross-entropy makes several passes over every row, ignored or not, the rows with a
     label are picked out first when they are at most SELECT_ROWS_BELOW of all: BERT's masked LM scores 15 %
-    of its positions (configs/bert-mlm.toml: the loss, forward and backward, 2–5× faster, a bf16 training step
-    1.04–1.11×; `benchmarks/bench_loss.py`), the knowledge experiment's fine-tuning its answers. The same loss
-    (summed in another order) and gradient. Not on GPUs, where picking rows waits for the device, nor under
-    torch.compile.
+    of its positions (configs/bert-mlm.toml: the loss, forward and backward, 2.5× faster in fp32 and 3.5–4.3× in
+    bf16, a training step 1.03–1.13×; `benchmarks/bench_loss.py`), the knowledge experiment's fine-tuning its
+    answers. The same loss (summed in another order) and gradient. Not on GPUs, where picking rows waits for
+    the device, nor under torch.compile.
     """
     flat_logits = logits.reshape(-1, logits.shape[-1])
     flat_labels = labels.reshape(-1)
