@@ -672,3 +672,47 @@ def test_resuming_with_changed_data_settings_warns(tmp_path):
     said = [str(w.message) for w in caught]
     assert any("changed data settings (data.block_size)" in m for m in said), said
     assert any("keeps the checkpoint's tokenizer: data.tokenizer changed" in m for m in said), said
+
+
+def test_progress_bar_shows_count_and_eta_on_a_terminal_only(monkeypatch):
+    import io
+
+    from attnlab.training.logging import progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr("sys.stderr", stream)
+        assert list(progress_bar(iter(range(5)), 5, "evaluate")) == list(range(5))
+        assert ("evaluate" in stream.getvalue() and "/5 [" in stream.getvalue()) is shown  # the total: an ETA
+
+
+def test_evaluate_shows_progress_over_every_batch(tmp_path, capsys, monkeypatch, lm_runs, cls_run, mt_run):
+    """`attnlab evaluate` reports progress (with an ETA, so the bar is told how many batches there are) over
+    each pass: the total it announces is the number of batches that pass yields."""
+    import attnlab.inference.runs as runs
+
+    passes = []
+
+    def spy(iterable, total, desc):
+        passes.append([desc, total, 0])
+        for item in iterable:
+            passes[-1][2] += 1
+            yield item
+
+    monkeypatch.setattr(runs, "progress_bar", spy)
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 40, encoding="utf-8")
+    src, tgt = tmp_path / "src.txt", tmp_path / "tgt.txt"
+    src.write_text("".join(s + "\n" for s in TRANSLATION) * 5, encoding="utf-8")
+    tgt.write_text("".join(t + "\n" for t in TRANSLATION.values()) * 5, encoding="utf-8")
+    for argv in ([str(lm_runs[0]), "--data", str(text)],
+                 [str(cls_run), "--data", str(cls_run.parent / "train.tsv")],
+                 [str(mt_run), "--data", str(src), "--target", str(tgt)]):
+        passes.clear()
+        code, _, err = run_cli(capsys, "evaluate", *argv, "--batch-size", "3", "--device", "cpu")
+        assert code == 0, err
+        assert passes and all(total == seen > 1 for _, total, seen in passes), passes
+    assert [desc for desc, _, _ in passes] == ["evaluate", "translate"]

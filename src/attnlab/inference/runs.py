@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from attnlab.errors import CheckpointError, ConfigError, DataError, UnknownToken
+from attnlab.training.logging import progress_bar
 from attnlab.training.recipe import evaluate_batches
 
 LM_FAMILIES = ("gpt",)
@@ -254,7 +255,7 @@ def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int,
 
     text = read_text(data)
     try:
-        ids = tok.encode(text)
+        ids = tok.encode_array(text)  # int64, 8 bytes a token (a list of ints holds ~36)
     except UnknownToken as e:
         line = "" if e.position is None else f" line {text.count(chr(10), 0, e.position) + 1}:"
         raise DataError(f"{data}:{line} {e.token!r} is not in the vocabulary the model was trained with (and it "
@@ -265,7 +266,8 @@ def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int,
     limit = getattr(model, "max_len", None)
     block = min(block, limit or block, len(ids) - 1)
     source = CausalLMSource(ids, block, batch_size)
-    return _token_loss_metrics(model, source.iter_batches(batch_size))
+    n_batches = math.ceil(math.ceil((len(ids) - 1) / block) / batch_size)
+    return _token_loss_metrics(model, progress_bar(source.iter_batches(batch_size), n_batches, "evaluate"))
 
 
 def _token_loss_metrics(model: nn.Module, batches) -> dict[str, float]:
@@ -289,7 +291,8 @@ def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> 
         source = sentence_pair_source(documents, tok, model.config, settings, batch_size, 0)
     except DataError as e:  # no sentence pairs in the file, too few documents...: name the file
         raise DataError(f"{data}: {e}") from None
-    m, sizes = evaluate_batches(model, source.iter_batches(), pretraining_counts)
+    batches = progress_bar(source.iter_batches(batch_size), math.ceil(len(source.pairs) / batch_size), "evaluate")
+    m, sizes = evaluate_batches(model, batches, pretraining_counts)
     return {"loss": m["loss"], "mlm_loss": m["mlm_loss"], "perplexity": math.exp(min(m["mlm_loss"], 700.0)),
             **{k: v for k, v in m.items() if k.endswith("_accuracy")}, "masked_tokens": sizes["targets"],
             "sentence_pairs": float(len(source.pairs))}
@@ -316,7 +319,8 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, 
     prefix = [tok.cls_id] if tok.cls_id is not None else []
     source = ClassificationSource(examples, tok, batch_size, max_length=d.get("max_length", 128),
                                   label_names=labels, prefix_ids=prefix, bucket_by_length=True)
-    values, sizes = evaluate_batches(model, source.iter_batches(batch_size), classification_counts)
+    batches = progress_bar(source.iter_batches(batch_size), len(source.eval_indices(batch_size)), "evaluate")
+    values, sizes = evaluate_batches(model, batches, classification_counts)
     return {"loss": values["loss"], "accuracy": values["accuracy"], "examples": sizes["accuracy"]}
 
 
@@ -336,9 +340,10 @@ def _evaluate_translation(run: LoadedRun, data: str | Path, target: str | Path |
     source = ParallelTextSource(data, target, tok, tok, batch_size, max_src_length=max_length,
                                 max_tgt_length=max_length, bucket_by_length=True)
     device = _device(model)
-    out = _token_loss_metrics(model, source.iter_batches(batch_size))
+    batches = source.eval_indices(batch_size)
+    out = _token_loss_metrics(model, progress_bar(source.iter_batches(batch_size), len(batches), "evaluate"))
     hyps: list[str] = [""] * len(source)
-    for indices in source.eval_indices(batch_size):
+    for indices in progress_bar(batches, len(batches), "translate"):
         batch = source.collate(indices)
         src = batch["src_ids"].to(device)
         mask = batch["src_mask"].to(device)

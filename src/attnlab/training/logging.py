@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from attnlab.files import atomic_path, write_text_atomic
 
+T = TypeVar("T")
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
 
@@ -92,6 +94,14 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def progress_bar(iterable: Iterable[T], total: int, desc: str) -> Iterable[T]:
+    """`iterable` with a tqdm bar of `total` batches (count, rate, ETA) on stderr while it runs, where stderr is a
+    terminal (a pipe or a file gets no bar); the bar is cleared at the end, so what follows prints cleanly."""
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, unit="batch", dynamic_ncols=True, leave=False, disable=None)
 
 
 def plot_losses(records: list[dict[str, Any]], path: str | os.PathLike[str]) -> Path | None:
