@@ -11,8 +11,8 @@ Two tables, each timed in turns (one call of every column per round), medians:
   (64 × 30 target positions, 8,000, 71 % labelled, label smoothing 0.1: the share of real target tokens in
   Multi30k's length-sorted batches);
 - whole training steps (forward, backward, AdamW) of `configs/bert-mlm.toml` and `configs/translate.toml` (the
-  models and random batches of `bench_dropout.py`, whose translation batches have no padding: every target
-  labelled), with and without the row selection.
+  models and random batches of `steps.py`, as in `bench_dropout.py`; the translation batches have no padding:
+  every target labelled), with and without the row selection.
 On a GPU `token_loss` takes every row (picking rows would wait for the device): the columns time the same.
 Run as a script it keeps freed memory for reuse as the `attnlab` command does (`attnlab.allocator`): without
 it each call of the larger cases faults in tens of megabytes of fresh pages, which would dominate both columns.
@@ -20,17 +20,15 @@ it each call of the larger cases faults in tens of megabytes of fresh pages, whi
 
 from __future__ import annotations
 
-import argparse
 import json
 from functools import partial
 
 import torch
-from bench_dropout import _print, _row, models
+from steps import arguments, print_rows, row, step_dtypes, step_rows, train_step
 
 import attnlab.models.common as common
 from attnlab.allocator import keep_freed_memory
 from attnlab.models.common import IGNORE_INDEX, token_loss
-from attnlab.training.device import resolve_precision, select_device
 
 LOSS_CASES = [  # name, rows, vocabulary, labelled share, label smoothing
     ("bert-mlm", 32 * 64, 4000, 0.15, 0.0),
@@ -50,18 +48,7 @@ def loss_rows(device, dtypes, repeats: int) -> list[dict]:
             logits = torch.randn(n, vocab, generator=g).to(device, dtype).requires_grad_()
             fns = {"torch": partial(_loss, logits, labels, smoothing, False),
                    "attnlab": partial(_loss, logits, labels, smoothing, True)}
-            rows.append(_row({"case": name, "dtype": str(dtype).replace("torch.", "")}, fns, repeats, device))
-    common.SELECT_ROWS_BELOW = SELECT_FROM
-    return rows
-
-
-def step_rows(device, dtypes, repeats: int) -> list[dict]:
-    rows = []
-    for name, (model, batches, opt) in models(device).items():
-        for dtype in dtypes:
-            fns = {"torch": partial(_step, model, batches, opt, dtype, False),
-                   "attnlab": partial(_step, model, batches, opt, dtype, True)}
-            rows.append(_row({"model": name, "dtype": str(dtype).replace("torch.", "")}, fns, repeats, device))
+            rows.append(row({"case": name, "dtype": str(dtype).replace("torch.", "")}, fns, repeats, device))
     common.SELECT_ROWS_BELOW = SELECT_FROM
     return rows
 
@@ -79,32 +66,22 @@ def _loss(logits, labels, smoothing: float, select: bool, _round: int) -> None:
 
 def _step(model, batches, opt, dtype, select: bool, i: int) -> None:
     _select(select)
-    with torch.autocast(batches[0]["labels"].device.type, dtype=dtype, enabled=dtype != torch.float32):
-        loss = model(**batches[i % len(batches)]).loss
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    train_step(model, batches, opt, dtype, i)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--steps", choices=("yes", "no"), default="yes", help="time the two models' training steps")
-    p.add_argument("--json", help="also write the rows to this JSON file")
-    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps")
-    args = p.parse_args(argv)
-    device = select_device(args.device)
+    args = arguments(__doc__, argv)
+    device = args.device
     print(f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} thread(s)")
     if device.type != "cpu":
         print(f"on a {device.type} token_loss takes every row: the columns time the same computation")
-    dtypes = [torch.float32]
-    if resolve_precision("auto", device) is not None:
-        dtypes.insert(0, torch.bfloat16)
+    dtypes = step_dtypes(device)
     results = {"device": str(device), "loss": loss_rows(device, dtypes, args.repeats)}
-    _print("token loss, forward + backward (torch: every row; attnlab: the labelled rows)", results["loss"], "case")
+    print_rows("token loss, forward + backward (torch: every row; attnlab: the labelled rows)", results["loss"],
+               "case")
     if args.steps == "yes":
-        results["steps"] = step_rows(device, dtypes, args.repeats)
-        _print("training step (forward, backward, AdamW)", results["steps"], "model")
+        results["steps"] = step_rows(device, dtypes, args.repeats, _step, partial(_select, True))
+        print_rows("training step (forward, backward, AdamW)", results["steps"], "model")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
