@@ -716,3 +716,24 @@ def test_evaluate_shows_progress_over_every_batch(tmp_path, capsys, monkeypatch,
         assert code == 0, err
         assert passes and all(total == seen > 1 for _, total, seen in passes), passes
     assert [desc for desc, _, _ in passes] == ["evaluate", "translate"]
+
+
+def test_evaluate_in_bf16_autocast_when_asked(tmp_path, capsys, lm_runs, mt_run):
+    """`--precision bf16` scores under bf16 autocast (as training evaluates a bf16 run): close to the exact fp32
+    figures, not equal to them; fp32 stays the default."""
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 20, encoding="utf-8")
+    src, tgt = tmp_path / "src.txt", tmp_path / "tgt.txt"
+    src.write_text("".join(s + "\n" for s in TRANSLATION), encoding="utf-8")
+    tgt.write_text("".join(t + "\n" for t in TRANSLATION.values()), encoding="utf-8")
+    for argv in ([str(lm_runs[0]), "--data", str(text)], [str(mt_run), "--data", str(src), "--target", str(tgt)]):
+        scores = {}
+        for precision in (None, "fp32", "bf16"):
+            extra = [] if precision is None else ["--precision", precision]
+            code, out, err = run_cli(capsys, "evaluate", *argv, "--json", "--device", "cpu", *extra)
+            assert code == 0, err
+            scores[precision] = json.loads(out)["loss"]
+        assert scores[None] == scores["fp32"] != scores["bf16"]
+        assert scores["bf16"] == pytest.approx(scores["fp32"], rel=2e-2)
+    line = one_line_error(capsys, "evaluate", str(lm_runs[0]), "--data", str(text), "--precision", "fp8")
+    assert "unknown value 'fp8'" in line and "auto, bf16, fp32" in line

@@ -109,6 +109,9 @@ def evaluate(
                                            "(a header name or a 0-based number), if not the training file's."),
     label_column: str | None = typer.Option(None, "--label-column", help="Classifier: the label column of --data, "
                                             "if not the training file's."),
+    precision: str = typer.Option("fp32", "--precision", help="fp32 (exact, the default), bf16 or auto (bf16 "
+                                  "where the hardware computes it): bf16 autocast is faster, as training evaluates "
+                                  "a bf16 run, with losses that differ from the fourth digit on."),
 ) -> None:
     """Score a file: loss and perplexity (language models, translation + BLEU) or accuracy (classifiers)."""
     import json
@@ -118,7 +121,7 @@ def evaluate(
 
     run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint")
     metrics = evaluate_file(run, data, target=target, batch_size=batch_size, beam_size=beam_size,
-                            text_column=text_column, label_column=label_column)
+                            text_column=text_column, label_column=label_column, precision=precision)
     counts = ("tokens", "examples", "masked_tokens", "sentence_pairs")
     metrics = {key: int(value) if key in counts else value for key, value in metrics.items()}
     if as_json:

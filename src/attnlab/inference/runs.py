@@ -203,7 +203,7 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
 @torch.no_grad()
 def evaluate_file(run: LoadedRun, data: str | Path, *, target: str | Path | None = None,
                   batch_size: int = 32, beam_size: int = 1, text_column: str | None = None,
-                  label_column: str | None = None) -> dict[str, float]:
+                  label_column: str | None = None, precision: str = "fp32") -> dict[str, float]:
     """Score a file with the run's model.
 
     Language models: `data` is a UTF-8 text; returns loss (nats per token), perplexity and tokens.
@@ -212,12 +212,22 @@ def evaluate_file(run: LoadedRun, data: str | Path, *, target: str | Path | None
     read a file whose columns differ from the training file's. Seq2seq: `data` holds source sentences and
     `target` their references, one per line; returns loss and perplexity of the references and the BLEU
     (sacrebleu's corpus BLEU) of the model's translations, greedy or by beam search with `beam_size` > 1.
+    `precision` "bf16" (or "auto": bf16 where the hardware computes it) runs it all under bf16 autocast.
     """
-    model, tok = run.model, run.tokenizer
+    from attnlab.training.device import autocast, resolve_precision
+
     if batch_size < 1:
         raise ConfigError(f"batch_size must be positive, got {batch_size}")
     if beam_size < 1:
         raise ConfigError(f"--beam-size must be at least 1, got {beam_size}")
+    device = _device(run.model)
+    with autocast(device, resolve_precision(precision, device)):
+        return _evaluate_file(run, data, target, batch_size, beam_size, text_column, label_column)
+
+
+def _evaluate_file(run: LoadedRun, data: str | Path, target: str | Path | None, batch_size: int, beam_size: int,
+                   text_column: str | None, label_column: str | None) -> dict[str, float]:
+    model, tok = run.model, run.tokenizer
     if run.family == "seq2seq":
         if text_column is not None or label_column is not None:
             raise ConfigError("--text-column and --label-column are for classifiers; a translation model reads "
