@@ -12,7 +12,9 @@ Two tables, each timed in turns (one call of every column per round), medians:
   Multi30k's length-sorted batches);
 - whole training steps (forward, backward, AdamW) of `configs/bert-mlm.toml` and `configs/translate.toml` (the
   models and random batches of `steps.py`, as in `bench_dropout.py`; the translation batches have no padding:
-  every target labelled), with and without the row selection.
+  every target labelled), with and without the row selection; and BERT's step with its masked-LM head over
+  every position and over the labelled ones (`mlm_logits = "labelled"`, as `configs/bert-mlm.toml` sets it, so
+  the BERT rows of the step table above run the head that way in both columns).
 On a GPU `token_loss` takes every row (picking rows would wait for the device): the columns time the same.
 Run as a script it keeps freed memory for reuse as the `attnlab` command does (`attnlab.allocator`): without
 it each call of the larger cases faults in tens of megabytes of fresh pages, which would dominate both columns.
@@ -24,7 +26,7 @@ import json
 from functools import partial
 
 import torch
-from steps import arguments, print_rows, row, step_dtypes, step_rows, train_step
+from steps import arguments, models, print_rows, row, step_dtypes, step_rows, train_step
 
 import attnlab.models.common as common
 from attnlab.allocator import keep_freed_memory
@@ -51,6 +53,24 @@ def loss_rows(device, dtypes, repeats: int) -> list[dict]:
             rows.append(row({"case": name, "dtype": str(dtype).replace("torch.", "")}, fns, repeats, device))
     common.SELECT_ROWS_BELOW = SELECT_FROM
     return rows
+
+
+def head_rows(device, dtypes, repeats: int) -> list[dict]:
+    """BERT's training step with the masked-LM head over every position ("torch": as HF computes it) and over
+    the labelled positions only (`mlm_logits = "labelled"`)."""
+    model, batches, opt = models(device)["bert-mlm"]
+    rows = []
+    for dtype in dtypes:
+        fns = {"torch": partial(_head_step, model, batches, opt, dtype, False),
+               "attnlab": partial(_head_step, model, batches, opt, dtype, True)}
+        rows.append(row({"model": "bert-mlm", "dtype": str(dtype).replace("torch.", "")}, fns, repeats, device))
+    model.config.mlm_logits = "all"
+    return rows
+
+
+def _head_step(model, batches, opt, dtype, labelled: bool, i: int) -> None:
+    model.config.mlm_logits = "labelled" if labelled else "all"
+    train_step(model, batches, opt, dtype, i)
 
 
 def _select(on: bool) -> None:
@@ -82,6 +102,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.steps == "yes":
         results["steps"] = step_rows(device, dtypes, args.repeats, _step, partial(_select, True))
         print_rows("training step (forward, backward, AdamW)", results["steps"], "model")
+        results["head"] = head_rows(device, dtypes, args.repeats)
+        print_rows("BERT training step, masked-LM head over every position (torch) or the labelled ones",
+                   results["head"], "model")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

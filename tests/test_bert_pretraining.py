@@ -187,3 +187,38 @@ def test_one_long_document_holds_out_its_last_sentences(tmp_path):
         prep = prepare(load_run_config(None, [*sets, f"data.path={json.dumps(str(three))}",
                                               "data.val_fraction=0.2"]))
     assert prep.eval_source is None
+
+
+@pytest.mark.parametrize("nsp", [True, False])
+def test_masked_lm_logits_at_the_labelled_positions_only_give_the_same_loss_and_gradients(nsp):
+    """mlm_logits = "labelled" runs the masked-LM head at the labelled positions in training: the same loss,
+    masked-LM loss and gradients as the head over every position; evaluation still scores every position."""
+    from attnlab.models.bert import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    ids = torch.randint(5, 50, (4, 12))
+    labels = torch.where(torch.rand(4, 12) < 0.2, ids, -100)
+    labels[0, 3] = 7
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels,
+             "token_type_ids": (torch.arange(12) >= 6).long().expand(4, 12),
+             "next_sentence_label": torch.tensor([0, 1, 1, 0])}
+    config = dict(vocab_size=50, d_model=16, n_layers=2, n_heads=2, d_ff=24, max_len=16, dropout=0.0,
+                  attention_dropout=0.0, nsp=nsp)
+    dense = BertModel(BertConfig(**config)).train()
+    sparse = BertModel(BertConfig(**config, mlm_logits="labelled")).train()
+    sparse.load_state_dict(dense.state_dict())
+    outs = [model(**batch) for model in (dense, sparse)]
+    for out in outs:
+        out.loss.backward()
+    n = int((labels != -100).sum())
+    assert outs[0].logits.shape == (4, 12, 50) and outs[1].logits.shape == (n, 50)
+    assert int(outs[1].n_targets) == int(outs[0].n_targets) == n
+    torch.testing.assert_close(outs[1].loss, outs[0].loss)
+    torch.testing.assert_close(outs[1].extra["mlm_loss"], outs[0].extra["mlm_loss"])
+    grads = dict(dense.named_parameters())
+    for name, param in sparse.named_parameters():
+        torch.testing.assert_close(param.grad, grads[name].grad, atol=1e-6, rtol=1e-5, msg=name)
+    with torch.no_grad():
+        assert sparse.eval()(**batch).logits.shape == (4, 12, 50)
+    with pytest.raises(ConfigError, match="mlm_logits"):
+        BertConfig(**config, mlm_logits="some")
