@@ -59,8 +59,8 @@ class BertConfig(Config):
     `nsp = false`). Positions count real tokens; the converter in `attnlab.convert.bert` maps HF names.
     `mlm_logits = "labelled"`: in training, given labels, the masked-LM head runs at the labelled positions
     only and `logits` holds their rows, (n, V) in the row-major order of the positions: the same loss and
-    gradients for about a sixth of the head's work at 15 % masking (as NVIDIA's BERT pretraining does);
-    evaluation (eval mode) and inference always score every position.
+    gradients for the head's work at those positions only, 15 % of them in BERT (NVIDIA's BERT pretraining
+    does the same); evaluation (eval mode) and inference always score every position.
     """
 
     vocab_size: int = 30522
