@@ -304,6 +304,11 @@ class CausalLMSource(_TokenWindows):
         win = self._windows(starts, self.block_size + 1)  # (B, T+1)
         return {"input_ids": _long(win[:, :-1]), "labels": _long(win[:, 1:])}
 
+    @property
+    def eval_windows(self) -> int:
+        """How many windows `iter_batches` walks: every token but the first a target once."""
+        return math.ceil((len(self.tokens) - 1) / self.block_size)
+
     def iter_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
         """Consecutive non-overlapping windows: every token but the first is a target exactly once.
 
@@ -312,7 +317,7 @@ class CausalLMSource(_TokenWindows):
         """
         size = batch_size or self.batch_size
         n, T = len(self.tokens), self.block_size
-        n_windows = math.ceil((n - 1) / T)
+        n_windows = self.eval_windows
         for first in range(0, n_windows, size):
             starts = np.arange(first, min(first + size, n_windows)) * T
             idx = starts[:, None] + np.arange(T + 1)  # (B, T+1)

@@ -276,7 +276,7 @@ def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int,
     limit = getattr(model, "max_len", None)
     block = min(block, limit or block, len(ids) - 1)
     source = CausalLMSource(ids, block, batch_size)
-    n_batches = math.ceil(math.ceil((len(ids) - 1) / block) / batch_size)
+    n_batches = math.ceil(source.eval_windows / batch_size)
     return _token_loss_metrics(model, progress_bar(source.iter_batches(batch_size), n_batches, "evaluate"))
 
 
