@@ -25,7 +25,7 @@ import itertools
 import math
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -201,6 +201,18 @@ class _EpochOrder:
         return self.order(epoch)[i]
 
 
+def _evaluation_order(n_examples: int, size: int, max_batches: int | None,
+                      keys: Callable[[int], tuple[np.ndarray, ...]] | None = None) -> list[np.ndarray]:
+    """The example indices of each evaluation batch of `size`: the first `max_batches` batches' worth of the
+    examples in file order (all without it), sorted (stably) by `keys(n)`, the sort keys of the first n examples
+    with the primary key first, where given; the last batch may be smaller."""
+    n = n_examples if not max_batches else min(n_examples, max_batches * size)
+    order = np.arange(n)
+    if keys is not None:  # np.lexsort sorts by its last key first
+        order = np.lexsort(tuple(reversed(keys(n))))
+    return [order[start:start + size] for start in range(0, n, size)]
+
+
 class _ExampleSource:
     """Shared by sources over a finite list of examples: `batch(step)` via `_EpochOrder`; evaluation in file
     order, or sorted by `_eval_keys` (primary key first) when the source batches by length."""
@@ -227,12 +239,9 @@ class _ExampleSource:
         """The example indices of each evaluation batch: the first `max_batches` batches' worth of examples in
         file order (all without it), sorted by length when the source batches by length, so that a batch
         pads little; the last batch may be smaller."""
-        size = batch_size or self.batch_size
-        n = len(self) if not max_batches else min(len(self), max_batches * size)
-        order = np.arange(n)
-        if self._eval_keys is not None:  # np.lexsort sorts by its last key first; it is stable
-            order = np.lexsort(tuple(key[:n] for key in reversed(self._eval_keys)))
-        return [order[start:start + size] for start in range(0, n, size)]
+        keys = self._eval_keys
+        return _evaluation_order(len(self), batch_size or self.batch_size, max_batches,
+                                 None if keys is None else lambda n: tuple(key[:n] for key in keys))
 
     def iter_batches(self, batch_size: int | None = None, max_batches: int | None = None) -> Iterator[Batch]:
         """Every example once (or the first `max_batches` batches' worth), batched by `eval_indices`."""
@@ -623,14 +632,9 @@ class BertSource:
         """Every anchor sentence once (or the first `max_batches` batches' worth), with fixed random partners and
         masking: the same pairs and masks whatever the batch size, in order or, with `bucket_by_length`, sorted
         by length."""
-        size = batch_size or self.batch_size
         a, b, is_next = self.pairs.in_order(step_rng(self.seed, 0, _EVAL_SALT))
-        n = len(a) if not max_batches else min(len(a), max_batches * size)
-        order = np.arange(n)
-        if self.bucket_by_length:
-            order = np.argsort(self._lengths(a[:n], b[:n]), kind="stable")
-        for start in range(0, n, size):
-            part = order[start:start + size]
+        keys = (lambda n: (self._lengths(a[:n], b[:n]),)) if self.bucket_by_length else None
+        for part in _evaluation_order(len(a), batch_size or self.batch_size, max_batches, keys):
             yield self._collate(a[part], b[part], is_next[part], None, rows=part.tolist())
 
 

@@ -329,7 +329,8 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, 
     prefix = [tok.cls_id] if tok.cls_id is not None else []
     source = ClassificationSource(examples, tok, batch_size, max_length=d.get("max_length", 128),
                                   label_names=labels, prefix_ids=prefix, bucket_by_length=True)
-    batches = progress_bar(source.iter_batches(batch_size), len(source.eval_indices(batch_size)), "evaluate")
+    order = source.eval_indices(batch_size)
+    batches = progress_bar((source.collate(indices) for indices in order), len(order), "evaluate")
     values, sizes = evaluate_batches(model, batches, classification_counts)
     return {"loss": values["loss"], "accuracy": values["accuracy"], "examples": sizes["accuracy"]}
 
@@ -350,10 +351,11 @@ def _evaluate_translation(run: LoadedRun, data: str | Path, target: str | Path |
     source = ParallelTextSource(data, target, tok, tok, batch_size, max_src_length=max_length,
                                 max_tgt_length=max_length, bucket_by_length=True)
     device = _device(model)
-    batches = source.eval_indices(batch_size)
-    out = _token_loss_metrics(model, progress_bar(source.iter_batches(batch_size), len(batches), "evaluate"))
+    order = source.eval_indices(batch_size)
+    out = _token_loss_metrics(model, progress_bar((source.collate(indices) for indices in order), len(order),
+                                                  "evaluate"))
     hyps: list[str] = [""] * len(source)
-    for indices in progress_bar(batches, len(batches), "translate"):
+    for indices in progress_bar(order, len(order), "translate"):
         batch = source.collate(indices)
         src = batch["src_ids"].to(device)
         mask = batch["src_mask"].to(device)
