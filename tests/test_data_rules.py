@@ -6,7 +6,10 @@ streamed text, header detection, unlabelled files, the token dtype boundary, spe
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
+
+from attnlab.errors import DataError
 
 
 def test_mask_tokens_never_picks_padding_even_when_pad_is_not_special():
@@ -76,6 +79,27 @@ def test_single_column_file_without_labels(tmp_path):
     path.write_text("just some text\nmore text\n", encoding="utf-8")
     data = read_classification_file(path, require_labels=False)
     assert data.texts == ["just some text", "more text"] and data.labels is None
+
+
+def test_jsonl_whose_first_lines_lack_the_label_is_refused_when_labels_are_optional(tmp_path):
+    """Unlabelled lines before the first labelled one would shift every label onto the wrong text."""
+    from attnlab.data.text_files import read_classification_file
+
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"text": "first"}\n{"text": "second", "label": "b"}\n{"text": "third", "label": "c"}\n',
+                    encoding="utf-8")
+    with pytest.raises(DataError, match="line 1: no field 'label', which line 2 has"):
+        read_classification_file(path, require_labels=False)
+    path.write_text('{"text": "first"}\n{"text": "second"}\n', encoding="utf-8")
+    assert read_classification_file(path, require_labels=False).labels is None
+
+
+def test_integer_labels_that_compare_equal_sort_in_one_order():
+    """"1" and "01" tie on int(): the order (hence the class ids) must not depend on the set's hash order."""
+    from attnlab.data.text_files import sort_labels
+
+    assert sort_labels({"1", "01", "2", "+2", "-1"}) == ["-1", "01", "1", "+2", "2"]
+    assert sort_labels(["2", "01", "1", "+2", "-1"]) == ["-1", "01", "1", "+2", "2"]
 
 
 def test_line_split_offset_inside_a_long_line_lands_on_a_character_boundary(tmp_path):

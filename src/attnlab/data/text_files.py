@@ -261,7 +261,7 @@ class ClassificationData:
 def sort_labels(labels: set[str] | Sequence[str]) -> list[str]:
     labels = set(labels)
     if all(_is_int(x) for x in labels):
-        return sorted(labels, key=int)
+        return sorted(labels, key=lambda x: (int(x), x))  # "1" and "01": ties in a fixed order
     return sorted(labels)
 
 
@@ -366,6 +366,9 @@ def _read_jsonl(path, text, text_column, label_column, require_labels) -> Classi
                 raise DataError(
                     f"data file '{path}' line {number}: no label field among {sorted(obj)}; pass label_column"
                 )
+            if texts:  # the lines before this one had no label (possible only when labels are optional)
+                raise DataError(f"data file '{path}' line {lines[0]}: no field {label_key!r}, which line {number} "
+                                "has; give every line a label or none")
         if text_key == label_key:
             raise _same_columns(path, repr(text_key))
         if text_key not in obj or not isinstance(obj[text_key], str):
