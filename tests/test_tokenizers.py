@@ -139,6 +139,33 @@ def test_bpe_round_trip_is_exact(bpe):
     assert len(bpe.encode("attention")) < len("attention")  # merges learnt
 
 
+CODE = "def f():\n    return 1\n\ndef g():\n    x = 2  \n    return x\r\n\tif y:\n  \n\n        pass\n" * 20
+
+
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece", "word", "char"])
+def test_corpus_ids_equal_one_encode_of_the_whole_text(tmp_path, monkeypatch, kind):
+    """Token files encode a text in pieces (lines encoded in parallel, ~1 MB blocks from disk). The pieces
+    are cut before a line end that follows a non-space character, so the ids are those of one `encode`:
+    byte-level BPE joins a line end to the next line's indentation ("\n   " + " return"), which a cut after
+    the newline would part."""
+    import attnlab.data.corpus as corpus
+    from attnlab.data.tokenizers import last_piece_cut, text_pieces, train_tokenizer
+
+    tok = train_tokenizer(kind, [CODE], vocab_size=300)
+    text = CODE * 5 + "tail   "
+    whole = tok.encode(text)
+    if kind == "bpe":
+        assert any("Ċ" in t and "Ġ" in t for t in map(tok.id_to_token, whole))  # a line end merged with indentation
+    assert "".join(text_pieces(text)) == text and len(text_pieces(text)) > 100
+    assert tok.encode_array(text).tolist() == whole
+    (tmp_path / "code.txt").write_text(text, encoding="utf-8", newline="")
+    monkeypatch.setattr(corpus, "BLOCK_BYTES", 97)  # many blocks from disk
+    assert np.asarray(corpus.build_token_file(tmp_path / "code.txt", tok, tmp_path / "a.bin")).tolist() == whole
+    assert np.asarray(corpus.build_token_file(text, tok, tmp_path / "b.bin", block_chars=97)).tolist() == whole
+    assert last_piece_cut("ab\n  cd\n\n  \n") == 7 and last_piece_cut("ab\r\n cd  \n") == 2
+    assert last_piece_cut("\n\n  \n") == -1 and last_piece_cut("ab\ncd", 2) == -1
+
+
 def test_bpe_specials_in_text_and_decode(bpe):
     ids = bpe.encode("fox <mask> dog")
     assert bpe.mask_id in ids

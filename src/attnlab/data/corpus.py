@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from attnlab.data.text_files import BLOCK_BYTES, iter_text_blocks, read_text
-from attnlab.data.tokenizers import Tokenizer
+from attnlab.data.tokenizers import Tokenizer, last_piece_cut
 from attnlab.errors import ConfigError, DataError
 from attnlab.files import atomic_path, write_text_atomic
 
@@ -41,18 +41,28 @@ def sidecar_path(path: str | os.PathLike[str]) -> Path:
 def _blocks(source: str | os.PathLike[str] | Iterable[str], block_chars: int) -> Iterator[list[str]]:
     """Group the source into lists of strings of about `block_chars` characters.
 
-    A string is cut at line ends; a Path is streamed from disk; an iterable's items are kept whole.
+    A string or a Path (streamed from disk) is cut before a line end that follows a non-space character
+    (`last_piece_cut`: the blocks encode to the ids of the whole text); an iterable's items are kept whole.
     """
     if isinstance(source, os.PathLike):
+        carry = ""
         for block in iter_text_blocks(source, BLOCK_BYTES):
-            yield [block]
+            text = carry + block
+            cut = last_piece_cut(text)
+            if cut <= 0 and len(text) >= 4 * BLOCK_BYTES:  # no such point for megabytes: cut at the end
+                cut = len(text)
+            if cut > 0:
+                yield [text[:cut]]
+            carry = text[cut:] if cut > 0 else text
+        if carry:
+            yield [carry]
         return
     if isinstance(source, str):
         start = 0
         while start < len(source):
             end = min(start + block_chars, len(source))
             if end < len(source):
-                cut = source.rfind("\n", start, end) + 1
+                cut = last_piece_cut(source, start, end)
                 end = cut if cut > start else end
             yield [source[start:end]]
             start = end

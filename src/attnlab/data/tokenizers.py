@@ -215,6 +215,28 @@ def _base_dict(tok: Tokenizer) -> dict[str, Any]:
     return {"type": tok.kind, "version": FORMAT_VERSION, "specials": tok.specials.to_dict()}
 
 
+# Where a text may be cut and its pieces encoded apart with the ids of the whole text: before a line end ("\n"
+# or "\r\n") that follows a non-space character. Every tokenizer here ends a token there. Cutting after the
+# line end would not do: byte-level BPE's GPT-2 pattern keeps "\n" with the next line's indentation.
+_PIECE_CUT = re.compile(r"(?<=\S)(?=\r?\n)")
+
+
+def text_pieces(text: str) -> list[str]:
+    """`text` cut at every `_PIECE_CUT` point (about a line each); the pieces' ids concatenated are the text's."""
+    return _PIECE_CUT.split(text)
+
+
+def last_piece_cut(text: str, start: int = 0, end: int | None = None) -> int:
+    """The last `_PIECE_CUT` point p with start < p < end (the text cut at p encodes as it does whole), or -1."""
+    end = len(text) if end is None else end
+    while (p := text.rfind("\n", start, end)) > start:
+        q = p - 1 if text[p - 1] == "\r" else p
+        if q > start and not text[q - 1].isspace():
+            return q
+        end = p
+    return -1
+
+
 def _as_text_list(texts: str | Iterable[str]) -> Iterable[str]:
     return [texts] if isinstance(texts, str) else texts
 
@@ -391,9 +413,10 @@ class WordTokenizer(Tokenizer):
     """Words split on whitespace, or the matches of a regex `pattern`; decode joins them with spaces.
 
     `vocab` lists the tokens in id order and must contain every present special. Token files encode a text
-    a block of whole lines at a time (about a megabyte): a `pattern` whose matches can span a line end
-    (`\\s+\\w+` takes the newline with the next word) may split the text differently at those boundaries than
-    one `encode` of the whole text; patterns that stop at line ends (the default) split identically.
+    a block of lines at a time (about a megabyte), cut before a line end that follows a non-space character:
+    a `pattern` whose matches can span such a point (`\\w+\\n` takes the newline with the word before it) may
+    split the text differently there than one `encode` of the whole text; the default pattern, and patterns
+    that start a match at a line end (`\\s+\\w+`), split identically.
     """
 
     kind = "word"
@@ -548,9 +571,7 @@ class _HFTokenizer(Tokenizer):
 
     def encode_array(self, texts: str | Sequence[str]) -> np.ndarray:
         if isinstance(texts, str):
-            # Lines encode in parallel; both pre-tokenizers split at line ends, so the ids are the same.
-            lines = texts.split("\n")
-            texts = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+            texts = text_pieces(texts)  # encoded in parallel, with the ids of the whole text
         return super().encode_array(texts)
 
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
@@ -581,7 +602,10 @@ class _HFTokenizer(Tokenizer):
 
 @TOKENIZERS.register("bpe")
 class BPETokenizer(_HFTokenizer):
-    """Byte-level BPE (GPT-2 style): every text encodes without unk, and decode gives it back exactly."""
+    """Byte-level BPE (GPT-2 style): every text encodes without unk, and decode gives it back exactly.
+
+    The special tokens' strings ("<mask>", "<eos>"...) in a text encode as those specials, so a prompt can
+    name them; decode drops padding, so a literal "<pad>" does not come back."""
 
     kind = "bpe"
 
