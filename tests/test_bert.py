@@ -111,6 +111,28 @@ def test_right_padding_does_not_change_real_tokens():
     torch.testing.assert_close(padded[1, :7], alone[0], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("heads", ["classification", "pretraining"])
+def test_left_padding_pools_the_first_real_token(heads):
+    """The pooler reads [CLS], the first real token: a left-padded row gives the classification (or NSP)
+    logits it gives alone, as a right-padded one does."""
+    model = tiny(heads=heads, n_classes=3).eval()
+    ids = torch.tensor([[2, 40, 41, 3, 50, 3]])
+    types = torch.tensor([[0, 0, 0, 0, 1, 1]])
+    left = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], 1)
+    right = torch.cat([ids, torch.zeros(1, 3, dtype=torch.long)], 1)
+    mask_left, mask_right = (left != 0).long(), (right != 0).long()
+
+    def summary(out):
+        return out.logits if heads == "classification" else out.extra["nsp_logits"]
+
+    with torch.no_grad():
+        alone = summary(model(ids, token_type_ids=types))
+        for padded, mask in ((left, mask_left), (right, mask_right)):
+            padded_types = torch.zeros_like(padded)
+            padded_types[mask.bool()] = types[0]
+            torch.testing.assert_close(summary(model(padded, mask, padded_types)), alone, atol=1e-5, rtol=0)
+
+
 def test_left_to_right_ablation_is_causal():
     model = tiny(causal=True, heads="none").eval()
     ids = torch.randint(5, V, (1, 8))

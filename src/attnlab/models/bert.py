@@ -26,6 +26,7 @@ from attnlab.models.common import (
     positions_from_mask,
     token_loss,
 )
+from attnlab.models.encoder import first_pool
 from attnlab.models.output import ModelOutput
 from attnlab.models.registry import register_family, register_preset
 from attnlab.modules.attention import key_mask
@@ -156,14 +157,15 @@ class BertEmbeddings(nn.Module):
 
 
 class Pooler(nn.Module):
-    """tanh(W·h_[CLS] + b): the sentence summary the NSP and classification heads read."""
+    """tanh(W·h_[CLS] + b): the sentence summary the NSP and classification heads read. [CLS] is the first
+    real token: position 0 under right padding (HF's rule), after the padding of a left-padded row."""
 
     def __init__(self, d_model: int):
         super().__init__()
         self.dense = nn.Linear(d_model, d_model)
 
-    def forward(self, h: Tensor) -> Tensor:
-        return torch.tanh(self.dense(h[:, 0]))  # (B, D)
+    def forward(self, h: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        return torch.tanh(self.dense(first_pool(h, attention_mask)))  # (B, D)
 
 
 class MaskedLMHead(nn.Module):
@@ -266,7 +268,7 @@ class BertModel(nn.Module):
                 **_unused: Tensor) -> ModelOutput:
         h, weights, hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids,
                                          need_weights=need_weights, output_hidden_states=output_hidden_states)
-        pooled = self.pooler(h) if self.pooler is not None else None
+        pooled = self.pooler(h, attention_mask) if self.pooler is not None else None
         heads = self.config.heads
         if heads == "pretraining":
             out = self._pretraining(h, pooled, labels, next_sentence_label)
