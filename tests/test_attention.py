@@ -871,3 +871,12 @@ def test_fp32_attention_on_a_torch_without_the_onednn_precision_switch(monkeypat
     assert not core._onednn_fp32(q)
     out, _ = attention(q, k, v, causal=True)
     torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_an_integer_mask_is_refused_on_every_path(need_weights):
+    """A 0/1 integer mask is neither a boolean mask nor an additive one: the explicit path would have added it to
+    the scores (1 for a kept key, 0 for a hidden one) and the fused path failed inside torch."""
+    q = torch.randn(1, 2, 3, 4)
+    with pytest.raises(ConfigError, match="mask.bool()"):
+        attention(q, q, q, mask=torch.ones(1, 1, 3, 3, dtype=torch.long), need_weights=need_weights)

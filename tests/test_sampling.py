@@ -50,3 +50,40 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p_in_vocabulary_order(monkeypa
 def test_top_p_drops_a_token_once_the_tokens_above_hold_exactly_p(monkeypatch):
     p = _sampled_probs(monkeypatch, torch.zeros(1, 2), top_p=0.5)  # probabilities 0.5, 0.5 exactly
     assert sorted(p[0].tolist()) == [0.0, 1.0]
+
+
+def test_a_tiny_temperature_samples_the_argmax_instead_of_overflowing(monkeypatch):
+    """Logits divided by 1e-40 overflow to ±inf (NaN probabilities); shifted to a maximum of 0 first, the others
+    go to -inf and the distribution is the greedy one."""
+    logits = torch.tensor([[0.5, 3.0, -1.0, 2.0], [40.0, -30.0, 1.0, 39.0]])
+    p = _sampled_probs(monkeypatch, logits, temperature=1e-40)
+    torch.testing.assert_close(p, torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]))
+
+
+def test_generation_inputs_of_the_wrong_kind_get_one_line():
+    import numpy as np
+    import pytest
+
+    from attnlab.errors import ConfigError
+    from attnlab.inference.generate import beam_search, generate, greedy_translate
+    from attnlab.models.registry import build_model, get_preset
+
+    torch.manual_seed(0)
+    gpt = build_model(get_preset("gpt-char-tiny")[1]).eval()
+    assert generate(gpt, [np.array([1, 2]), torch.tensor([3])], 2, greedy=True) == \
+        generate(gpt, [[1, 2], [3]], 2, greedy=True)
+    for prompt, words in (([1, 2, 3], "list of id lists"), ("hello", "tokenizer"), (torch.tensor([1, 2]), "(2,)"),
+                          (torch.tensor([[1.0, 2.0]]), "float32"), ([[1.5, 2]], "whole number")):
+        with pytest.raises(ConfigError, match=words):
+            generate(gpt, prompt, 3)
+    for options, words in ((dict(max_new_tokens=2.0), "max_new_tokens"), (dict(max_new_tokens=2, top_k=2.5), "top_k")):
+        with pytest.raises(ConfigError, match=words):
+            generate(gpt, [[1]], **options)
+    seq2seq = build_model(get_preset("seq2seq-tiny")[1]).eval()
+    src = torch.randint(3, 20, (1, 5))
+    for call, words in ((lambda: beam_search(seq2seq, src, length_penalty=float("nan")), "length_penalty"),
+                        (lambda: beam_search(seq2seq, src, length_penalty=float("inf")), "length_penalty"),
+                        (lambda: beam_search(seq2seq, src, max_len=-1), "max_len"),
+                        (lambda: greedy_translate(seq2seq, src, max_len=-1), "max_len")):
+        with pytest.raises(ConfigError, match=words):
+            call()

@@ -8,7 +8,8 @@ positions count real tokens only, so every row produces what it would produce al
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import operator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -31,7 +32,11 @@ def sample_next(
     """(B, V) logits of the last position -> (B,) next token ids."""
     if greedy or temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    # Shifted so that the largest is 0 before dividing: a tiny temperature then sends the others to -inf
+    # (greedy in the limit) instead of overflowing every logit to ±inf (NaN probabilities). Softmax, top-k and
+    # top-p do not see the shift.
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -48,6 +53,9 @@ def sample_next(
 
 def _check_options(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
     # Each message names the argument and its command-line flag.
+    for name, flag, value in (("max_new_tokens", "-n", max_new_tokens), ("top_k", "--top-k", top_k)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ConfigError(f"{name} ({flag}) must be a whole number, got {value!r}")
     if max_new_tokens < 0:
         raise ConfigError(f"max_new_tokens (-n) must be >= 0, got {max_new_tokens}")
     if not 0 <= temperature < math.inf:  # also refuses NaN
@@ -56,6 +64,25 @@ def _check_options(max_new_tokens: int, temperature: float, top_k: int | None, t
         raise ConfigError(f"top_k (--top-k) must be >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ConfigError(f"top_p (--top-p) must be in (0, 1], got {top_p}")
+
+
+def _prompt_rows(prompt: Tensor | Iterable[Iterable[int]]) -> list[list[int]]:
+    """The prompts as lists of ids, or one line naming what is wrong with them."""
+    shape = "a (B, T) tensor of token ids or a list of id lists, e.g. [[5, 9, 2]] (one prompt: one inner list)"
+    if isinstance(prompt, Tensor):
+        if prompt.dim() != 2 or prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
+            raise ConfigError(f"prompt must be {shape}; got a tensor of shape {tuple(prompt.shape)} and {prompt.dtype}")
+        rows = prompt.tolist()
+    else:
+        if isinstance(prompt, str) or any(isinstance(p, str | int) or not isinstance(p, Iterable) for p in prompt):
+            raise ConfigError(f"prompt must be {shape}; encode text with the run's tokenizer first")
+        try:
+            rows = [[operator.index(i) for i in p] for p in prompt]  # ints, NumPy or 0-d tensor integers
+        except TypeError:
+            raise ConfigError(f"prompt must be {shape}: every id a whole number") from None
+    if not rows or any(len(r) == 0 for r in rows):
+        raise ConfigError("every prompt needs at least one token")
+    return rows
 
 
 @contextmanager
@@ -95,7 +122,8 @@ def generate(
         prompt: (B, T) ids, or a list of id lists of any lengths (left-padded internally).
         greedy: take the argmax; otherwise sample with `temperature`, `top_k`, `top_p`.
         eos_id: stop a row when it produces this id (the id is kept in its output).
-        seed: seed of the sampling generator (deterministic sampling).
+        seed: seed of the sampling generator (deterministic sampling). The rows of a batch draw from one
+            generator, so a sampled row differs from the same prompt sampled alone (greedy rows do not).
         use_cache: reuse keys/values (the default, where the model supports it); False recomputes the whole
             prefix each step.
             A model with a bounded context (`max_len`: learned positions, a block size) sees at most its
@@ -109,9 +137,7 @@ def generate(
     """
     _check_options(max_new_tokens, temperature, top_k, top_p)
     device = next(model.parameters()).device
-    rows = prompt.tolist() if isinstance(prompt, Tensor) else [list(p) for p in prompt]
-    if not rows or any(len(r) == 0 for r in rows):
-        raise ConfigError("every prompt needs at least one token")
+    rows = _prompt_rows(prompt)
     b, longest = len(rows), max(len(r) for r in rows)
     total = longest + max_new_tokens
     ids = torch.full((b, total), pad_id, dtype=torch.long, device=device)
@@ -199,8 +225,14 @@ def greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None 
                      max_len: int = 64) -> list[list[int]]:
     """Greedy decoding for a batch of sources with a KV cache; returns target ids without bos, up to eos, at most
     `max_len` of them and at most as many as the model has target positions (a bounded model: learned ones)."""
+    _check_max_len(max_len)
     with eval_mode(model):
         return _greedy_translate(model, src_ids, src_mask, _target_length(model, max_len))
+
+
+def _check_max_len(max_len: int) -> None:
+    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 0:
+        raise ConfigError(f"max_len (-n) must be a whole number >= 0, got {max_len!r}")
 
 
 def _target_length(model: nn.Module, max_len: int) -> int:
@@ -250,8 +282,9 @@ def beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = Non
     """
     if beam_size < 1:
         raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
-    if length_penalty < 0:  # the early stop bounds a live beam's best score assuming α ≥ 0
-        raise ConfigError(f"length_penalty must be >= 0, got {length_penalty}")
+    if not 0 <= length_penalty < math.inf:  # the early stop bounds a live beam's best score assuming α ≥ 0
+        raise ConfigError(f"length_penalty must be a finite number >= 0, got {length_penalty}")
+    _check_max_len(max_len)
     with eval_mode(model):
         return _beam_search(model, src_ids, src_mask, beam_size, _target_length(model, max_len), length_penalty)
 

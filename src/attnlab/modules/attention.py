@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.errors import ConfigError
 from attnlab.modules.dropout import dropout as attention_dropout
 from attnlab.training.device import onednn_fp32_matmul_on
 
@@ -143,6 +144,9 @@ def attention(
         (out (B, H, T, Dv), weights or None). A query whose keys are all masked gets a zero output
         (and zero weights), never NaN.
     """
+    if mask is not None and mask.dtype != torch.bool and not mask.is_floating_point():
+        raise ConfigError(f"attention mask must be boolean (True = may attend) or float (added to the scores), "
+                          f"got {mask.dtype}; for a 0/1 mask of real tokens pass mask.bool()")
     t, s = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if causal and t == 1:
@@ -580,8 +584,6 @@ class MultiHeadAttention(nn.Module):
         from attnlab.modules.variants import build_variant
 
         if d_model % n_heads:
-            from attnlab.errors import ConfigError
-
             raise ConfigError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         kv_dim = d_model if kv_dim is None else kv_dim

@@ -449,7 +449,8 @@ def read_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> nn.Module:
-    """Rebuild the model saved at `path` and load its weights; returned in eval mode on `device`.
+    """Rebuild the model saved at `path` and load its weights; returned in eval mode on `device`, in fp32
+    whatever dtype the weights were saved in (`model.to(torch.bfloat16)` for half-precision weights).
 
     Args:
         path: a checkpoint folder, or a run folder (its ``checkpoint/``, else its ``best/``).
