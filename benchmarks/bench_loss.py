@@ -12,9 +12,10 @@ Two tables, each timed in turns (one call of every column per round), medians:
   Multi30k's length-sorted batches);
 - whole training steps (forward, backward, AdamW) of `configs/bert-mlm.toml` and `configs/translate.toml` (the
   models and random batches of `steps.py`, as in `bench_dropout.py`; the translation batches have no padding:
-  every target labelled), with and without the row selection; and BERT's step with its masked-LM head over
-  every position and over the labelled ones (`mlm_logits = "labelled"`, as `configs/bert-mlm.toml` sets it, so
-  the BERT rows of the step table above run the head that way in both columns).
+  every target labelled), with and without the row selection; and both steps with the LM head over every
+  position and over the labelled ones (`mlm_logits = "labelled"`, as `configs/bert-mlm.toml` sets it, so the
+  BERT rows of the step table above run the head that way in both columns; `lm_logits = "labelled"`, as
+  `configs/translate.toml` sets it, on target rows with padding).
 On a GPU `token_loss` takes every row (picking rows would wait for the device): the columns time the same.
 Run as a script it keeps freed memory for reuse as the `attnlab` command does (`attnlab.allocator`): without
 it each call of the larger cases faults in tens of megabytes of fresh pages, which would dominate both columns.
@@ -55,21 +56,36 @@ def loss_rows(device, dtypes, repeats: int) -> list[dict]:
     return rows
 
 
+HEAD_FIELDS = {"bert-mlm": "mlm_logits", "translation": "lm_logits"}
+
+
 def head_rows(device, dtypes, repeats: int) -> list[dict]:
-    """BERT's training step with the masked-LM head over every position ("torch": as HF computes it) and over
-    the labelled positions only (`mlm_logits = "labelled"`)."""
-    model, batches, opt = models(device)["bert-mlm"]
+    """Training steps with the LM head over every position ("torch": as HF computes it) and over the labelled
+    positions only: BERT's masked LM (`mlm_logits = "labelled"`) and translation (`lm_logits = "labelled"`) on
+    target rows of 15 to 30 tokens padded to 30, ~74 % labelled, as in Multi30k's length-sorted batches."""
     rows = []
-    for dtype in dtypes:
-        fns = {"torch": partial(_head_step, model, batches, opt, dtype, False),
-               "attnlab": partial(_head_step, model, batches, opt, dtype, True)}
-        rows.append(row({"model": "bert-mlm", "dtype": str(dtype).replace("torch.", "")}, fns, repeats, device))
-    model.config.mlm_logits = "all"
+    for name, (model, batches, opt) in models(device).items():
+        if name == "translation":
+            batches = [_padded_targets(b) for b in batches]
+        for dtype in dtypes:
+            fns = {"torch": partial(_head_step, model, batches, opt, dtype, HEAD_FIELDS[name], "all"),
+                   "attnlab": partial(_head_step, model, batches, opt, dtype, HEAD_FIELDS[name], "labelled")}
+            rows.append(row({"model": name, "dtype": str(dtype).replace("torch.", "")}, fns, repeats, device))
+        setattr(model.config, HEAD_FIELDS[name], "all")
     return rows
 
 
-def _head_step(model, batches, opt, dtype, labelled: bool, i: int) -> None:
-    model.config.mlm_logits = "labelled" if labelled else "all"
+def _padded_targets(batch: dict, pad_id: int = 0) -> dict:
+    g = torch.Generator().manual_seed(1)
+    b, t = batch["tgt_ids"].shape
+    lengths = torch.randint(t // 2, t + 1, (b,), generator=g).to(batch["tgt_ids"].device)
+    padding = torch.arange(t, device=lengths.device)[None, :] >= lengths[:, None]
+    return {**batch, "tgt_ids": batch["tgt_ids"].masked_fill(padding, pad_id),
+            "labels": batch["labels"].masked_fill(padding, IGNORE_INDEX)}
+
+
+def _head_step(model, batches, opt, dtype, field: str, value: str, i: int) -> None:
+    setattr(model.config, field, value)
     train_step(model, batches, opt, dtype, i)
 
 
@@ -103,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
         results["steps"] = step_rows(device, dtypes, args.repeats, _step, partial(_select, True))
         print_rows("training step (forward, backward, AdamW)", results["steps"], "model")
         results["head"] = head_rows(device, dtypes, args.repeats)
-        print_rows("BERT training step, masked-LM head over every position (torch) or the labelled ones",
+        print_rows("training step, the LM head over every position (torch) or the labelled ones",
                    results["head"], "model")
     if args.json:
         with open(args.json, "w") as f:

@@ -70,7 +70,7 @@ def test_bench_loss_runs(tmp_path, capsys):
     assert common.SELECT_ROWS_BELOW == before  # the "torch" columns' switch is undone
     assert {r["case"] for r in results["loss"]} == {"bert-mlm", "knowledge", "translation"}
     assert {r["model"] for r in results["steps"]} == {"translation", "bert-mlm"}
-    assert {r["model"] for r in results["head"]} == {"bert-mlm"}
+    assert {r["model"] for r in results["head"]} == {"bert-mlm", "translation"}
     assert all(r["torch"] > 0 and r["attnlab"] > 0 for part in ("loss", "steps", "head") for r in results[part])
     assert (tmp_path / "l.json").is_file()
     assert "token loss" in capsys.readouterr().out

@@ -267,6 +267,40 @@ def test_token_loss_scores_only_the_labelled_rows_on_a_cpu(monkeypatch, dtype, s
     assert (logits.grad[labels == -100] == 0).all()
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_lm_logits_at_the_labelled_positions_only_give_the_same_loss_and_gradients(smoothing):
+    """lm_logits = "labelled" runs the LM head at the labelled target positions in training (padding skipped):
+    the same loss and gradients as the head over every position; evaluation still scores every position."""
+    torch.manual_seed(0)
+    src, tgt = torch.randint(3, 40, (3, 7)), torch.randint(3, 40, (3, 6))
+    src_mask = torch.ones_like(src)
+    src_mask[1, 5:] = 0
+    labels = tgt.clone()
+    labels[0, 4:] = -100  # padded target rows
+    labels[2, 2:] = -100
+    config = dict(src_vocab_size=40, tgt_vocab_size=40, d_model=16, n_heads=2, d_ff=24, n_encoder_layers=1,
+                  n_decoder_layers=2, dropout=0.0, max_len=16, label_smoothing=smoothing)
+    dense = Seq2SeqTransformer(TransformerConfig(**config)).train()
+    sparse = Seq2SeqTransformer(TransformerConfig(**config, lm_logits="labelled")).train()
+    sparse.load_state_dict(dense.state_dict())
+    outs = [model(src, tgt, src_mask, labels) for model in (dense, sparse)]
+    for out in outs:
+        out.loss.backward()
+    n = int((labels != -100).sum())
+    assert n == 12 and outs[0].logits.shape == (3, 6, 40) and outs[1].logits.shape == (n, 40)
+    assert int(outs[1].n_targets) == int(outs[0].n_targets) == n
+    torch.testing.assert_close(outs[1].loss, outs[0].loss)
+    torch.testing.assert_close(outs[1].logits, outs[0].logits[labels != -100])
+    grads = dict(dense.named_parameters())
+    for name, param in sparse.named_parameters():
+        torch.testing.assert_close(param.grad, grads[name].grad, atol=1e-6, rtol=1e-5, msg=name)
+    with torch.no_grad():
+        assert sparse.eval()(src, tgt, src_mask, labels).logits.shape == (3, 6, 40)
+        assert sparse.train()(src, tgt, src_mask).logits.shape == (3, 6, 40)  # no labels: every position
+    with pytest.raises(ConfigError, match="lm_logits"):
+        TransformerConfig(**config, lm_logits="some")
+
+
 def test_positions_from_mask_and_length_limit():
     keep = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0]])  # left- and right-padded rows
     assert positions_from_mask(keep).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 2, 2]]

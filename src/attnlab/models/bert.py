@@ -19,9 +19,10 @@ from torch import Tensor, nn
 from attnlab.config import Config, check_choice, check_fractions, check_positive
 from attnlab.errors import ConfigError
 from attnlab.models.common import (
-    IGNORE_INDEX,
+    LOGITS_AT,
     check_length,
     default_positions,
+    labelled_rows,
     length_limit,
     positions_from_mask,
     token_loss,
@@ -37,7 +38,6 @@ from attnlab.modules.positions import POSITIONS, PositionScheme, build_position,
 from attnlab.modules.variants import VARIANTS
 
 HEADS = ("pretraining", "classification", "none")
-MLM_LOGITS = ("all", "labelled")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -104,7 +104,7 @@ class BertConfig(Config):
             raise ConfigError(f"pad_id ({self.pad_id}) must be a token id below vocab_size "
                               f"({self.vocab_size})")
         check_choice("heads", self.heads, HEADS)
-        check_choice("mlm_logits", self.mlm_logits, MLM_LOGITS)
+        check_choice("mlm_logits", self.mlm_logits, LOGITS_AT)
         check_choice("activation", self.activation, ACTIVATIONS.names())
         check_choice("attention", self.attention, VARIANTS.names())
         check_choice("position", self.position, POSITIONS.names())
@@ -289,8 +289,7 @@ class BertModel(nn.Module):
     def _pretraining(self, h: Tensor, pooled: Tensor | None, labels: Tensor | None,
                      next_sentence_label: Tensor | None) -> ModelOutput:
         if labels is not None and self.training and self.config.mlm_logits == "labelled":
-            picked = labels != IGNORE_INDEX
-            h, labels = h[picked], labels[picked]  # (n, D), (n,): the head's rows that the loss reads
+            h, labels = labelled_rows(h, labels)  # (n, D), (n,): the head's rows that the loss reads
         out = ModelOutput(logits=self.mlm(h))  # (B, T, V), or (n, V)
         losses = []
         if labels is not None:

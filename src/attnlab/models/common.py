@@ -69,6 +69,16 @@ def token_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) 
     return total / n.clamp(min=1), n
 
 
+LOGITS_AT = ("all", "labelled")  # where a training forward given labels runs an LM head (BERT, seq2seq)
+
+
+def labelled_rows(hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, T, D) states and (B, T) labels -> the (n, D) states and (n,) labels of the labelled positions,
+    in row-major order: the only rows an LM head must score for the loss (`LOGITS_AT`'s "labelled")."""
+    picked = labels != IGNORE_INDEX
+    return hidden[picked], labels[picked]
+
+
 def default_positions(length: int, offset: int, device: torch.device) -> Tensor:
     return torch.arange(offset, offset + length, device=device)[None, :]  # (1, T)
 
