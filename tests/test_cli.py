@@ -12,6 +12,7 @@ import pytest
 import torch
 from cli_helpers import run_cli
 
+from attnlab.errors import DataError
 from attnlab.training.recipe import load_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,6 +197,27 @@ def test_translation_train_generate_evaluate(tmp_path, capsys, monkeypatch):
     by_length = sorted(range(len(mixed)), key=lambda i: len(mixed[i].split()))
     assert [alone[i] for i in by_length] != alone  # so hypotheses left in the sorted order would show
     assert scored == [alone]
+
+    # generate --input: a file translated in batches sorted by length, one line out per line in, in order.
+    (tmp_path / "blank.src").write_text("\n".join(mixed[:3] + ["  "] + mixed[3:]) + "\n", encoding="utf-8")
+    code, stdout, err = run_cli(capsys, "generate", str(out), "--input", str(tmp_path / "blank.src"), "-n", "64",
+                                "--device", "cpu")
+    assert code == 0, err
+    assert stdout.split("\n") == alone[:3] + [""] + alone[3:] + [""]
+    for argv, needle in ((["--input", str(tmp_path / "blank.src"), "--prompt", "a"], "not both"), ([], "not both"),
+                         (["--input", str(tmp_path / "none.src")], "does not exist")):
+        code, _, err = run_cli(capsys, "generate", str(out), *argv, "--device", "cpu")
+        assert code == 2 and needle in err, err
+
+
+def test_translate_lines_names_the_line_of_an_unknown_character():
+    from attnlab.data.tokenizers import CharTokenizer
+    from attnlab.inference.runs import LoadedRun, translate_lines
+
+    run = LoadedRun(model=None, tokenizer=CharTokenizer(["a", "b", " "]), family="seq2seq", folder=Path("."),
+                    data={})
+    with pytest.raises(DataError, match=r"src\.txt line 2: 'z' is not in the vocabulary"):
+        translate_lines(run, ["a b", "b z"], name="src.txt")
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -65,8 +65,12 @@ def train(
 @app.command()
 def generate(
     run_dir: str = typer.Argument(..., help="A run folder written by `attnlab train` (or a checkpoint folder)."),
-    prompt: list[str] = typer.Option(..., "--prompt", "-p", help="The text to continue (or to translate); "
-                                     "repeat for several, decoded as one batch and printed in order."),
+    prompt: list[str] | None = typer.Option(None, "--prompt", "-p", help="The text to continue (or to "
+                                            "translate); repeat for several, decoded as one batch and printed in "
+                                            "order."),
+    input_file: str | None = typer.Option(None, "--input", "-i", help="Translation models: a file of source "
+                                          "sentences, one per line, translated in batches; the translations are "
+                                          "printed one per line, in order (an empty line for a blank one)."),
     max_new_tokens: int = typer.Option(200, "--max-new-tokens", "-n", help="How many tokens to add (for a "
                                        "translation: the longest output, in tokens)."),
     temperature: float | None = typer.Option(None, help="Sampling temperature (default 0.8)."),
@@ -82,11 +86,27 @@ def generate(
                               "CPU prefer bf16)."),
 ) -> None:
     """Generate text from a trained language model (with a KV cache), or translate with a seq2seq model."""
-    from attnlab.inference.runs import check_decoding_options, generate_texts, load_run
+    from attnlab.errors import ConfigError
+    from attnlab.inference.runs import check_decoding_options, generate_texts, load_run, translate_lines
     from attnlab.training.device import select_device
 
+    if (prompt is None) == (input_file is None):
+        raise ConfigError("give the text to continue or translate with --prompt (-p), or a file of sentences to "
+                          "translate with --input (-i), not both")
     run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint", dtype=dtype)
     check_decoding_options(run.family, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if input_file is not None:
+        from attnlab.data.text_files import read_lines
+
+        if run.family != "seq2seq":
+            raise ConfigError(f"--input translates a file with a translation model; this run is a {run.family!r} "
+                              "model: give its prompts with --prompt (-p)")
+        if max_new_tokens < 1 or beam_size < 1:
+            raise ConfigError(f"-n (the longest translation, in tokens) and --beam-size must be at least 1, got "
+                              f"{max_new_tokens} and {beam_size}")
+        lines = read_lines(input_file)
+        print("\n".join(translate_lines(run, lines, beam_size=beam_size, max_len=max_new_tokens, name=input_file)))
+        return
     texts = generate_texts(run, prompt, max_new_tokens=max_new_tokens, greedy=greedy,
                            temperature=0.8 if temperature is None else temperature, top_k=top_k, top_p=top_p,
                            seed=0 if seed is None else seed, beam_size=beam_size)

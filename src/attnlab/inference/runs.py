@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,59 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
 _TRANSLATE_BATCH = 64  # sources translated at once by `generate`; bounds the memory of a long list of prompts
 
 
+def translate_lines(run: LoadedRun, lines: Sequence[str], *, beam_size: int = 1, max_len: int = 128,
+                    batch_size: int = _TRANSLATE_BATCH, name: str = "source") -> list[str]:
+    """Translate each line with a seq2seq run, greedily or by beam search (`beam_size` > 1), at most `max_len`
+    tokens each; returns the translations in line order, "" for a blank line.
+
+    Sources are cut to the run's `data.max_length` as training cut them (with a warning), and translated in
+    batches of similar length (less padding; each source gets the translation it gets alone). `name` names
+    the lines in errors (a file's path: "FILE line N: ...")."""
+    from attnlab.data.sources import _warn_cut
+
+    tok = run.tokenizer
+    encoded = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            encoded.append(tok.encode(line) if line.strip() else [])
+        except UnknownToken as e:
+            raise DataError(f"{name} line {number}: {e.token!r} is not in the vocabulary the model was trained "
+                            "with (and it has no unk token); remove it or train on text that contains it") from None
+    room = run.data.get("max_length")
+    if isinstance(room, int) and room > 0:
+        _warn_cut([len(ids) for ids in encoded], room, "source sentences", "data.max_length (the run's)")
+        encoded = [ids[:room] for ids in encoded]
+    return translate_ids(run, encoded, beam_size=beam_size, max_len=max_len, batch_size=batch_size)
+
+
+def translate_ids(run: LoadedRun, sources: Sequence[Sequence[int]], *, beam_size: int = 1, max_len: int = 128,
+                  batch_size: int = _TRANSLATE_BATCH, batches: Sequence[Any] | None = None) -> list[str]:
+    """`translate_lines` of encoded sources (an empty one gives ""): batches of `batch_size` sources sorted by
+    length (stably), or the index arrays of `batches`, padded together and masked per row, so each gets the
+    translation it gets alone; the texts come back in the sources' order."""
+    import numpy as np
+
+    from attnlab.data.sources import pad_batch
+    from attnlab.inference.generate import beam_search, greedy_translate
+
+    tok, model = run.tokenizer, run.model
+    device = _device(model)
+    texts = [""] * len(sources)
+    if batches is None:
+        todo = np.array([i for i, ids in enumerate(sources) if len(ids)], dtype=np.int64)
+        todo = todo[np.argsort([len(sources[i]) for i in todo], kind="stable")]
+        batches = [todo[start: start + batch_size] for start in range(0, len(todo), batch_size)]
+    pad = tok.pad_id if tok.pad_id is not None else 0
+    for indices in progress_bar(batches, len(batches), "translate"):
+        batch = pad_batch([sources[i] for i in indices], pad)
+        src, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+        out = (beam_search(model, src, mask, beam_size=beam_size, max_len=max_len) if beam_size > 1
+               else greedy_translate(model, src, mask, max_len=max_len))
+        for i, ids in zip(np.asarray(indices).tolist(), out):
+            texts[i] = tok.decode(ids, skip_special_tokens=True)
+    return texts
+
+
 def _encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     ids = tokenizer.encode(prompt)  # raises DataError for characters/words the tokenizer cannot encode
     if not ids:
@@ -159,11 +213,9 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
     greedy decoding gives each the text it would get alone; sampling draws for all rows at once, so a seed
     reproduces the texts of the same list of prompts), or translate each with a seq2seq model (sources padded
     and masked in batches: each gets the translation it gets alone)."""
-    from attnlab.data.sources import pad_batch
-    from attnlab.inference.generate import beam_search, generate, greedy_translate
+    from attnlab.inference.generate import generate
 
     tok, model = run.tokenizer, run.model
-    device = next(model.parameters()).device
     if not prompts:
         raise ConfigError("give at least one prompt")
     if beam_size < 1:
@@ -175,15 +227,7 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
         if max_new_tokens < 1:
             raise ConfigError(f"-n is the longest translation in tokens for a translation model; give at least 1, "
                               f"got {max_new_tokens}")
-        texts = []
-        pad = tok.pad_id if tok.pad_id is not None else 0
-        for start in range(0, len(encoded), _TRANSLATE_BATCH):  # sources padded together, masked per row
-            batch = pad_batch(encoded[start: start + _TRANSLATE_BATCH], pad)
-            src, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
-            out = (beam_search(model, src, mask, beam_size=beam_size, max_len=max_new_tokens) if beam_size > 1
-                   else greedy_translate(model, src, mask, max_len=max_new_tokens))
-            texts.extend(tok.decode(ids, skip_special_tokens=True) for ids in out)
-        return texts
+        return translate_lines(run, prompts, beam_size=beam_size, max_len=max_new_tokens, name="--prompt")
     if run.family not in LM_FAMILIES and not (run.family == "encoder" and model.config.head == "lm"):
         raise ConfigError(f"a {run.family!r} model with this head does not generate text; "
                           "`attnlab evaluate` scores it on a file")
@@ -341,27 +385,18 @@ def _evaluate_translation(run: LoadedRun, data: str | Path, target: str | Path |
 
     from attnlab.data.sources import ParallelTextSource
     from attnlab.data.text_files import read_lines
-    from attnlab.inference.generate import beam_search, greedy_translate
 
     if target is None:
-        raise ConfigError("a translation model needs --target REFERENCES (one translation per line of --data)")
+        raise ConfigError("a translation model is scored against --target REFERENCES (one translation per line of "
+                          "--data); to translate a file without references: attnlab generate RUN --input FILE")
     tok, model, d = run.tokenizer, run.model, run.data
     max_length = d.get("max_length", 128)
     # Batches of sentences of similar length: less padding, and a greedy or beam batch ends sooner.
     source = ParallelTextSource(data, target, tok, tok, batch_size, max_src_length=max_length,
                                 max_tgt_length=max_length, bucket_by_length=True)
-    device = _device(model)
     order = source.eval_indices(batch_size)
     out = _token_loss_metrics(model, progress_bar((source.collate(indices) for indices in order), len(order),
                                                   "evaluate"))
-    hyps: list[str] = [""] * len(source)
-    for indices in progress_bar(order, len(order), "translate"):
-        batch = source.collate(indices)
-        src = batch["src_ids"].to(device)
-        mask = batch["src_mask"].to(device)
-        ids = (beam_search(model, src, mask, beam_size=beam_size, max_len=max_length) if beam_size > 1
-               else greedy_translate(model, src, mask, max_len=max_length))
-        for i, hyp in zip(indices.tolist(), ids):
-            hyps[i] = tok.decode(hyp, skip_special_tokens=True)
+    hyps = translate_ids(run, source.src, beam_size=beam_size, max_len=max_length, batches=order)
     out["bleu"] = float(sacrebleu.corpus_bleu(hyps, [read_lines(target)]).score)
     return out
