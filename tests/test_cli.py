@@ -64,7 +64,7 @@ def test_lm_train_generate_evaluate(tmp_path, capsys):
         assert code == 0, err
         assert half.startswith("def ")
     code, _, err = run_cli(capsys, "generate", str(out), "--prompt", "def ", "--dtype", "int3", "--device", "cpu")
-    assert code == 2 and "dtype: unknown value 'int3'" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "dtype (--dtype): unknown value 'int3'" in err and len(err.strip().splitlines()) == 1
     code, _, err = run_cli(capsys, "generate", str(out), "--prompt", "def ", "--beam-size", "3", "--device", "cpu")
     assert code == 2 and "--beam-size is for translation models" in err
 

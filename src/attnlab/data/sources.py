@@ -519,7 +519,8 @@ class NSPPairs:
                 "no document has two sentences, so there are no sentence pairs; give longer documents"
             )
         if random_next_prob > 0 and len(docs) < 2:
-            raise DataError("random next sentences need at least two documents; give more documents")
+            raise DataError("random next sentences need at least two documents; give more documents (one sentence "
+                            "per line, a blank line between documents)")
 
     def __len__(self) -> int:
         return len(self.anchors)

@@ -44,7 +44,7 @@ WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.fl
 
 def weight_dtype(name: str) -> torch.dtype:
     if name not in WEIGHT_DTYPES:
-        raise ConfigError(f"dtype: unknown value {name!r}; choose one of: {', '.join(WEIGHT_DTYPES)}")
+        raise ConfigError(f"dtype (--dtype): unknown value {name!r}; choose one of: {', '.join(WEIGHT_DTYPES)}")
     return WEIGHT_DTYPES[name]
 
 
@@ -258,12 +258,15 @@ def evaluate_file(run: LoadedRun, data: str | Path, *, target: str | Path | None
     (sacrebleu's corpus BLEU) of the model's translations, greedy or by beam search with `beam_size` > 1.
     `precision` "bf16" (or "auto": bf16 where the hardware computes it) runs it all under bf16 autocast.
     """
-    from attnlab.training.device import autocast, resolve_precision
+    from attnlab.training.device import PRECISIONS, autocast, resolve_precision
 
     if batch_size < 1:
-        raise ConfigError(f"batch_size must be positive, got {batch_size}")
+        raise ConfigError(f"batch_size (--batch-size) must be positive, got {batch_size}")
     if beam_size < 1:
         raise ConfigError(f"--beam-size must be at least 1, got {beam_size}")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision (--precision): unknown value {precision!r}; choose one of: "
+                          f"{', '.join(PRECISIONS)}")
     device = _device(run.model)
     with autocast(device, resolve_precision(precision, device)):
         return _evaluate_file(run, data, target, batch_size, beam_size, text_column, label_column)

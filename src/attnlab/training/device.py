@@ -46,7 +46,7 @@ def select_device(name: str = "auto") -> torch.device:
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"device {name!r} is not available (torch sees no CUDA GPU); "
-                              "use device = \"cpu\" or \"auto\"")
+                              "use the device cpu or auto")
         if ":" in name:
             index = int(name.split(":", 1)[1]) if name.split(":", 1)[1].isdigit() else -1
             if not 0 <= index < torch.cuda.device_count():
@@ -54,7 +54,7 @@ def select_device(name: str = "auto") -> torch.device:
                                   f"{torch.cuda.device_count()} CUDA device(s)")
     if kind == "mps" and not _mps_available():
         raise ConfigError(f"device {name!r} is not available (no Apple GPU); "
-                          "use device = \"cpu\" or \"auto\"")
+                          "use the device cpu or auto")
     try:
         return torch.device(name)
     except RuntimeError:  # "cpu:x", "mps:-1"...

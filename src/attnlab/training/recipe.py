@@ -258,9 +258,7 @@ def _validate_model_keys(model: dict[str, Any]) -> str:
     if "init_from" in model:
         if "preset" in model:
             raise ConfigError("model.init_from and model.preset both give the architecture; keep one")
-        from attnlab.training.checkpoint import read_config
-
-        saved = read_config(model["init_from"])["family"]
+        saved = _init_from_config(model["init_from"])["family"]
         if family is not None and family != saved:
             raise ConfigError(f"model.init_from holds a {saved!r} model, not {family!r}; drop model.family")
         family = saved
@@ -282,6 +280,16 @@ def _validate_model_keys(model: dict[str, Any]) -> str:
     return family
 
 
+def _init_from_config(path: str) -> dict[str, Any]:
+    """The model config of the run model.init_from names; its errors say which setting named the folder."""
+    from attnlab.training.checkpoint import read_config
+
+    try:
+        return read_config(path)
+    except CheckpointError as e:
+        raise CheckpointError(f"model.init_from: {e}") from None
+
+
 def model_config(model: dict[str, Any], **derived: Any) -> Config:
     """Build the model config: the preset (if any), then the table's values, then `derived` values
     the data imposes (vocabulary size...) unless the table set them explicitly."""
@@ -291,9 +299,7 @@ def model_config(model: dict[str, Any], **derived: Any) -> Config:
     preset = table.pop("preset", None)
     init_from = table.pop("init_from", None)
     if init_from is not None:
-        from attnlab.training.checkpoint import read_config
-
-        saved = read_config(init_from)
+        saved = _init_from_config(init_from)
         values = {**saved, **table}
         family = values.pop("family")
         if family == "encoder" and values.get("causal") is None:
