@@ -81,7 +81,8 @@ def test_refused_setting_does_not_warn_about_replacing_a_run(capsys, tmp_path, m
 
 def test_generate_refusals(capsys, lm_run):
     common = [str(lm_run), "--device", "cpu", "-n", "3"]
-    assert "Missing option '--prompt'" in one_line_error(capsys, "generate", str(lm_run))
+    assert "with --prompt (-p), or a file of sentences to translate with --input (-i)" in one_line_error(
+        capsys, "generate", str(lm_run))
     assert "--temperature" in one_line_error(capsys, "generate", *common, "--prompt", "x", "--temperature", "abc")
     for value in ("nan", "inf", "-1"):
         assert "must be a finite number >= 0" in one_line_error(capsys, "generate", *common, "--prompt", "x",
@@ -180,6 +181,17 @@ def test_params_reads_a_run_folder(capsys, lm_run):
     # Another JSON file of the run: not a model config (it was told to add a 'family' key to the tokenizer)
     line = one_line_error(capsys, "params", str(lm_run / "checkpoint" / "tokenizer.json"))
     assert "tokenizer.json is not a model config" in line and "add family" not in line
+
+
+def test_an_experiment_folder_lists_its_runs(tmp_path, capsys, lm_run):
+    """`attnlab run knowledge` writes a run per phase into its folder: given the folder, the commands name them."""
+    for phase in ("pretrain-dot", "finetune-dot"):
+        shutil.copytree(lm_run / "checkpoint", tmp_path / "exp" / phase / "checkpoint")
+    (tmp_path / "exp" / "data").mkdir()
+    runs = f"the runs {tmp_path / 'exp' / 'finetune-dot'}, {tmp_path / 'exp' / 'pretrain-dot'}; give one of them"
+    assert runs in one_line_error(capsys, "generate", str(tmp_path / "exp"), "-p", "x")
+    assert runs in one_line_error(capsys, "params", str(tmp_path / "exp"))
+    assert "no model.safetensors in" in one_line_error(capsys, "generate", str(tmp_path / "exp" / "data"), "-p", "x")
 
 
 def test_ctrl_c_outside_training_says_so(capsys, monkeypatch, lm_run):

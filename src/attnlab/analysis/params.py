@@ -801,6 +801,7 @@ def load_config(name: str) -> tuple[str, Config]:
         ConfigError: unknown preset (the message lists them), or a folder without a usable config.json.
     """
     from attnlab.models.registry import config_from_dict, get_preset, preset_names
+    from attnlab.training.checkpoint import runs_inside
 
     if not name.strip():  # Path("") is the working directory
         raise ConfigError(f"the model name is empty; give a preset name ({', '.join(preset_names())}) or a run folder")
@@ -810,6 +811,8 @@ def load_config(name: str) -> tuple[str, Config]:
         if path.is_dir():  # a checkpoint folder, or a run folder holding checkpoint/ (or best/)
             file = next((c for c in (path / "config.json", path / "checkpoint" / "config.json",
                                      path / "best" / "config.json") if c.is_file()), path / "config.json")
+        if not file.is_file() and path.is_dir() and (runs := runs_inside(path)):
+            raise ConfigError(f"{name} holds no model itself but the runs {runs}; give one of them")
         if not file.is_file():
             raise ConfigError(f"{name}: no config.json there; give a preset name "
                               f"({', '.join(preset_names())}) or a run folder")

@@ -165,8 +165,19 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
     if not path.exists():
         raise CheckpointError(f"checkpoint folder {path} does not exist; "
                               "give a run folder or a checkpoint folder")
+    runs = runs_inside(path)
+    if runs:
+        raise CheckpointError(f"{path} holds no model itself but the runs {runs}; give one of them")
     raise CheckpointError(f"no {MODEL_FILE} in {path} (nor in its checkpoint/ or best/ folder); "
                           "give a checkpoint folder written by attnlab")
+
+
+def runs_inside(path: Path) -> str:
+    """The run folders directly inside `path`, listed for a message ("" when none): an experiment's folder
+    (`attnlab run knowledge` writes one run per phase) is not a run itself."""
+    runs = sorted(str(sub) for sub in path.iterdir() if sub.is_dir() and any(
+        _resolve(candidate) is not None for candidate in (sub, sub / "checkpoint", sub / "best")))
+    return ", ".join(runs[:6]) + (", ..." if len(runs) > 6 else "")
 
 
 def _swap_into_place(new: Path, folder: Path) -> None:
