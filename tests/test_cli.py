@@ -111,6 +111,10 @@ def test_resume_continues_a_finished_run(tmp_path, capsys):
     code, stdout, err = run_cli(capsys, "train", "--set", "train.steps=8", "--resume", *common)
     assert code == 0, err
     assert "start_step=4" in stdout and "steps=8" in stdout
+    code, stdout, err = run_cli(capsys, "train", "--set", "train.steps=8", "--resume", *common)
+    assert code == 0, err
+    assert stdout.splitlines()[-2:] == ["nothing to train: the checkpoint is already at train.steps = 8; give a "
+                                        "larger train.steps to train on", f"run folder: {out}"]
 
 
 def test_classification_train_and_evaluate(tmp_path, capsys):

@@ -57,6 +57,11 @@ def train(
 
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, one summary (from rank 0) is enough
         return
+    if "steps" in summary and summary.get("start_step") == summary["steps"]:
+        print(f"nothing to train: the checkpoint is already at train.steps = {summary['steps']}; give a larger "
+              "train.steps to train on")
+        print(f"run folder: {run.train.out_dir}")
+        return
     shown = {k: v for k, v in summary.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
     print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
     print(f"run folder: {run.train.out_dir}")

@@ -460,6 +460,11 @@ def prepare(run: RunConfig, *, tokenizer_from: str | Path | None = None) -> Prep
     (a checkpoint folder) gives the tokenizer instead of training one: a resumed run keeps its vocabulary."""
     from attnlab.training.trainer import seed_everything
 
+    for key in ("path", "eval_path", "src_path", "tgt_path", "eval_src_path", "eval_tgt_path"):
+        value = getattr(run.data, key)
+        if value and not Path(value).exists():  # named by its setting (the file's other checks come later)
+            raise DataError(f"data file '{value}' (data.{key}) does not exist; check the path, or give the file "
+                            f"with --set data.{key}=FILE")
     seed_everything(run.train.seed)
     saved = Path(tokenizer_from) if tokenizer_from is not None else None
     return {"lm": _prepare_lm, "classification": _prepare_classification,
