@@ -42,6 +42,8 @@ NOTES = {"none": 1.2, "dot": 22.2, "synthesizer-dense": 23.8, "london": 5.0}
 ASSIGNMENT_VOCAB = 256  # distinct characters of the assignment's wiki.txt, pad and mask included
 DEFAULT_VARIANTS = ("none", "dot", "synthesizer-dense")
 
+DATA_SOURCES = {"synthetic": "synthetic data", "files": "data from files"}  # how the output names data.source
+
 
 @dataclass
 class KnowledgeScale(Config):
@@ -352,7 +354,8 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
         echo(f"{title}: already done ({config['steps']} steps), loaded {folder / 'checkpoint'}")
         return {"steps": config["steps"], "wall_time_s": 0.0, "skipped": True}
     resume_here = resume and (folder / "checkpoint").exists()
-    echo(f"{title}: {config['steps']} steps of {config['batch_size']} examples of up to {source.block_size} "
+    steps = f"{config['steps']} step{'' if config['steps'] == 1 else 's'}"
+    echo(f"{title}: {steps} of {config['batch_size']} examples of up to {source.block_size} "
          "characters" + (", packed into rows" if source.pack else ""))
     with warnings.catch_warnings():  # a slow precision was named once, when the run started; not again each phase
         warnings.simplefilter("ignore", SlowPrecisionWarning)
@@ -451,7 +454,8 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     if precision == "fp32" and settings.precision == "auto" and dev_name.type == "cpu" and not cpu_has_bf16():
         precision += ", as this CPU has no bf16 instructions"
     echo(f"knowledge access, scale {scale}: {len(data.corpus)} documents, {len(data.train)} fine-tuning and "
-         f"{len(data.dev)} evaluation questions ({data.source} data), vocabulary {vocab.vocab_size}, "
+         f"{len(data.dev)} evaluation questions ({DATA_SOURCES.get(data.source, data.source)}), "
+         f"vocabulary {vocab.vocab_size}, "
          f"device {dev_name.type} ({precision})")
     echo(f"model: {settings.n_layers} layers, {settings.n_heads} heads, {settings.d_model} wide, block "
          f"{settings.block_size}: {n_params[rows[0].name]:,} parameters "
@@ -572,8 +576,9 @@ def results_markdown(summary: dict[str, Any]) -> str:
     """The results table (Markdown) with the course notes' figures beside ours."""
     base = summary["baselines"]
     n = summary["data"]["eval_questions"]
+    source = DATA_SOURCES.get(summary["data"]["source"], summary["data"]["source"])
     lines = [
-        f"Knowledge access (scale {summary['scale']}, {summary['data']['source']} data, {n} evaluation questions)",
+        f"Knowledge access (scale {summary['scale']}, {source}, {n} evaluation questions)",
         "",
         "| variant | accuracy (%) | correct | fine-tuning questions (%) | course notes (%) | parameters | time (s) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",

@@ -115,6 +115,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
     return LoadedRun(model, tokenizer, read_config(folder)["family"], folder, data)
 
 
+HEAD_NAMES = {"classification": " (a classifier)", "pretraining": " (masked LM + next sentence)"}
 _TRANSLATE_BATCH = 64  # sources translated at once by `generate`; bounds the memory of a long list of prompts
 
 
@@ -229,8 +230,9 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
                               f"got {max_new_tokens}")
         return translate_lines(run, prompts, beam_size=beam_size, max_len=max_new_tokens, name="--prompt")
     if run.family not in LM_FAMILIES and not (run.family == "encoder" and model.config.head == "lm"):
-        raise ConfigError(f"a {run.family!r} model with this head does not generate text; "
-                          "`attnlab evaluate` scores it on a file")
+        head = getattr(model.config, "head", None) or getattr(model.config, "heads", None)
+        raise ConfigError(f"a {run.family!r} model with the {head!r} head{HEAD_NAMES.get(head, '')} does not generate "
+                          "text; `attnlab evaluate` scores it on a file")
     if beam_size != 1:
         raise ConfigError("--beam-size is for translation models; language models take --greedy or sampling "
                           "options")
