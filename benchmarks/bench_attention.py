@@ -1,5 +1,6 @@
 """Causal attention, forward + backward: attnlab's `attention()` (its dispatcher) against torch's
-`scaled_dot_product_attention` and a plain softmax(QKᵀ)V, in one run, at the shapes of issue 5.
+`scaled_dot_product_attention` and a plain softmax(QKᵀ)V, in one run, at the shapes of the performance targets
+(benchmarks/README.md).
 
     python benchmarks/bench_attention.py              # every shape and dtype, medians of 10 timings
     python benchmarks/bench_attention.py --repeats 20 --json attention.json

@@ -1,6 +1,6 @@
-"""How far each of issue 5's speed targets can go on this machine: for every row, a lower bound on the time of
-the workload from what it cannot avoid, and so an upper bound (the ceiling) on its ratio to the reference,
-next to the target and to attnlab's figure now, all measured in one run.
+"""How far each of the performance targets (benchmarks/README.md) can go on this machine: for every row, a lower
+bound on the time of the workload from what it cannot avoid, and so an upper bound (the ceiling) on its ratio to the
+reference, next to the target and to attnlab's figure now, all measured in one run.
 
   training: the matrix products of one step (each Linear's forward product and its two backward ones, the LM
       head, and the causal half of attention's six products), timed bare in the step's dtype and layouts.
@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab.training.device import fast_fp32_matmul, resolve_precision, select_device, synchronize
 
-TARGETS = {  # issue 5's targets, as ratios to the reference of the row
+TARGETS = {  # the performance targets, as ratios to the reference of the row
     "train B default": 4.5, "train B fp32": 2.5, "train A default": 3.0,
     "decode B fp32": 2.5, "decode B bf16 weights": 4.0, "decode A fp32": 4.0, "attention": 1.5,
 }

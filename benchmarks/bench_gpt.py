@@ -232,10 +232,11 @@ def peak_memory(kind: str, dtype: torch.dtype | None, shape: Shape, device: str 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", default="A,B")
+    p.add_argument("--shapes", default="A,B", help="comma-separated shapes to run: A (4 layers, 128 wide, block 64, "
+                   "batch 12) and/or B (6 layers, 384 wide, block 256, batch 8)")
     p.add_argument("--repeats", type=int, default=8, help="timed steps per row (median reported)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--decode-tokens", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per row before timing")
+    p.add_argument("--decode-tokens", type=int, default=200, help="tokens generated per decoding row (batch 1)")
     p.add_argument("--decode-repeats", type=int, default=3, help="timed generations per decoding row (median)")
     p.add_argument("--accuracy-steps", type=int, default=300, help="0 skips the bf16-vs-fp32 accuracy row")
     p.add_argument("--json", help="also write the results to this JSON file")

@@ -360,10 +360,13 @@ def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> 
 def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, text_column: str | None = None,
                              label_column: str | None = None) -> dict[str, float]:
     from attnlab.data.sources import ClassificationSource
-    from attnlab.data.text_files import read_classification_file
+    from attnlab.data.text_files import FORMATS, read_classification_file
     from attnlab.training.recipe import classification_counts, parse_column
 
     d, tok, model = run.data, run.tokenizer, run.model
+    if Path(data).suffix.lower() not in FORMATS:
+        raise DataError(f"{data}: this run is a classifier, which scores a labelled .tsv, .csv or .jsonl file (the "
+                        "extension names the format); give such a file")
     labels = d.get("labels")
     examples = read_classification_file(data, parse_column(text_column or d.get("text_column")),
                                         parse_column(label_column or d.get("label_column")))
