@@ -237,6 +237,9 @@ def test_token_loss_averages_over_real_targets_and_is_zero_without_any():
     assert int(n) == 0 and float(empty.detach()) == 0.0
     empty.backward()  # still part of the graph (every distributed process takes part in backward)
     assert logits.grad is not None and torch.isfinite(logits.grad).all()
+    # Half precision is summed in fp32; a float64 model keeps its precision.
+    assert token_loss(logits.double(), labels)[0].dtype == torch.float64
+    assert token_loss(logits.bfloat16(), labels)[0].dtype == torch.float32
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -64,7 +64,9 @@ def token_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) 
             and int(n) <= SELECT_ROWS_BELOW * len(flat_labels)):
         rows = has_label.nonzero().squeeze(1)
         flat_logits, flat_labels = flat_logits.index_select(0, rows), flat_labels.index_select(0, rows)
-    total = F.cross_entropy(flat_logits.float(), flat_labels, ignore_index=IGNORE_INDEX, reduction="sum",
+    if flat_logits.dtype not in (torch.float32, torch.float64):  # half precision: sum in fp32; float64 stays
+        flat_logits = flat_logits.float()
+    total = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="sum",
                             label_smoothing=label_smoothing)
     return total / n.clamp(min=1), n
 

@@ -145,7 +145,10 @@ class LearnedPosition(PositionScheme):
 class RotaryPosition(PositionScheme):
     """Rotary embeddings (Su et al. 2021): rotate each (q, k) channel pair by position·ω.
 
-    The score q_i·k_j then depends on i - j only. Channel m is paired with channel m + Dh/2.
+    The score q_i·k_j then depends on i - j only. Channel m is paired with channel m + Dh/2 (the half-split
+    layout of GPT-NeoX and LLaMA); RoFormer pairs channels 2i and 2i + 1. The two are one fixed permutation of
+    the query and key channels apart: the same model trained from scratch, but weights trained in the
+    interleaved layout need their q and k projections' rows permuted to load here.
     """
 
     rotates_qk = True
@@ -215,7 +218,9 @@ def _relative(q_pos: Tensor, k_pos: Tensor) -> Tensor:
 class ShawRelativePosition(PositionScheme):
     """Shaw et al. 2018 relative key embeddings: e_ij = q_i·(k_j + a_{clip(j-i)}) / sqrt(Dh).
 
-    a has one learned vector per clipped distance in [-max_distance, max_distance], shared by heads.
+    a has one learned vector per clipped distance in [-max_distance, max_distance], shared by heads (and,
+    as every table here, by the layers; Shaw et al. kept one per layer). The key term only: the paper's
+    value term (a^V added to the values) is not implemented, which its own ablation found to matter little.
     Computed as q·Aᵀ (B, H, T, 2K+1) then gathered by distance: no (T, S, Dh) tensor is built.
     """
 
@@ -285,7 +290,12 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
 @POSITIONS.register("alibi")
 class ALiBiPosition(PositionScheme):
-    """ALiBi: a fixed, head-specific linear penalty -m_h·|i - j| on the scores; no parameters."""
+    """ALiBi: a fixed, head-specific linear penalty -m_h·|i - j| on the scores; no parameters.
+
+    Press et al. define it for causal models (-m_h·(i - j), j ≤ i). Without causality the penalty is symmetric,
+    so it is the model's only position signal and cannot tell a sequence from its reverse: an encoder with
+    bidirectional ALiBi maps a reversed input to its reversed outputs (a mean-pooled classifier scores "dog
+    bites man" as "man bites dog"). Pair it with a causal mask, or another scheme for an encoder."""
 
     def __init__(self, *, n_heads: int):
         super().__init__()

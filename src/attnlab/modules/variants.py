@@ -187,8 +187,9 @@ class DenseSynthesizerScores(ScoreVariant):
     """Dense Synthesizer (Tay et al. 2020) in the CS224n 2021 a5 form.
 
     a = ReLU(x·W1 + b1) split into heads (B, H, T, Dh); scores = a·W2[:, :S] + b2[:S], with W2 of
-    shape (Dh, block_size) shared by the heads. Scores depend on the query token and the key
-    *position*, never on the key token.
+    shape (Dh, block_size) shared by the heads (a5's has block_size - 1 columns, one fewer than its inputs
+    can be long; here every position up to block_size has one: 33 parameters a layer more at Dh = 32).
+    Scores depend on the query token and the key *position*, never on the key token.
     """
 
     bounded = True
