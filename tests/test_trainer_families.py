@@ -36,6 +36,9 @@ def _batches() -> dict[str, dict[str, torch.Tensor]]:
         "encoder-lm": dict(input_ids=ids, attention_mask=mask, labels=lm),
         "encoder-classification": dict(input_ids=ids, attention_mask=mask, labels=classes),
         "bert-mlm": dict(input_ids=ids, attention_mask=mask, labels=mlm),
+        # Masked LM + next sentence: two means over different targets (masked tokens, sentence pairs).
+        "bert-nsp": dict(input_ids=ids, attention_mask=mask, labels=mlm,
+                         next_sentence_label=torch.randint(0, 2, (B,), generator=g)),
         "seq2seq": dict(src_ids=ids, src_mask=mask, tgt_ids=ids, labels=lm),
     }
 
@@ -48,9 +51,9 @@ def _model(name: str, dropout: float = 0.0):
         head = name.split("-", 1)[1]
         return EncoderModel(EncoderConfig(vocab_size=V, d_model=16, n_heads=2, d_ff=32, n_layers=2, dropout=dropout,
                                           head=head))
-    if name == "bert-mlm":
+    if name.startswith("bert"):
         return BertModel(BertConfig(vocab_size=V, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_len=16,
-                                    dropout=dropout, attention_dropout=dropout, nsp=False))
+                                    dropout=dropout, attention_dropout=dropout, nsp=name == "bert-nsp"))
     return Seq2SeqTransformer(TransformerConfig(src_vocab_size=V, tgt_vocab_size=V, d_model=16, n_heads=2, d_ff=32,
                                                 n_encoder_layers=1, n_decoder_layers=1, dropout=dropout, max_len=16))
 
@@ -95,6 +98,22 @@ def test_accumulated_gradient_equals_the_large_batch_gradient(tmp_path, name):
             assert got.grad is None, key
             continue
         torch.testing.assert_close(got.grad / scale, want.grad / scale, atol=1e-5, rtol=0, msg=key)
+
+
+@pytest.mark.parametrize("name", list(_batches()))
+def test_evaluation_loss_does_not_depend_on_the_batch_size(tmp_path, name):
+    """The evaluation loss is the split's, whatever its batches: BERT's next-sentence term is a mean over
+    sentence pairs, not over masked tokens."""
+    from attnlab.training.recipe import evaluate_batches
+
+    batch = _batches()[name]
+    torch.manual_seed(0)
+    model = _model(name).eval()
+    rows = [{k: v[i:i + 1] for k, v in batch.items()} for i in range(B)]
+    one = evaluate_batches(model, [batch])[0]["loss"]
+    torch.testing.assert_close(evaluate_batches(model, rows)[0]["loss"], one, atol=1e-6, rtol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch).loss.item(), one, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["gpt", "seq2seq"])

@@ -197,10 +197,9 @@ class BertModel(nn.Module):
     Loss for "pretraining" (as HF `BertForPreTraining`): loss = mean MLM loss over labels != -100
     + mean NSP loss over the batch's next_sentence_label (either term only when its labels are given),
     both also in `extra` (`mlm_loss`, `nsp_loss`). `n_targets` is the number of MLM targets (the
-    number of NSP labels when only those are given). A trainer that weights micro-batches by
-    `n_targets` therefore accumulates the exact large-batch MLM mean, while the NSP term becomes
-    the average of the micro-batches' NSP means weighted by their MLM target counts: the large-batch
-    NSP mean when micro-batches hold equally many MLM targets per sentence pair, close to it otherwise.
+    number of NSP labels when only those are given). With both, `extra["loss_terms"]` holds the two
+    means by the batch key of their labels, so that the trainer weights the MLM term by masked tokens
+    and the NSP term by sentence pairs: accumulated micro-batches give the large batch's gradient.
     For "classification", labels are (B,) class ids and n_targets counts them.
     """
 
@@ -306,6 +305,8 @@ class BertModel(nn.Module):
                     out.n_targets = n_nsp
         if losses:
             out.loss = sum(losses[1:], losses[0])
+        if len(losses) == 2:
+            out.extra["loss_terms"] = {"labels": losses[0], "next_sentence_label": losses[1]}
         return out
 
 

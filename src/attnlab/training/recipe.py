@@ -763,13 +763,14 @@ def evaluate_batches(model, batches, counts=None) -> tuple[dict[str, float], dic
     import torch
 
     from attnlab.inference.generate import eval_mode
-    from attnlab.training.trainer import evaluation_sums
+    from attnlab.training.trainer import evaluation_sums, loss_from_sums
 
     with eval_mode(model), torch.no_grad():
         sums, counted = evaluation_sums(lambda batch: model(**batch), batches, next(model.parameters()).device,
                                         counts)
-    loss_sum, targets, mlm_sum = sums.tolist()
-    values = {"loss": loss_sum / max(targets, 1), "mlm_loss": mlm_sum / max(targets, 1)}
+    loss, counted = loss_from_sums(sums, counted)
+    _, targets, mlm_sum = sums.tolist()
+    values = {"loss": loss if targets else 0.0, "mlm_loss": mlm_sum / max(targets, 1)}
     sizes = {"targets": targets}
     for name, (total, count) in counted.items():
         values[name], sizes[name] = float(total) / max(float(count), 1), float(count)

@@ -177,13 +177,29 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def count_targets(batch: dict[str, Any]) -> int:
-    """How many labels of `batch` are not -100 (the targets a model's mean loss averages over)."""
-    labels = batch.get("labels")
+def count_targets(batch: dict[str, Any], key: str = "labels") -> int:
+    """How many labels of `batch[key]` are not -100 (the targets a model's mean loss averages over)."""
+    labels = batch.get(key)
     if not isinstance(labels, Tensor):
-        raise DataError(f"a training batch has no 'labels' tensor (keys: {', '.join(batch)}); "
+        raise DataError(f"a training batch has no {key!r} tensor (keys: {', '.join(batch)}); "
                         "the batch source must provide labels (-100 = ignore)")
     return int((labels != IGNORE_INDEX).sum())
+
+
+# A model whose loss adds means over different targets (BERT: masked tokens + sentence pairs) reports them in
+# `out.extra["loss_terms"]`, {batch key of a term's labels: the term's mean over them}. Accumulated
+# micro-batches and evaluation then weight each term by its own counts, so the sum is the large batch's.
+LOSS_TERM = "loss_term:"  # the prefix of those terms' (total, count) sums among evaluation counts
+
+
+def loss_from_sums(sums: Tensor, counted: dict[str, Tensor]) -> tuple[float, dict[str, Tensor]]:
+    """The mean loss of `evaluation_sums` (summed over processes): the sum of the loss terms' means where the
+    model reported terms, else loss·n / n; and the other counts."""
+    terms = {name: pair for name, pair in counted.items() if name.startswith(LOSS_TERM)}
+    rest = {name: pair for name, pair in counted.items() if name not in terms}
+    if terms:
+        return sum(float(total) / max(float(count), 1.0) for total, count in terms.values()), rest
+    return (sums[0] / sums[1]).item() if sums[1] > 0 else math.nan, rest
 
 
 # eval_counts(batch, output) -> {name: (total, count)}: tensors or numbers, summed over the evaluation split.
@@ -207,6 +223,11 @@ def evaluation_sums(forward: Callable[[dict[str, Any]], Any], batches: Iterable[
         n = out.n_targets if out.n_targets is not None else count_targets(batch)
         sums[0] += out.loss.to(acc) * n
         sums[1] += n
+        for key, term in out.extra.get("loss_terms", {}).items():
+            pair = counted.setdefault(LOSS_TERM + key, torch.zeros(2, dtype=acc, device=device))
+            count = count_targets(batch, key)
+            pair[0] += term.to(acc) * count
+            pair[1] += count
         # Perplexity is of the token loss alone: BERT's loss adds next-sentence prediction.
         sums[2] += out.extra.get("mlm_loss", out.loss).to(acc) * n
         for name, (total, count) in (counts(batch, out) if counts is not None else {}).items():
@@ -425,7 +446,9 @@ class Trainer:
 
         Micro-batch i adds the gradient of ``loss_i * n_i / N`` (times the number of processes, since DDP
         averages gradients over them), where n_i counts its targets and N those of the whole global batch,
-        which every process holds, so no communication is needed to know it.
+        which every process holds, so no communication is needed to know it. A model that reports its loss
+        as terms over different targets (`loss_terms`: BERT's masked tokens and sentence pairs) has each
+        term weighted so by its own counts.
 
         Returns:
             this process's sum of ``loss_i * n_i`` (detached) and N.
@@ -434,6 +457,7 @@ class Trainer:
         scale = self.world.size / max(n_global, 1)
         micro = self.micro_batches(batch)
         loss_sum = torch.zeros((), device=self.device)
+        totals: dict[str, int] = {}  # each loss term's targets in the global batch
         for i, mb in enumerate(micro):
             n_i = count_targets(mb)
             sync = self._ddp is None or i == len(micro) - 1
@@ -442,7 +466,14 @@ class Trainer:
                 if out.loss is None:
                     raise DataError("the model returned no loss for a training batch; "
                                     "the batch source must provide 'labels'")
-                (out.loss.float() * (n_i * scale)).backward()
+                terms = out.extra.get("loss_terms")
+                if terms:  # each term weighted by its own share of the global batch's targets
+                    objective = sum(term.float() * (count_targets(mb, key) * self.world.size
+                                                    / max(totals.setdefault(key, count_targets(batch, key)), 1))
+                                    for key, term in terms.items())
+                else:
+                    objective = out.loss.float() * (n_i * scale)
+                objective.backward()
             loss_sum += out.loss.detach().float() * n_i
         return loss_sum, n_global
 
@@ -497,11 +528,12 @@ class Trainer:
                                         self.device, self.eval_counts)
         acc = sums.dtype
         all_reduce_sum(sums)
-        metrics = {"loss": (sums[0] / sums[1]).item() if sums[1] > 0 else math.nan}
+        loss, counted = loss_from_sums(sums, self._all_counts(counted, acc))
+        metrics = {"loss": loss}
         if token_level:
             token_loss = (sums[2] / sums[1]).item() if sums[1] > 0 else math.nan
             metrics["perplexity"] = math.inf if token_loss > 700 else math.exp(token_loss)
-        for name, (total, count) in self._all_counts(counted, acc).items():
+        for name, (total, count) in counted.items():
             metrics[name] = (total / count).item() if count > 0 else math.nan
         return metrics
 
