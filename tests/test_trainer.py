@@ -294,6 +294,70 @@ def test_ctrl_c_in_the_middle_of_a_step(tmp_path):
         assert torch.equal(resumed.model.state_dict()[k], v), k
 
 
+@pytest.mark.parametrize("where", ["metrics", "best"])
+def test_ctrl_c_inside_an_evaluation_is_redone_on_resume(tmp_path, monkeypatch, where):
+    """Stopped inside step 2's evaluation (while scoring, or while writing best/), the resumed run evaluates
+    step 2 again: the same records, best/ and early stop (at step 4, patience 2) as the uninterrupted run."""
+    from safetensors.torch import load_file
+
+    scores = {1: 0.5, 2: 0.9, 3: 0.3, 4: 0.2, 5: 0.95, 6: 0.1}
+    cfg = config(steps=6, eval_every=1, early_stopping_patience=2, best_metric="score", best_mode="max",
+                 micro_batch_size=4)
+    state = {}
+
+    def run(folder, stop_at=None, resume=False):
+        def metrics_fn(model):
+            step = state["trainer"].step
+            if step == state.get("stop_at"):
+                del state["stop_at"]
+                raise KeyboardInterrupt
+            return {"score": scores[step]}
+
+        if stop_at is not None:
+            state["stop_at"] = stop_at
+        trainer = Trainer(tiny_model(dropout=0.3), cfg, ToySource(), eval_source=ToySource(), out_dir=folder,
+                          metrics_fn=metrics_fn, resume=resume)
+        state["trainer"] = trainer
+        return trainer, trainer.fit()
+
+    _, whole = run(tmp_path / "a")
+    assert whole["stopped_early"] and whole["steps"] == 4 and whole["best"]["step"] == 2
+    if where == "best":  # Ctrl-C while best/ is written after step 2's evaluation
+        real_save = Trainer._save
+
+        def save(self, folder, **kwargs):
+            if folder.name == "best" and self.step == 2:
+                raise KeyboardInterrupt
+            return real_save(self, folder, **kwargs)
+
+        monkeypatch.setattr(Trainer, "_save", save)
+        with pytest.raises(TrainingInterrupted, match="at step 2"):
+            run(tmp_path / "b")
+        monkeypatch.setattr(Trainer, "_save", real_save)
+    else:
+        with pytest.raises(TrainingInterrupted, match="at step 2"):
+            run(tmp_path / "b", stop_at=2)  # while scoring step 2
+    assert read_trainer_state(tmp_path / "b")["eval_pending"] is True
+    assert read_trainer_state(tmp_path / "b")["best"]["step"] == 1  # as before step 2's evaluation
+    _, resumed = run(tmp_path / "b", resume=True)
+    assert resumed["stopped_early"] and resumed["steps"] == 4 and resumed["best"] == whole["best"]
+
+    def records(folder):
+        return [{k: v for k, v in json.loads(line).items() if k not in ("elapsed", "tokens_per_s")}
+                for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+    assert records(tmp_path / "b") == records(tmp_path / "a")
+    for name in ("checkpoint", "best"):
+        a, b = (load_file(folder / name / "model.safetensors") for folder in (tmp_path / "a", tmp_path / "b"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    # Resumed again, a run that stopped early has nothing to train, unless given a larger patience.
+    _, again = run(tmp_path / "b", resume=True)
+    assert again["start_step"] == again["steps"] == 4 and again["stopped_early"]
+    cfg = cfg.replace(early_stopping_patience=3)
+    _, longer = run(tmp_path / "b", resume=True)
+    assert longer["start_step"] == 4 and longer["steps"] == 6 and longer["best"]["step"] == 5
+
+
 def test_resume_without_checkpoint(tmp_path):
     from attnlab.errors import CheckpointError
 

@@ -58,8 +58,12 @@ def train(
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, one summary (from rank 0) is enough
         return
     if "steps" in summary and summary.get("start_step") == summary["steps"]:
-        print(f"nothing to train: the checkpoint is already at train.steps = {summary['steps']}; give a larger "
-              "train.steps to train on")
+        if summary.get("stopped_early"):
+            print(f"nothing to train: the run stopped early at step {summary['steps']} (no better evaluation in "
+                  "train.early_stopping_patience evaluations); give a larger patience, or 0, to train on")
+        else:
+            print(f"nothing to train: the checkpoint is already at train.steps = {summary['steps']}; give a "
+                  "larger train.steps to train on")
         print(f"run folder: {run.train.out_dir}")
         return
     shown = {k: v for k, v in summary.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}

@@ -28,14 +28,16 @@ class MetricsLog:
         self.path = Path(path)
         self.enabled = enabled
 
-    def start(self, keep_until_step: int | None = None) -> None:
-        """Begin a run: empty the file, or (when resuming) keep only the records up to a step."""
+    def start(self, keep_until_step: int | None = None, drop_evals_at: int | None = None) -> None:
+        """Begin a run: empty the file, or (when resuming) keep only the records up to a step, without the
+        evaluation records of step `drop_evals_at` (an evaluation that was stopped and is done again)."""
         if not self.enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = []
         if keep_until_step is not None:
-            kept = [r for r in self.read() if r.get("step", 0) <= keep_until_step]
+            kept = [r for r in self.read() if r.get("step", 0) <= keep_until_step
+                    and not (r.get("step") == drop_evals_at and any(key.startswith("eval_") for key in r))]
         write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def write(self, record: dict[str, Any]) -> None:

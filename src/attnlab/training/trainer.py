@@ -20,6 +20,7 @@ trainer does the rest, the same way for every objective:
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import json
 import math
@@ -401,6 +402,10 @@ class Trainer:
         self._stale_best = False  # a best/ left by the run this from-scratch run replaces (see _save)
         self._in_step = False
         self._rng_at_step_start: tuple | None = None
+        # Between a step and the end of its evaluation: what best/ and early stopping stood at before it. A run
+        # stopped there saves that, marked pending, and its resumption evaluates the step again.
+        self._eval_pending: tuple | None = None
+        self._resume_eval = False  # the checkpoint resumed from was saved inside an evaluation
         self._totals = _Totals()
         self._fit_start: float | None = None
         self.log = MetricsLog(self.out_dir / METRICS_FILE, enabled=self.world.is_main)
@@ -586,6 +591,7 @@ class Trainer:
             "best": self.best,
             "best_eval_loss": self._best_eval_loss,
             "evals_without_improvement": self._bad_evals,
+            "eval_pending": self._eval_pending is not None,
             "rng": rng,
             "world_size": self.world.size,
             "tokens_seen": self._totals.tokens,
@@ -650,6 +656,7 @@ class Trainer:
             self.best = state.get("best")
             self._best_eval_loss = state.get("best_eval_loss")
             self._bad_evals = int(state.get("evals_without_improvement", 0))
+            self._resume_eval = bool(state.get("eval_pending", False))
             self.extra_state = dict(state.get("extra_state") or {})
             self._totals.tokens = int(state.get("tokens_seen", 0))
             self._totals.train_seconds = float(state.get("train_seconds", 0.0))
@@ -688,6 +695,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self._in_step and self._rng_at_step_start is not None:
             _set_raw_rng(self._rng_at_step_start)  # the unfinished step will be redone from its start
+        if self._eval_pending is not None:  # stopped inside an evaluation: saved as before it, to be redone
+            self.best, self._best_eval_loss, self._bad_evals, self._totals.last_eval = self._eval_pending
         folder = self.out_dir / CHECKPOINT_DIR
         # Other processes may have been stopped anywhere, so no collective: rank 0 saves alone.
         self._save(folder, gather=False)
@@ -710,6 +719,23 @@ class Trainer:
             plot_losses(self.log.read(), self.out_dir / PLOT_FILE)
         except Exception as e:  # a plot must never cost the user a finished run
             warnings.warn(f"could not draw {PLOT_FILE} ({ckpt._one_line(e)})", stacklevel=2)
+
+    def _evaluate_step(self, progress: Progress) -> bool:
+        """Evaluate after step `self.step` and record it (metrics.jsonl, best/, early stopping); True when
+        training should stop. Until recorded, a Ctrl-C saves the state from before it (see `_interrupted`)."""
+        self._eval_pending = (copy.deepcopy(self.best), self._best_eval_loss, self._bad_evals,
+                              self._totals.last_eval)
+        metrics = self.evaluate()
+        stopped_early = self._record_eval(metrics, self._elapsed())
+        self._eval_pending = None
+        shown = ", ".join(f"eval {k} {v:.4g}" for k, v in metrics.items())
+        progress.write(f"step {self.step}: {shown}")
+        return stopped_early
+
+    def _saves_at(self, stopped_early: bool) -> bool:
+        """Whether the checkpoint is written after step `self.step`: the last, an early stop, every save_every."""
+        cfg = self.config
+        return self.step == cfg.steps or stopped_early or bool(cfg.save_every and self.step % cfg.save_every == 0)
 
     def _log_train(self, window: _Window, progress: Progress) -> None:
         loss_sum = window.loss_sum.detach().clone()
@@ -757,16 +783,23 @@ class Trainer:
         self._stale_best = not resume and ckpt.checkpoint_present(self.out_dir / BEST_DIR)
         if on_start is not None and self.world.is_main:
             on_start()
-        self.log.start(keep_until_step=self.step if resume else None)
+        self.log.start(keep_until_step=self.step if resume else None,
+                       drop_evals_at=self.step if resume and self._resume_eval else None)
         start_step = self.step
         self._fit_start = time.perf_counter()
         self.model.train()
         progress = Progress(cfg.steps, self.step, enabled=cfg.progress and self.world.is_main, echo=self.world.is_main)
         window = _Window()
-        stopped_early = False
+        # A resumed run that had stopped early stays stopped (unless given a larger patience).
+        stopped_early = bool(resume and cfg.early_stopping_patience and self._bad_evals >= cfg.early_stopping_patience)
         saved_at = None
         has_eval = self.eval_source is not None or self.metrics_fn is not None
         try:
+            if self._resume_eval and has_eval and not stopped_early:  # stopped inside this step's evaluation
+                stopped_early = self._evaluate_step(progress)
+                if self._saves_at(stopped_early):
+                    self.save()
+                    saved_at = self.step
             while self.step < cfg.steps and not stopped_early:
                 self._rng_at_step_start = _raw_rng()
                 self._in_step = True
@@ -792,11 +825,8 @@ class Trainer:
                     self._log_train(window, progress)
                     window = _Window()
                 if evaluates:
-                    metrics = self.evaluate()
-                    stopped_early = self._record_eval(metrics, self._elapsed())
-                    shown = ", ".join(f"eval {k} {v:.4g}" for k, v in metrics.items())
-                    progress.write(f"step {self.step}: {shown}")
-                if last or stopped_early or (cfg.save_every and self.step % cfg.save_every == 0):
+                    stopped_early = self._evaluate_step(progress)
+                if self._saves_at(stopped_early):
                     self.save()
                     saved_at = self.step
         except KeyboardInterrupt:
