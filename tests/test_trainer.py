@@ -186,7 +186,7 @@ def test_eval_counts_come_from_the_loss_pass(tmp_path, eval_batches):
     calls = []
     model.register_forward_hook(lambda *args: calls.append(1))
     metrics = trainer.evaluate()
-    batches = list(ToySource().iter_batches(4))[:eval_batches or None]
+    batches = list(ToySource().iter_batches(4))[:2 * eval_batches or None]  # eval_batches of 8 examples
     assert len(calls) == len(batches)  # one forward pass per batch gives the loss and the counts
     hits = targets = one = rows = 0
     with torch.no_grad():
@@ -200,6 +200,16 @@ def test_eval_counts_come_from_the_loss_pass(tmp_path, eval_batches):
     assert metrics["token_accuracy"] == pytest.approx(100.0 * hits / targets)
     assert metrics["one_ignored"] == pytest.approx(one / rows)
     assert set(metrics) == {"loss", "perplexity", "token_accuracy", "one_ignored"}
+
+
+def test_eval_batches_are_the_same_examples_whatever_the_micro_batches(tmp_path):
+    """eval_batches counts batches of batch_size examples: micro-batches change how they are scored, not which."""
+    losses = {micro: Trainer(tiny_model(), config(micro_batch_size=micro, eval_batches=1), ToySource(),
+                             eval_source=ToySource(), out_dir=tmp_path / str(micro)).evaluate()["loss"]
+              for micro in (None, 4, 2, 1)}
+    full = Trainer(tiny_model(), config(eval_batches=0), ToySource(), eval_source=ToySource(),
+                   out_dir=tmp_path / "all").evaluate()["loss"]
+    assert max(losses.values()) - min(losses.values()) < 1e-6 and abs(losses[None] - full) > 1e-4
 
 
 def test_early_stopping(tmp_path):

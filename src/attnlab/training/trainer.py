@@ -85,7 +85,8 @@ class TrainerConfig(Config):
         decay_steps: "cosine"/"linear" reach min_lr_ratio·lr at this step and stay there; None = `steps`.
         grad_clip: clip the global gradient norm to this value; 0 turns clipping off.
         eval_every: evaluate every this many steps (and always at the end); 0 = only at the end.
-        eval_batches: evaluate on at most this many batches; 0 = the whole evaluation split.
+        eval_batches: evaluate on at most this many batches of batch_size examples (the same ones whatever
+            micro_batch_size and the number of processes); 0 = the whole evaluation split.
         save_every: write ``checkpoint/`` every this many steps (and always at the end); 0 = only at the end.
         early_stopping_patience: stop after this many evaluations without improvement; 0 = never.
         best_metric: the evaluation metric that picks ``best/``: "loss", "perplexity", or a name
@@ -521,10 +522,13 @@ class Trainer:
         cfg = self.config
         token_level = False
         batch_size = cfg.micro_batch_size or cfg.batch_size // self.world.size
+        # eval_batches counts batches of batch_size examples: the same examples whatever the micro-batches and
+        # the number of processes (batch_size is a multiple of batch_size here).
+        limit = cfg.eval_batches * (cfg.batch_size // batch_size)
 
         def this_process_batches():
             nonlocal token_level
-            for i, batch in enumerate(evaluation_batches(self.eval_source, batch_size, cfg.eval_batches)):
+            for i, batch in enumerate(evaluation_batches(self.eval_source, batch_size, limit)):
                 token_level = token_level or (isinstance(batch.get("labels"), Tensor) and batch["labels"].ndim >= 2)
                 if i % self.world.size == self.world.rank:
                     yield batch
