@@ -85,6 +85,21 @@ def test_a_held_out_part_shorter_than_a_window_is_said(tmp_path, capsys):
     assert code == 0, err
 
 
+def test_a_text_of_one_line_says_nothing_is_held_out(tmp_path, capsys):
+    """The held-out part starts at a line start: one line (newline-terminated) leaves none, and says so."""
+    text = tmp_path / "text.txt"
+    text.write_text("abcdefghij" * 100 + "\nklmnopqrst" * 50 + "\n", encoding="utf-8")
+    code, _, err = run_cli(capsys, "train", "--set", f"data.path={_q(text)}", "--set", "train.steps=2",
+                           "--set", f"train.out_dir={_q(tmp_path / 'run')}", *LM)
+    assert code == 0 and (tmp_path / "run" / "data" / "val.bin").exists(), err
+    text.write_text("abcdefghij" * 100 + "\n", encoding="utf-8")  # the same run folder trained anew
+    with pytest.warns(UserWarning, match="nothing held out for evaluation: no line of .*text.txt starts within"):
+        code, _, err = run_cli(capsys, "train", "--set", f"data.path={_q(text)}", "--set", "train.steps=2",
+                               "--set", f"train.out_dir={_q(tmp_path / 'run')}", *LM)
+    assert code == 0, err
+    assert not (tmp_path / "run" / "data" / "val.bin").exists()  # the earlier run's held-out tokens are gone
+
+
 def test_a_folder_in_place_of_a_run_file_is_named(capsys, lm_copy):
     (lm_copy / "run.json").unlink()
     (lm_copy / "run.json").mkdir()

@@ -212,6 +212,18 @@ def test_eval_batches_are_the_same_examples_whatever_the_micro_batches(tmp_path)
     assert max(losses.values()) - min(losses.values()) < 1e-6 and abs(losses[None] - full) > 1e-4
 
 
+def test_settings_that_cannot_act_are_named(tmp_path):
+    with pytest.warns(UserWarning, match="early_stopping_patience = 2 cannot stop this run: there is no evaluation"):
+        Trainer(tiny_model(), config(early_stopping_patience=2), ToySource(), out_dir=tmp_path / "a").fit()
+    with pytest.warns(UserWarning, match="eval_every = 0 evaluates only at the end"):
+        Trainer(tiny_model(), config(early_stopping_patience=2), ToySource(), eval_source=ToySource(),
+                out_dir=tmp_path / "b").fit()
+    with pytest.warns(UserWarning, match=r"warmup_steps \(8\) is larger than train.steps \(4\).*at most 0.005"):
+        Trainer(tiny_model(), config(warmup_steps=8), ToySource(), out_dir=tmp_path / "c").fit()
+    with pytest.raises(ConfigError, match=r"decay_steps \(3\) must be larger than warmup_steps \(3\)"):
+        config(warmup_steps=3, decay_steps=3)
+
+
 def test_early_stopping(tmp_path):
     cfg = config(steps=20, eval_every=1, early_stopping_patience=2, best_metric="score", best_mode="max")
     trainer = Trainer(tiny_model(), cfg, ToySource(), out_dir=tmp_path, metrics_fn=lambda m: {"score": 1.0})

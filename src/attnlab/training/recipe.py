@@ -472,7 +472,7 @@ def prepare(run: RunConfig, *, tokenizer_from: str | Path | None = None) -> Prep
 
 
 def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
-    from attnlab.data.corpus import TokenFile, build_token_file
+    from attnlab.data.corpus import TokenFile, build_token_file, sidecar_path
     from attnlab.data.sources import CausalLMSource
 
     d, t = run.data, run.train
@@ -513,6 +513,9 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
                         f"{block + 1}; give a longer text or a smaller data.block_size")
     train_source = CausalLMSource(TokenFile(data_dir / "train.bin"), block, t.batch_size, seed=t.seed)
     eval_source = None
+    if not eval_part:  # nothing held out: no token file of an earlier run's held-out text left to mislead
+        for stale in (data_dir / "val.bin", sidecar_path(data_dir / "val.bin")):
+            stale.unlink(missing_ok=True)
     if eval_part:
         val_tokens = encode(eval_part, "val.bin", d.eval_path or d.path)
         if len(val_tokens) >= block + 1:  # one window of block + 1 tokens is enough to score
@@ -601,8 +604,12 @@ def _lm_text_parts(d: DataConfig) -> tuple[Callable[[], Iterable[str]], Callable
     if cut == 0:
         raise DataError(f"the training text ({d.path}) is too short to hold out data.val_fraction = "
                         f"{d.val_fraction} of it for evaluation; give a longer text")
-    held_out = (lambda: iter_text_blocks(path, start=cut)) if cut < path.stat().st_size else None
-    return (lambda: iter_text_blocks(path, stop=cut)), held_out
+    if cut >= path.stat().st_size:  # no line starts in the last val_fraction of the text (a line or two)
+        warnings.warn(f"nothing held out for evaluation: no line of {d.path} starts within its last "
+                      f"data.val_fraction = {d.val_fraction} (the held-out part begins at a line start); give "
+                      "data.eval_path, or a text of more lines", stacklevel=2)
+        return (lambda: iter_text_blocks(path)), None
+    return (lambda: iter_text_blocks(path, stop=cut)), (lambda: iter_text_blocks(path, start=cut))
 
 
 def make_folder(path: str | Path, setting: str) -> Path:

@@ -59,7 +59,7 @@ CHECKPOINT_DIR = "checkpoint"
 BEST_DIR = "best"
 # Settings whose change between a run and its resumption changes the numbers (worth a warning).
 _RESUME_SENSITIVE = ("batch_size", "lr", "min_lr_ratio", "weight_decay", "betas", "eps", "schedule",
-                     "warmup_steps", "grad_clip", "seed", "precision")
+                     "warmup_steps", "decay_steps", "grad_clip", "seed", "precision")
 
 
 # Metrics whose larger values are better (by name ending), for the default best_mode.
@@ -152,6 +152,10 @@ class TrainerConfig(Config):
         check_choice("schedule", self.schedule, SCHEDULES)
         if self.schedule == "noam" and self.warmup_steps == 0:
             raise ConfigError("schedule \"noam\" needs warmup_steps > 0 (the paper uses 4000)")
+        if self.schedule in ("cosine", "linear") and self.decay_steps is not None \
+                and self.decay_steps <= self.warmup_steps:
+            raise ConfigError(f"decay_steps ({self.decay_steps}) must be larger than warmup_steps "
+                              f"({self.warmup_steps}): the {self.schedule} decay runs between the two")
         if self.out_dir is not None and not str(self.out_dir).strip():  # "" would be the working directory
             raise ConfigError("out_dir is empty; give the run's folder, e.g. runs/my-run")
         if self.best_mode is None:  # accuracy kept under "min" would keep the worst evaluation in best/
@@ -724,6 +728,19 @@ class Trainer:
         except Exception as e:  # a plot must never cost the user a finished run
             warnings.warn(f"could not draw {PLOT_FILE} ({ckpt._one_line(e)})", stacklevel=2)
 
+    def _warn_inert_settings(self, has_eval: bool) -> None:
+        """Say so where a setting cannot do what it is for in this run."""
+        cfg = self.config
+        if cfg.early_stopping_patience and (not has_eval or not cfg.eval_every):
+            why = "there is no evaluation (nothing held out)" if not has_eval else \
+                "train.eval_every = 0 evaluates only at the end"
+            warnings.warn(f"train.early_stopping_patience = {cfg.early_stopping_patience} cannot stop this run: "
+                          f"{why}", stacklevel=4)
+        if cfg.warmup_steps > cfg.steps:  # the peak comes at step warmup_steps - 1
+            warnings.warn(f"train.warmup_steps ({cfg.warmup_steps}) is larger than train.steps ({cfg.steps}): the "
+                          f"learning rate never reaches train.lr (at most {lr_at(cfg.steps - 1, cfg):.3g}); lower "
+                          "warmup_steps", stacklevel=4)
+
     def _evaluate_step(self, progress: Progress) -> bool:
         """Evaluate after step `self.step` and record it (metrics.jsonl, best/, early stopping); True when
         training should stop. Until recorded, a Ctrl-C saves the state from before it (see `_interrupted`)."""
@@ -787,6 +804,8 @@ class Trainer:
         self._stale_best = not resume and ckpt.checkpoint_present(self.out_dir / BEST_DIR)
         if on_start is not None and self.world.is_main:
             on_start()
+        if self.world.is_main and not resume:  # a resumed run was told at its start
+            self._warn_inert_settings(has_eval=self.eval_source is not None or self.metrics_fn is not None)
         self.log.start(keep_until_step=self.step if resume else None,
                        drop_evals_at=self.step if resume and self._resume_eval else None)
         start_step = self.step
