@@ -224,6 +224,16 @@ def test_settings_that_cannot_act_are_named(tmp_path):
         config(warmup_steps=3, decay_steps=3)
 
 
+def test_tokens_per_second_count_real_tokens_only():
+    from attnlab.training.trainer import _count_tokens
+
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    labels = torch.tensor([[5, 6, -100, -100], [7, -100, -100, -100]])
+    assert _count_tokens({"input_ids": mask, "attention_mask": mask, "labels": labels}) == 5
+    # Translation: the source's real tokens and the target's (padded positions carry no label).
+    assert _count_tokens({"src_ids": mask, "src_mask": mask, "tgt_ids": mask, "labels": labels}) == 5 + 3
+
+
 def test_early_stopping(tmp_path):
     cfg = config(steps=20, eval_every=1, early_stopping_patience=2, best_metric="score", best_mode="max")
     trainer = Trainer(tiny_model(), cfg, ToySource(), out_dir=tmp_path, metrics_fn=lambda m: {"score": 1.0})

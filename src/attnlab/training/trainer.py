@@ -244,6 +244,9 @@ def evaluation_sums(forward: Callable[[dict[str, Any]], Any], batches: Iterable[
 
 
 def _count_tokens(batch: dict[str, Any]) -> int:
+    """The real tokens of a batch, padding left out (tokens/s): a translation batch's source and target tokens."""
+    if isinstance(batch.get("src_mask"), Tensor) and isinstance(batch.get("labels"), Tensor):
+        return int(batch["src_mask"].sum()) + int((batch["labels"] != IGNORE_INDEX).sum())
     if isinstance(batch.get("attention_mask"), Tensor):
         return int(batch["attention_mask"].sum())
     if isinstance(batch.get("document_ids"), Tensor):  # packed rows: the documents' tokens, not the row-end padding
