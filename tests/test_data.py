@@ -556,13 +556,16 @@ def test_parallel_text_source(tmp_path):
     assert batch["tgt_ids"].shape == batch["labels"].shape and batch["tgt_ids"].shape[1] <= 8
     for row_in, row_out in zip(batch["tgt_ids"].tolist(), batch["labels"].tolist()):
         body = [t for t in row_out if t != -100]
-        assert body[-1] == tgt_tok.eos_id
+        assert body[-1] == tgt_tok.eos_id or len(body) == 8  # eos, or a cut sentence's next token
         assert row_in[1 : len(body)] == body[:-1]  # labels are decoder inputs shifted by one
     assert ((batch["src_ids"] == src_tok.pad_id) == (batch["src_mask"] == 0)).all()
     first = next(iter(source.iter_batches()))
-    row = first["labels"][0]
-    target = tgt_tok.decode(row[row != -100].tolist(), skip_special_tokens=True)
-    assert target == tgt_tok.decode(tgt_tok.encode(tgt_lines[0])[:7])  # cut to max_tgt_length - 1 tokens
+    labels = [[t for t in row if t != -100] for row in first["labels"].tolist()]
+    assert labels[0] == tgt_tok.encode(tgt_lines[0]) + [tgt_tok.eos_id]  # 4 tokens: whole, then eos
+    # 8 tokens, cut to max_tgt_length - 1 = 7 as decoder input; the last label is the 8th token, not eos (the
+    # sentence does not end there)
+    assert len(tgt_tok.encode(tgt_lines[4])) == 8 and labels[4] == tgt_tok.encode(tgt_lines[4])
+    assert first["tgt_ids"][4].tolist() == [tgt_tok.bos_id, *tgt_tok.encode(tgt_lines[4])[:7]]
 
 
 def test_parallel_bucketing_reduces_padding():

@@ -731,7 +731,7 @@ class ParallelTextSource(_ExampleSource):
     """Sentence pairs from two aligned files (line i of one translates line i of the other).
 
     Batches: `src_ids`, `src_mask` (B, S); `tgt_ids` = bos + target (decoder input) and `labels` =
-    target + eos, -100 on padding (B, T).
+    target + eos (for a target cut at max_tgt_length, its next token in place of eos), -100 on padding (B, T).
 
     Args:
         src_path, tgt_path: the files, or lists of lines.
@@ -789,6 +789,9 @@ class ParallelTextSource(_ExampleSource):
             _warn_cut([len(ids) for ids in tgt_ids], body, "target sentences", "data.max_length", 1)
         self.src = [ids[:max_src_length] for ids in src_ids]
         self.tgt = [ids[:body] for ids in tgt_ids]
+        # The label after a target's last kept token: eos where the sentence ends there, its next token where
+        # it was cut (an eos there would teach the model to stop where sentences are merely long).
+        self.tgt_next = [ids[body] if body is not None and len(ids) > body else self.eos_id for ids in tgt_ids]
         lengths = np.array([len(s) for s in self.src], dtype=np.int64)
         self._order = _EpochOrder(len(self.src), batch_size, seed, lengths if bucket_by_length else None)
         # Evaluation sorts by target length too: its loss reads whole targets (teacher forcing).
@@ -798,7 +801,7 @@ class ParallelTextSource(_ExampleSource):
         idx = indices.tolist()
         src = pad_batch([self.src[i] for i in idx], self.src_pad_id)
         tgt_in = [[self.bos_id, *self.tgt[i]] for i in idx]
-        tgt_out = [[*self.tgt[i], self.eos_id] for i in idx]
+        tgt_out = [[*self.tgt[i], self.tgt_next[i]] for i in idx]
         tgt = pad_batch(tgt_in, self.tgt_pad_id, labels=tgt_out)
         return {
             "src_ids": src["input_ids"],
