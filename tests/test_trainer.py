@@ -300,6 +300,34 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_is_exact(tmp_path):
         assert torch.equal(resumed.model.state_dict()[k], v), k
 
 
+@pytest.mark.parametrize("stop", ["ctrl-c", "crash"])
+def test_the_log_records_of_a_resumed_run_are_the_uninterrupted_run_s(tmp_path, stop):
+    """Steps trained since the last log record are kept with the checkpoint: the record after a resume
+    averages the same steps as the uninterrupted run's (its loss and gradient norm equal)."""
+    cfg = config(steps=7, log_every=3, micro_batch_size=4, save_every=2, grad_clip=1.0)
+
+    def records(folder):
+        return [{k: v for k, v in json.loads(line).items() if k not in ("elapsed", "tokens_per_s")}
+                for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+    Trainer(tiny_model(dropout=0.3), cfg, ToySource(), out_dir=tmp_path / "a").fit()
+    if stop == "ctrl-c":  # at step 5: steps 4 and 5 (... and the checkpoint of step 4) are since the last record
+        with pytest.raises(TrainingInterrupted):
+            Trainer(tiny_model(dropout=0.3), cfg, ToySource(interrupt_at=5), out_dir=tmp_path / "b").fit()
+    else:  # a crash in step 5, after step 4's checkpoint: the resumed run redoes step 5 from it
+        class Crashing(ToySource):
+            def batch(self, step):
+                if step == 5:
+                    raise RuntimeError("killed")
+                return super().batch(step)
+
+        with pytest.raises(RuntimeError, match="killed"):
+            Trainer(tiny_model(dropout=0.3), cfg, Crashing(), out_dir=tmp_path / "b").fit()
+        assert read_trainer_state(tmp_path / "b")["step"] == 4
+    Trainer(tiny_model(dropout=0.3), cfg, ToySource(), out_dir=tmp_path / "b", resume=True).fit()
+    assert records(tmp_path / "b") == records(tmp_path / "a")
+
+
 def test_ctrl_c_in_the_middle_of_a_step(tmp_path):
     # interrupted in the second micro-batch's forward, after dropout has drawn random numbers: the
     # checkpoint must hold the RNG state of the step's start and no half-accumulated gradient

@@ -327,6 +327,21 @@ class _Window:
         self.seconds += seconds
         self.steps += 1
 
+    def to_dict(self) -> dict[str, Any] | None:
+        if not self.steps:
+            return None
+        return {"loss_sum": float(self.loss_sum), "targets": int(self.targets), "tokens": self.tokens,
+                "seconds": self.seconds, "steps": self.steps,
+                "grad_norm": None if self.grad_norm is None else float(self.grad_norm)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], device: torch.device) -> _Window:
+        window = cls(loss_sum=torch.tensor(float(data["loss_sum"]), device=device), targets=int(data["targets"]),
+                     tokens=int(data["tokens"]), seconds=float(data["seconds"]), steps=int(data["steps"]))
+        if data.get("grad_norm") is not None:
+            window.grad_norm = torch.tensor(float(data["grad_norm"]))
+        return window
+
 
 @dataclass
 class _Totals:
@@ -413,6 +428,7 @@ class Trainer:
         # Between a step and the end of its evaluation: what best/ and early stopping stood at before it. A run
         # stopped there saves that, marked pending, and its resumption evaluates the step again.
         self._eval_pending: tuple | None = None
+        self._window = _Window()  # the training statistics since the last log record (saved with checkpoints)
         self._resume_eval = False  # the checkpoint resumed from was saved inside an evaluation
         self._totals = _Totals()
         self._fit_start: float | None = None
@@ -603,6 +619,7 @@ class Trainer:
             "best_eval_loss": self._best_eval_loss,
             "evals_without_improvement": self._bad_evals,
             "eval_pending": self._eval_pending is not None,
+            "log_window": self._window.to_dict(),
             "rng": rng,
             "world_size": self.world.size,
             "tokens_seen": self._totals.tokens,
@@ -668,6 +685,7 @@ class Trainer:
             self._best_eval_loss = state.get("best_eval_loss")
             self._bad_evals = int(state.get("evals_without_improvement", 0))
             self._resume_eval = bool(state.get("eval_pending", False))
+            window = state.get("log_window")
             self.extra_state = dict(state.get("extra_state") or {})
             self._totals.tokens = int(state.get("tokens_seen", 0))
             self._totals.train_seconds = float(state.get("train_seconds", 0.0))
@@ -690,6 +708,12 @@ class Trainer:
         if changed and self.world.is_main:
             warnings.warn(f"resuming with changed settings ({', '.join(changed)}): the run will not "
                           "reproduce an uninterrupted one", stacklevel=3)
+        if window and saved_world == self.world.size == 1:  # one process's statistics: not a share of several
+            try:
+                self._window = _Window.from_dict(window, self.device)
+            except (KeyError, TypeError, ValueError) as e:
+                raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed (log_window: {ckpt._one_line(e)}); "
+                                      "use another checkpoint") from None
         if len(rng) == self.world.size:
             ckpt.restore_rng(rng[self.world.rank])
         else:
@@ -815,7 +839,7 @@ class Trainer:
         self._fit_start = time.perf_counter()
         self.model.train()
         progress = Progress(cfg.steps, self.step, enabled=cfg.progress and self.world.is_main, echo=self.world.is_main)
-        window = _Window()
+        window = self._window  # restored with a checkpoint: the steps since its last log record
         # A resumed run that had stopped early stays stopped (unless given a larger patience).
         stopped_early = bool(resume and cfg.early_stopping_patience and self._bad_evals >= cfg.early_stopping_patience)
         saved_at = None
@@ -849,7 +873,7 @@ class Trainer:
                 progress.update()
                 if logs:
                     self._log_train(window, progress)
-                    window = _Window()
+                    window = self._window = _Window()
                 if evaluates:
                     stopped_early = self._evaluate_step(progress)
                 if self._saves_at(stopped_early):
