@@ -331,3 +331,10 @@ def test_processes_of_one_run_share_the_first_process_tokenizer(monkeypatch):
     monkeypatch.setattr(distributed, "all_gather_bytes",
                         lambda data: [json.dumps(first.to_dict()).encode(), data])
     assert _from_first_process(mine, "cpu").to_dict() == first.to_dict()
+
+
+def test_knowledge_help_names_every_scale_setting():
+    from attnlab.cli import KNOWLEDGE_SETTINGS
+    from attnlab.experiments.knowledge import KnowledgeScale
+
+    assert KNOWLEDGE_SETTINGS == tuple(KnowledgeScale.field_names())

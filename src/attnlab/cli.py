@@ -165,6 +165,15 @@ run_app = typer.Typer(help="Run a reproducible experiment end to end (results ta
                       no_args_is_help=False)
 app.add_typer(run_app, name="run")
 
+# The knowledge experiment's scale settings (`KnowledgeScale`'s fields, pinned by a test), named in --help without
+# importing the experiment (and torch) to draw the help.
+KNOWLEDGE_SETTINGS = ("n_people", "eval_fraction", "n_layers", "n_heads", "d_model", "block_size", "dropout",
+                      "pretrain_epochs", "pretrain_batch", "pretrain_lr", "finetune_batch", "finetune_lr",
+                      "finetune_epochs_scratch", "finetune_epochs_pretrained", "warmup_tokens", "decay_epochs",
+                      "weight_decay", "precision")
+_KNOWLEDGE_SET_HELP = ("Change one setting of the scale, e.g. --set n_people=600. Settings: "
+                       f"{', '.join(KNOWLEDGE_SETTINGS)}.")
+
 EXPERIMENTS = {
     "knowledge": "Pretraining gives a char GPT knowledge that fine-tuning makes it access (CS224n 2021 a5).",
 }
@@ -211,7 +220,7 @@ def knowledge(
     seed: int = typer.Option(0, help="Seed of the synthetic world, the split and training."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or mps."),
     overrides: list[str] | None = typer.Option(None, "--set", metavar="KEY=VALUE",
-                                               help="Change one setting of the scale, e.g. --set n_people=600."),
+                                               help=_KNOWLEDGE_SET_HELP),
     resume: bool = typer.Option(False, "--resume", help="Skip finished phases and resume an interrupted one."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
 ) -> None:

@@ -125,7 +125,7 @@ def scale_settings(scale: str, overrides: dict[str, Any] | None = None) -> Knowl
     if scale not in SCALES:
         raise ConfigError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
     base = SCALES[scale]
-    return KnowledgeScale.from_dict({**base.to_dict(), **(overrides or {})}, where="knowledge")
+    return KnowledgeScale.from_dict({**base.to_dict(), **(overrides or {})})  # named as --set gives them
 
 
 # ------------------------------------------------------------------------------------------------
