@@ -26,6 +26,8 @@ import math
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -109,14 +111,28 @@ def _long(a: np.ndarray) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------
 # Padding
 # ------------------------------------------------------------------------------------------------
+# What a cut warning advises: training can raise the setting; a trained model's length is fixed (`cut_advice`).
+_CUT_ADVICE: ContextVar[str] = ContextVar("cut_advice", default="raise {setting} to keep them whole")
+
+
+@contextmanager
+def cut_advice(text: str) -> Iterator[None]:
+    """Within the block, warnings of cut sequences end with `text` (formatted with {setting})."""
+    token = _CUT_ADVICE.set(text)
+    try:
+        yield
+    finally:
+        _CUT_ADVICE.reset(token)
+
+
 def _warn_cut(lengths: Sequence[int], room: int, what: str, setting: str, extra: int = 0) -> None:
     """Warn, with counts, when sequences are cut to `room` tokens (`extra`: the special tokens the setting
     also counts): a cut the user does not know of changes what is learned or scored."""
     cut = [n for n in lengths if n > room]
     if cut:
         warnings.warn(f"{len(cut)} of {len(lengths)} {what} are longer than {setting} allows ({room + extra} "
-                      f"tokens with specials) and were cut (the longest has {max(cut) + extra}); raise {setting} "
-                      "to keep them whole", stacklevel=3)
+                      f"tokens with specials) and were cut (the longest has {max(cut) + extra}); "
+                      + _CUT_ADVICE.get().format(setting=setting), stacklevel=3)
 
 
 def _pad(sequences: Sequence[Sequence[int]], value: int, length: int) -> np.ndarray:

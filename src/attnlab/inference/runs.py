@@ -115,6 +115,8 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
     return LoadedRun(model, tokenizer, read_config(folder)["family"], folder, data)
 
 
+# How evaluation and translation say a cut they make: the length is the trained model's.
+TRAINED_LENGTH = "the model was trained on sequences cut the same way"
 HEAD_NAMES = {"classification": " (a classifier)", "pretraining": " (masked LM + next sentence)"}
 _TRANSLATE_BATCH = 64  # sources translated at once by `generate`; bounds the memory of a long list of prompts
 
@@ -127,7 +129,7 @@ def translate_lines(run: LoadedRun, lines: Sequence[str], *, beam_size: int = 1,
     Sources are cut to the run's `data.max_length` as training cut them (with a warning), and translated in
     batches of similar length (less padding; each source gets the translation it gets alone). `name` names
     the lines in errors (a file's path: "FILE line N: ...")."""
-    from attnlab.data.sources import _warn_cut
+    from attnlab.data.sources import _warn_cut, cut_advice
 
     tok = run.tokenizer
     encoded = []
@@ -139,7 +141,8 @@ def translate_lines(run: LoadedRun, lines: Sequence[str], *, beam_size: int = 1,
                             "with (and it has no unk token); remove it or train on text that contains it") from None
     room = run.data.get("max_length")
     if isinstance(room, int) and room > 0:
-        _warn_cut([len(ids) for ids in encoded], room, "source sentences", "data.max_length (the run's)")
+        with cut_advice(TRAINED_LENGTH):
+            _warn_cut([len(ids) for ids in encoded], room, "source sentences", "the run's data.max_length")
         encoded = [ids[:room] for ids in encoded]
     return translate_ids(run, encoded, beam_size=beam_size, max_len=max_len, batch_size=batch_size)
 
@@ -260,6 +263,7 @@ def evaluate_file(run: LoadedRun, data: str | Path, *, target: str | Path | None
     (sacrebleu's corpus BLEU) of the model's translations, greedy or by beam search with `beam_size` > 1.
     `precision` "bf16" (or "auto": bf16 where the hardware computes it) runs it all under bf16 autocast.
     """
+    from attnlab.data.sources import cut_advice
     from attnlab.training.device import PRECISIONS, autocast, resolve_precision
 
     if batch_size < 1:
@@ -270,7 +274,7 @@ def evaluate_file(run: LoadedRun, data: str | Path, *, target: str | Path | None
         raise ConfigError(f"precision (--precision): unknown value {precision!r}; choose one of: "
                           f"{', '.join(PRECISIONS)}")
     device = _device(run.model)
-    with autocast(device, resolve_precision(precision, device)):
+    with autocast(device, resolve_precision(precision, device)), cut_advice(TRAINED_LENGTH):
         return _evaluate_file(run, data, target, batch_size, beam_size, text_column, label_column)
 
 
