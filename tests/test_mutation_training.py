@@ -80,7 +80,7 @@ def test_a_string_corpus_is_cut_into_blocks_at_line_ends():
     from attnlab.data.corpus import _blocks
 
     text = "a\nbb\nccc\ndddddddd\ne"
-    blocks = [b for [b] in _blocks(text, 5)]
+    blocks = list(_blocks(text, 5))
     assert "".join(blocks) == text
     # Cut before a line end (where every tokenizer ends a token); a line longer than a block is cut inside.
     assert blocks == ["a\nbb", "\nccc", "\ndddd", "dddd", "\ne"]

@@ -162,6 +162,10 @@ def test_corpus_ids_equal_one_encode_of_the_whole_text(tmp_path, monkeypatch, ki
     monkeypatch.setattr(corpus, "BLOCK_BYTES", 97)  # many blocks from disk
     assert np.asarray(corpus.build_token_file(tmp_path / "code.txt", tok, tmp_path / "a.bin")).tolist() == whole
     assert np.asarray(corpus.build_token_file(text, tok, tmp_path / "b.bin", block_chars=97)).tolist() == whole
+    from attnlab.data.text_files import iter_text_blocks  # the blocks `attnlab train` reads, cut after line ends
+
+    stream = corpus.TextStream(iter_text_blocks(tmp_path / "code.txt", 97))
+    assert np.asarray(corpus.build_token_file(stream, tok, tmp_path / "c.bin")).tolist() == whole
     assert last_piece_cut("ab\n  cd\n\n  \n") == 7 and last_piece_cut("ab\r\n cd  \n") == 2
     assert last_piece_cut("\n\n  \n") == -1 and last_piece_cut("ab\ncd", 2) == -1
 

@@ -38,24 +38,43 @@ def sidecar_path(path: str | os.PathLike[str]) -> Path:
     return path.with_name(path.name + ".json")
 
 
-def _blocks(source: str | os.PathLike[str] | Iterable[str], block_chars: int) -> Iterator[list[str]]:
-    """Group the source into lists of strings of about `block_chars` characters.
+class TextStream:
+    """Consecutive pieces of one text (e.g. `iter_text_blocks` of a part of a file), for `build_token_file`:
+    re-cut where the pieces encode as the whole text does, unlike an iterable of documents, whose items are
+    encoded each on its own."""
 
-    A string or a Path (streamed from disk) is cut before a line end that follows a non-space character
-    (`last_piece_cut`: the blocks encode to the ids of the whole text); an iterable's items are kept whole.
+    def __init__(self, pieces: Iterable[str]):
+        self.pieces = pieces
+
+
+def _recut(pieces: Iterable[str]) -> Iterator[str]:
+    """Consecutive pieces of a text as blocks cut before a line end that follows a non-space character
+    (`last_piece_cut`), so that each block encodes to its share of the whole text's ids."""
+    carry = ""
+    for piece in pieces:
+        text = carry + piece
+        cut = last_piece_cut(text)
+        if cut <= 0 and len(text) >= 4 * BLOCK_BYTES:  # no such point for megabytes: cut at the end
+            cut = len(text)
+        if cut > 0:
+            yield text[:cut]
+        carry = text[cut:] if cut > 0 else text
+    if carry:
+        yield carry
+
+
+def _blocks(source: str | os.PathLike[str] | TextStream | Iterable[str], block_chars: int) -> Iterator[str | list[str]]:
+    """The source in blocks of about `block_chars` characters (a Path: about a megabyte, streamed).
+
+    A string, a Path or a `TextStream` gives strings, cut before a line end that follows a non-space character
+    (`last_piece_cut`: the blocks encode to the ids of the whole text); an iterable of documents gives lists
+    of its items, kept whole.
     """
     if isinstance(source, os.PathLike):
-        carry = ""
-        for block in iter_text_blocks(source, BLOCK_BYTES):
-            text = carry + block
-            cut = last_piece_cut(text)
-            if cut <= 0 and len(text) >= 4 * BLOCK_BYTES:  # no such point for megabytes: cut at the end
-                cut = len(text)
-            if cut > 0:
-                yield [text[:cut]]
-            carry = text[cut:] if cut > 0 else text
-        if carry:
-            yield [carry]
+        yield from _recut(iter_text_blocks(source, BLOCK_BYTES))
+        return
+    if isinstance(source, TextStream):
+        yield from _recut(source.pieces)
         return
     if isinstance(source, str):
         start = 0
@@ -64,7 +83,7 @@ def _blocks(source: str | os.PathLike[str] | Iterable[str], block_chars: int) ->
             if end < len(source):
                 cut = last_piece_cut(source, start, end)
                 end = cut if cut > start else end
-            yield [source[start:end]]
+            yield source[start:end]
             start = end
         return
     group: list[str] = []
@@ -84,7 +103,7 @@ def _blocks(source: str | os.PathLike[str] | Iterable[str], block_chars: int) ->
 
 
 def build_token_file(
-    source: str | os.PathLike[str] | Iterable[str],
+    source: str | os.PathLike[str] | TextStream | Iterable[str],
     tokenizer: Tokenizer,
     out_path: str | os.PathLike[str],
     *,
@@ -98,8 +117,9 @@ def build_token_file(
 
     Args:
         source: a string (cut into ~1 MB blocks at line ends), a path (`pathlib.Path`, streamed from
-            disk) or an iterable of strings (lines, documents), each encoded on its own with the ids
-            concatenated; keep the newline in lines if the tokenizer should see it.
+            disk), a `TextStream` (consecutive pieces of one text: both give the ids of the whole text), or an
+            iterable of strings (lines, documents), each encoded on its own with the ids concatenated; keep
+            the newline in lines if the tokenizer should see it.
         tokenizer: any `Tokenizer`.
         out_path: the binary file; the folder is created.
         dtype: "uint16" or "uint32"; None picks the smallest that holds the vocabulary.
@@ -123,7 +143,7 @@ def build_token_file(
     with atomic_path(out_path) as tmp:  # per process: under torchrun every process writes the same files
         with open(tmp, "wb") as f:
             for group in _blocks(source, block_chars):
-                if eos is None:
+                if eos is None or isinstance(group, str):  # a text's block: eos marks documents, not blocks
                     ids = tokenizer.encode_array(group)
                 else:
                     parts = [

@@ -472,7 +472,7 @@ def prepare(run: RunConfig, *, tokenizer_from: str | Path | None = None) -> Prep
 
 
 def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
-    from attnlab.data.corpus import TokenFile, build_token_file, sidecar_path
+    from attnlab.data.corpus import TextStream, TokenFile, build_token_file, sidecar_path
     from attnlab.data.sources import CausalLMSource
 
     d, t = run.data, run.train
@@ -502,8 +502,8 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     data_dir = make_folder(Path(t.out_dir) / "data", "train.out_dir")
 
     def encode(part: Callable[[], Iterable[str]], name: str, path: str | None):
-        try:
-            return build_token_file(part(), tokenizer, data_dir / name)
+        try:  # the blocks of one text: encoded with the ids of the whole text
+            return build_token_file(TextStream(part()), tokenizer, data_dir / name)
         except UnknownToken as e:
             raise _unknown_token_error(run, saved, tokenizer, texts, e, path) from None
 
