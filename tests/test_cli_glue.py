@@ -548,6 +548,48 @@ def test_knowledge_resume_continues_an_unfinished_phase(tmp_path, monkeypatch):
     assert kept and resumed_log[: len(kept)] == kept
 
 
+def test_knowledge_files_evaluated_or_answered_do_not_change_the_model(tmp_path):
+    """The vocabulary is the corpus's and the fine-tuning pairs' characters: a --predict question (or an
+    evaluation answer) with a character of its own neither changes the model nor breaks the run; the question
+    the model cannot read is answered with nothing, said once."""
+    import warnings
+
+    from attnlab.experiments.knowledge import run_knowledge
+
+    files = _knowledge_files(tmp_path)
+    plain = run_knowledge(tmp_path / "a", variants="dot", **files, device="cpu", overrides=KTINY, progress=False,
+                          echo=lambda *_: None)
+    (tmp_path / "odd.tsv").write_text("Where was Hal Ytte born?\nWhere was Zoë Kim born?\n", encoding="utf-8")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        odd = run_knowledge(tmp_path / "b", variants="dot", **files, predict=str(tmp_path / "odd.tsv"), device="cpu",
+                            overrides=KTINY, progress=False, echo=lambda *_: None)
+    assert odd["data"]["vocab_size"] == plain["data"]["vocab_size"]
+    assert odd["variants"][0]["finetune"]["final_train_loss"] == plain["variants"][0]["finetune"]["final_train_loss"]
+    assert [str(w.message) for w in caught if "cannot read" in str(w.message)] == [
+        "1 of 2 questions of --predict hold characters that neither the corpus nor the fine-tuning pairs have (the "
+        "first: 'Where was Zoë Kim born?'); the model cannot read them, and their answers are left empty"]
+    rows = (tmp_path / "b" / "predictions" / "dot.predict.tsv").read_text(encoding="utf-8").splitlines()
+    assert rows[2] == "Where was Zoë Kim born?\t"
+    assert (tmp_path / "b" / "predictions" / "dot.tsv").read_text() == (tmp_path / "a" / "predictions" /
+                                                                         "dot.tsv").read_text()
+
+
+def test_a_question_to_answer_must_leave_room_for_an_answer(tmp_path):
+    """A --predict question of block_size - 1 characters fits `question ⁇` in the block but leaves no room for an
+    answer: refused when the file is read, before any training."""
+    from attnlab.errors import DataError
+    from attnlab.experiments.knowledge import run_knowledge
+
+    (tmp_path / "long.tsv").write_text("Where was Hal Ytte born?\n" + "W" * 62 + "?\n", encoding="utf-8")
+    with pytest.raises(DataError, match="long.tsv line 2: the question takes 64 characters with its ⁇ mark, leaving "
+                                        "no room for an answer in block_size = 64"):
+        run_knowledge(tmp_path / "out", variants="dot", **_knowledge_files(tmp_path),
+                      predict=str(tmp_path / "long.tsv"), device="cpu", overrides=KTINY, progress=False,
+                      echo=lambda *_: None)
+    assert not (tmp_path / "out" / "pretrain-dot").exists()
+
+
 def test_knowledge_rows_do_not_depend_on_the_rows_before_them(tmp_path):
     from attnlab.experiments.knowledge import run_knowledge
 

@@ -519,11 +519,16 @@ def parse_answer(completion: str) -> str:
 
 
 def _check_fits(question: str, answer: str | None, block_size: int, where: str) -> None:
-    needed = len(question) + len(answer or "") + 2
+    if answer is None:  # to be answered: `question ⁇` and room for one character of answer in the block
+        if len(question) + 2 > block_size:
+            raise DataError(f"{where}: the question takes {len(question) + 1} characters with its {MASK} mark, "
+                            f"leaving no room for an answer in block_size = {block_size}; shorten the line or "
+                            "raise block_size")
+        return
+    needed = len(question) + len(answer) + 2
     if needed > block_size + 1:
-        what = "question" if answer is None else "question and answer"
         raise DataError(
-            f"{where}: {what} take {needed} characters with the two {MASK} marks, more than "
+            f"{where}: question and answer take {needed} characters with the two {MASK} marks, more than "
             f"block_size + 1 = {block_size + 1}; shorten the line or raise block_size"
         )
 

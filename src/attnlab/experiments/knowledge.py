@@ -367,22 +367,35 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
 
 
 @torch.no_grad()
-def answer_questions(model, vocab, questions: list[str], *, batch_size: int = 128, longest: int = 64) -> list[str]:
+def answer_questions(model, vocab, questions: list[str], *, batch_size: int = 128, longest: int = 64,
+                     what: str = "questions") -> list[str]:
     """Greedy answers: the model continues ``question ⁇`` until it writes ``⁇`` (KV cache, batched), with room for
     `longest` characters or up to the end of the block. Questions are batched with others of the same room, so a
-    long question never cuts its neighbours' answers short: each gets the answer it gets alone."""
+    long question never cuts its neighbours' answers short: each gets the answer it gets alone. A question with
+    a character outside the vocabulary gets "" (one warning names how many, as `what`)."""
     from attnlab.data.knowledge import MASK, PAD, parse_answer, qa_prompt
     from attnlab.inference.generate import generate
 
     block = model.config.block_size
-    prompts = [vocab.encode(qa_prompt(q)) for q in questions]
-    rooms = [min(block - len(p), longest) for p in prompts]
-    if rooms and min(rooms) < 1:
+    prompts, unreadable = [], []
+    for i, q in enumerate(questions):
+        try:
+            prompts.append(vocab.encode(qa_prompt(q)))
+        except DataError:  # a character the training data never had: the model cannot read the question
+            prompts.append(None)
+            unreadable.append(i)
+    if unreadable:
+        warnings.warn(f"{len(unreadable)} of {len(questions)} {what} hold characters that neither the corpus nor "
+                      f"the fine-tuning pairs have (the first: {questions[unreadable[0]]!r}); the model cannot read "
+                      "them, and their answers are left empty", stacklevel=2)
+    rooms = [min(block - len(p), longest) if p is not None else 0 for p in prompts]
+    if any(room < 1 for room, p in zip(rooms, prompts) if p is not None):
         raise DataError(f"a question fills the whole block of {block} characters; shorten it")
     answers: list[str] = [""] * len(questions)
     by_room: dict[int, list[int]] = {}
     for i, room in enumerate(rooms):
-        by_room.setdefault(room, []).append(i)
+        if prompts[i] is not None:
+            by_room.setdefault(room, []).append(i)
     for room, rows in by_room.items():
         for lo in range(0, len(rows), batch_size):
             chunk = rows[lo:lo + batch_size]
@@ -443,8 +456,9 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     # The user's files are read before the folder is made (a missing file leaves nothing behind), and checked
     # with the settings before the warning that this run replaces an earlier one (a refused run replaces nothing).
     data = load_data(out, settings, corpus=corpus, train=train, eval_path=eval_path, predict=predict, seed=seed)
-    qa_text = "".join(q + a for q, a in data.train + data.dev) + "".join(data.predict)
-    vocab = KnowledgeVocab.from_texts("".join(data.corpus), qa_text)
+    # The characters of the training data only (as the assignment's): the files evaluated or answered must not
+    # change the model (a new character would also move every initial weight).
+    vocab = KnowledgeVocab.from_texts("".join(data.corpus), "".join(q + a for q, a in data.train))
     tokenizer = vocab.to_tokenizer()
     dev_q, dev_a = [q for q, _ in data.dev], [a for _, a in data.dev]
     train_q, train_a = [q for q, _ in data.train], [a for _, a in data.train]
@@ -524,14 +538,14 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
             record[kind] = _train_phase(model, sources[kind], out / f"{kind}-{variant.name}", cfg, tokenizer,
                                         resume=resume, title=title, echo=echo, fingerprint=fingerprints[kind])
         model.eval()
-        predictions = answer_questions(model, vocab, dev_q)
+        predictions = answer_questions(model, vocab, dev_q, what="evaluation questions")
         record["accuracy"] = exact_match(predictions, dev_a)
         record["train_accuracy"] = exact_match(answer_questions(model, vocab, train_q), train_a)
         record["correct"] = round(record["accuracy"] * len(dev_a) / 100)
         _write_predictions(out / "predictions" / f"{variant.name}.tsv", dev_q, predictions, dev_a)
         if data.predict:
             _write_predictions(out / "predictions" / f"{variant.name}.predict.tsv", data.predict,
-                               answer_questions(model, vocab, data.predict), None)
+                               answer_questions(model, vocab, data.predict, what="questions of --predict"), None)
         record["wall_time_s"] = time.perf_counter() - row_start
         echo(f"{variant.label}: {record['accuracy']:.1f}% of {len(dev_q)} evaluation questions "
              f"(fine-tuning questions: {record['train_accuracy']:.1f}%)")
