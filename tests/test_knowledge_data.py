@@ -366,3 +366,16 @@ def test_world_write_round_trips_through_the_readers(tmp_path):
                                       paths["dev"].read_text())
     QASource(train, vocab, 128, 8)
     SpanCorruptionSource(read_corpus(paths["corpus"]), vocab, 128, 8)
+
+
+def test_sources_refuse_text_holding_the_layout_characters():
+    """□ and ⁇ are the layout's pad and mask: a document or pair holding one would read as padding or a mark
+    (the files' readers refuse them; the sources, used from Python, too)."""
+    from attnlab.data.knowledge import KnowledgeVocab, QASource, SpanCorruptionSource
+    from attnlab.errors import DataError
+
+    vocab = KnowledgeVocab.from_texts("abcdefgh?")
+    with pytest.raises(DataError, match="corpus document 2: holds '⁇', the mask character"):
+        SpanCorruptionSource(["abcd", "ab⁇cd"], vocab, 16, 2)
+    with pytest.raises(DataError, match="pair 1: holds '□', the pad character"):
+        QASource([("ab□?", "c")], vocab, 16, 2)

@@ -444,6 +444,7 @@ class SpanCorruptionSource(_Layout):
         for i, doc in enumerate(documents):
             if not doc:
                 raise DataError(f"corpus document {i + 1} is empty; remove blank lines from the corpus")
+            _check_no_marks(doc, f"corpus document {i + 1}")
         self.documents = list(documents)
         self.vocab = vocab
         self.block_size = block_size
@@ -518,6 +519,13 @@ def parse_answer(completion: str) -> str:
     return after.split(MASK, 1)[0].split(PAD, 1)[0].strip()
 
 
+def _check_no_marks(text: str, where: str) -> None:
+    """The pad and mask characters are the layout's own: in a text they would read as padding or a mask mark."""
+    for mark, name in ((PAD, "pad"), (MASK, "mask")):
+        if mark in text:
+            raise DataError(f"{where}: holds {mark!r}, the {name} character of the layout; remove it from the text")
+
+
 def _check_fits(question: str, answer: str | None, block_size: int, where: str) -> None:
     if answer is None:  # to be answered: `question ⁇` and room for one character of answer in the block
         if len(question) + 2 > block_size:
@@ -586,6 +594,7 @@ class QASource(_Layout):
             if not answer:
                 raise DataError(f"{where}: no answer; fine-tuning needs 'question<TAB>answer' lines")
             _check_fits(question, answer, block_size, where)
+            _check_no_marks(question + answer, where)
             try:
                 ids = vocab.encode(question + MASK + answer + MASK)
             except DataError as e:
