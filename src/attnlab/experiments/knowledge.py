@@ -602,8 +602,9 @@ def results_markdown(summary: dict[str, Any]) -> str:
         lines.append(f"| {r['label']} | {r['accuracy']:.1f} | {r['correct']}/{n} | {r['train_accuracy']:.1f} | "
                      f"{'—' if note is None else f'{note:.1f}'} | {r['parameters']:,} | {r['wall_time_s']:.0f} |")
     lines.append(f"| always \"London\" | {base['london']:.1f} | | | {summary['notes']['london']:.1f} | | |")
-    lines.append(f"| always \"{base['most_common_answer']}\" (most common training answer) | "
-                 f"{base['most_common']:.1f} | | | | | |")
+    if base["most_common_answer"] != "London":  # else the row above is that baseline already
+        lines.append(f"| always \"{base['most_common_answer']}\" (most common training answer) | "
+                     f"{base['most_common']:.1f} | | | | | |")
     lines += ["", f"Total wall time {summary['wall_time_s']:.0f} s; the assignment's model has "
               f"{summary['assignment_parameters']:,} parameters with its vocabulary of {ASSIGNMENT_VOCAB}."]
     return "\n".join(lines)
