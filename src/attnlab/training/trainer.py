@@ -545,8 +545,8 @@ class Trainer:
         cfg = self.config
         token_level = False
         batch_size = cfg.micro_batch_size or cfg.batch_size // self.world.size
-        # eval_batches counts batches of batch_size examples: the same examples whatever the micro-batches and
-        # the number of processes (batch_size is a multiple of batch_size here).
+        # eval_batches counts batches of train.batch_size examples: the same examples whatever the micro-batches
+        # and the number of processes (train.batch_size is a multiple of this pass's batch size).
         limit = cfg.eval_batches * (cfg.batch_size // batch_size)
 
         def this_process_batches():
