@@ -79,7 +79,7 @@ class DataConfig(Config):
             configs/bert-mlm.toml 98 % against 52 %); evaluation then batches the held-out examples sorted by
             length. false: uniformly random batches, evaluation in file order. Default (unset): on for
             translation and classification, off for mlm (on configs/bert-mlm.toml sorted pairs made 1,000 steps
-            87 → 62 s on 2 cores but ended at a higher loss, 4.97 → 5.06, only a little lower than random batches
+            87 → 62 s on 2 cores but ended at a higher loss, 4.98 → 5.08, only a little lower than random batches
             reach in the same time); lm reads full windows, with nothing to pad.
     """
 
