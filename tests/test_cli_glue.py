@@ -714,6 +714,12 @@ def test_resuming_with_changed_data_settings_warns(tmp_path):
     said = [str(w.message) for w in caught]
     assert any("changed data settings (data.block_size)" in m for m in said), said
     assert any("keeps the checkpoint's tokenizer: data.tokenizer changed" in m for m in said), said
+    assert not any("data files that changed" in m for m in said), said
+    # The same path, other contents (a corpus regenerated in place): said, though no setting changed.
+    text.write_text("".join(f"the text of line {i}\n" for i in range(60)), encoding="utf-8")
+    with pytest.warns(UserWarning, match=r"data files that changed since the checkpoint \(data.path: the same path"):
+        train_run(load_run_config(None, [*common, "data.block_size=8", "data.tokenizer=word", "train.steps=5"]),
+                  resume=True)
 
 
 def test_progress_bar_shows_count_and_eta_on_a_terminal_only(monkeypatch):

@@ -822,13 +822,14 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     # The data settings and class names go into every checkpoint too: generate and evaluate read them there, so
     # a checkpoint is never scored with the labels of a run that replaced its run.json and then failed.
     data_state = {"data": run.data.to_dict(), "batches_by_length": run.data.batches_by_length,
-                  **_label_state(prep.info)}
+                  "data_files": _data_file_stamps(run.data), **_label_state(prep.info)}
     trainer = Trainer(prep.model, run.train, prep.train_source, eval_source=prep.eval_source,
                       tokenizer=prep.tokenizer, out_dir=out, eval_counts=prep.eval_counts, extra_state=data_state)
 
     def describe() -> None:  # once a resumed checkpoint has proved to fit: a failed resume leaves run.json alone
         if tokenizer_from is not None:
-            _warn_changed_data(tokenizer_from, data_state["data"], run.data.batches_by_length)
+            _warn_changed_data(tokenizer_from, data_state["data"], run.data.batches_by_length,
+                               data_state["data_files"])
         trainer.extra_state.update(data_state)  # resumed: this session's settings, as run.json says, not the saved
         write_text_atomic(out / "run.json", json.dumps(description, indent=2))
 
@@ -836,7 +837,30 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     return {**summary, **prep.info}
 
 
-def _warn_changed_data(checkpoint: Path, data: dict[str, Any], by_length: bool) -> None:
+def _data_file_stamps(data: DataConfig) -> dict[str, str]:
+    """A stamp of each data file a run reads ({setting: stamp}): its size and a hash of its first and last
+    megabyte, so that a resume notices a file rewritten at the same path without reading a large corpus whole."""
+    import hashlib
+
+    stamps = {}
+    for key in ("path", "eval_path", "src_path", "tgt_path", "eval_src_path", "eval_tgt_path"):
+        value = getattr(data, key)
+        if not value or not Path(value).is_file():
+            continue
+        path = Path(value)
+        size = path.stat().st_size
+        digest = hashlib.sha256(str(size).encode())
+        with open(path, "rb") as f:
+            digest.update(f.read(1 << 20))
+            if size > 1 << 20:
+                f.seek(max(1 << 20, size - (1 << 20)))
+                digest.update(f.read())
+        stamps[key] = f"{size}:{digest.hexdigest()[:16]}"
+    return stamps
+
+
+def _warn_changed_data(checkpoint: Path, data: dict[str, Any], by_length: bool,
+                       data_files: dict[str, str] | None = None) -> None:
     """Warn of data settings a resumed run changes (the trainer warns of its own): another text, block size or
     masking makes other batches than the uninterrupted run's, and a tokenizer setting is the checkpoint's.
     `by_length`: whether this run sorts its batches by length."""
@@ -855,6 +879,13 @@ def _warn_changed_data(checkpoint: Path, data: dict[str, Any], by_length: bool) 
         changed.append("bucket_by_length")
     kept = [key for key in changed if key in _TOKENIZER_SETTINGS]
     other = [key for key in changed if key not in _TOKENIZER_SETTINGS]
+    stamps, now = extra.get("data_files"), data_files or {}
+    rewritten = [key for key in now if isinstance(stamps, dict) and key in stamps and key not in changed
+                 and stamps[key] != now[key]]
+    if rewritten:
+        names = ", ".join("data." + key for key in rewritten)
+        warnings.warn(f"resuming on data files that changed since the checkpoint ({names}: the same path, other "
+                      "contents): the run will not reproduce an uninterrupted one", stacklevel=2)
     if other:
         warnings.warn(f"resuming with changed data settings ({', '.join('data.' + k for k in other)}): the run "
                       "will not reproduce an uninterrupted one", stacklevel=2)
