@@ -208,8 +208,8 @@ def test_translation_train_generate_evaluate(tmp_path, capsys, monkeypatch):
                                 "--device", "cpu")
     assert code == 0, err
     assert stdout.split("\n") == alone[:3] + [""] + alone[3:] + [""]
-    for argv, needle in ((["--input", str(tmp_path / "blank.src"), "--prompt", "a"], "not both"), ([], "not both"),
-                         (["--input", str(tmp_path / "none.src")], "does not exist")):
+    for argv, needle in ((["--input", str(tmp_path / "blank.src"), "--prompt", "a"], "not both"),
+                         ([], "or a file of sentences"), (["--input", str(tmp_path / "none.src")], "does not exist")):
         code, _, err = run_cli(capsys, "generate", str(out), *argv, "--device", "cpu")
         assert code == 2 and needle in err, err
 

@@ -99,9 +99,11 @@ def generate(
     from attnlab.inference.runs import check_decoding_options, generate_texts, load_run, translate_lines
     from attnlab.training.device import select_device
 
-    if (prompt is None) == (input_file is None):
+    if prompt is None and input_file is None:
         raise ConfigError("give the text to continue or translate with --prompt (-p), or a file of sentences to "
-                          "translate with --input (-i), not both")
+                          "translate with --input (-i)")
+    if prompt is not None and input_file is not None:
+        raise ConfigError("give --prompt (-p) or --input (-i), not both")
     run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint", dtype=dtype)
     check_decoding_options(run.family, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if input_file is not None:
