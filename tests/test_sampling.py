@@ -71,7 +71,7 @@ def test_generation_inputs_of_the_wrong_kind_get_one_line():
     torch.manual_seed(0)
     gpt = build_model(get_preset("gpt-char-tiny")[1]).eval()
     assert generate(gpt, [np.array([1, 2]), torch.tensor([3])], 2, greedy=True) == \
-        generate(gpt, [[1, 2], [3]], 2, greedy=True)
+        generate(gpt, [[1, 2], [3]], 2, greedy=True) == generate(gpt, [[1, 2], [3]], np.int64(2), greedy=True)
     for prompt, words in (([1, 2, 3], "list of id lists"), ("hello", "tokenizer"), (torch.tensor([1, 2]), "(2,)"),
                           (torch.tensor([[1.0, 2.0]]), "float32"), ([[1.5, 2]], "whole number")):
         with pytest.raises(ConfigError, match=words):

@@ -54,7 +54,7 @@ def sample_next(
 def _check_options(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
     # Each message names the argument and its command-line flag.
     for name, flag, value in (("max_new_tokens", "-n", max_new_tokens), ("top_k", "--top-k", top_k)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        if value is not None and not _whole(value):
             raise ConfigError(f"{name} ({flag}) must be a whole number, got {value!r}")
     if max_new_tokens < 0:
         raise ConfigError(f"max_new_tokens (-n) must be >= 0, got {max_new_tokens}")
@@ -230,8 +230,19 @@ def greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None 
         return _greedy_translate(model, src_ids, src_mask, _target_length(model, max_len))
 
 
+def _whole(value: object) -> bool:
+    """An integer (Python's, NumPy's or a 0-d integer tensor), not a bool or a float."""
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
 def _check_max_len(max_len: int) -> None:
-    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 0:
+    if not _whole(max_len) or max_len < 0:
         raise ConfigError(f"max_len (-n) must be a whole number >= 0, got {max_len!r}")
 
 
