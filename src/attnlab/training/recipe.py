@@ -454,13 +454,17 @@ class Prepared:
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+# The data settings that name files.
+DATA_FILE_SETTINGS = ("path", "eval_path", "src_path", "tgt_path", "eval_src_path", "eval_tgt_path")
+
+
 def prepare(run: RunConfig, *, tokenizer_from: str | Path | None = None) -> Prepared:
     """Tokenize the data, build the sources and the model (sized to the tokenizer). The model's initial
     weights are a function of train.seed: the same seed, the same run, in any process. `tokenizer_from`
     (a checkpoint folder) gives the tokenizer instead of training one: a resumed run keeps its vocabulary."""
     from attnlab.training.trainer import seed_everything
 
-    for key in ("path", "eval_path", "src_path", "tgt_path", "eval_src_path", "eval_tgt_path"):
+    for key in DATA_FILE_SETTINGS:
         value = getattr(run.data, key)
         if value and not Path(value).exists():  # named by its setting (the file's other checks come later)
             raise DataError(f"data file '{value}' (data.{key}) does not exist; check the path, or give the file "
@@ -843,7 +847,7 @@ def _data_file_stamps(data: DataConfig) -> dict[str, str]:
     import hashlib
 
     stamps = {}
-    for key in ("path", "eval_path", "src_path", "tgt_path", "eval_src_path", "eval_tgt_path"):
+    for key in DATA_FILE_SETTINGS:
         value = getattr(data, key)
         if not value or not Path(value).is_file():
             continue
