@@ -575,6 +575,27 @@ def test_knowledge_files_evaluated_or_answered_do_not_change_the_model(tmp_path)
                                                                          "dot.tsv").read_text()
 
 
+def test_knowledge_answers_have_room_for_the_longest_answer_sought(tmp_path, monkeypatch):
+    """Answers were cut at 64 characters: a longer evaluation answer could never be written, so never scored."""
+    import attnlab.experiments.knowledge as knowledge
+
+    files = _knowledge_files(tmp_path)
+    long_place = "Lyon " + "x" * 75
+    (tmp_path / "dev.tsv").write_text(f"Where was Fa Quell born?\t{long_place}\n", encoding="utf-8")
+    (tmp_path / "wiki.txt").write_text((tmp_path / "wiki.txt").read_text() + f"Fa Quell. born in {long_place}\n",
+                                       encoding="utf-8")
+    rooms = []
+
+    def answers(model, vocab, questions, **kwargs):
+        rooms.append(kwargs.get("longest", 64))
+        return [""] * len(questions)
+
+    monkeypatch.setattr(knowledge, "answer_questions", answers)
+    knowledge.run_knowledge(tmp_path / "out", variants="none", **files, device="cpu",
+                            overrides={**KTINY, "block_size": 128}, progress=False, echo=lambda *_: None)
+    assert rooms == [len(long_place), 64]  # evaluation, then the fine-tuning questions (short answers)
+
+
 def test_a_question_to_answer_must_leave_room_for_an_answer(tmp_path):
     """A --predict question of block_size - 1 characters fits `question ⁇` in the block but leaves no room for an
     answer: refused when the file is read, before any training."""

@@ -538,9 +538,12 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
             record[kind] = _train_phase(model, sources[kind], out / f"{kind}-{variant.name}", cfg, tokenizer,
                                         resume=resume, title=title, echo=echo, fingerprint=fingerprints[kind])
         model.eval()
-        predictions = answer_questions(model, vocab, dev_q, what="evaluation questions")
+        # Room for the longest answer sought (64 characters at least): a longer one could never be written.
+        predictions = answer_questions(model, vocab, dev_q, what="evaluation questions",
+                                       longest=max(64, *map(len, dev_a)))
         record["accuracy"] = exact_match(predictions, dev_a)
-        record["train_accuracy"] = exact_match(answer_questions(model, vocab, train_q), train_a)
+        record["train_accuracy"] = exact_match(answer_questions(model, vocab, train_q,
+                                                                longest=max(64, *map(len, train_a))), train_a)
         record["correct"] = round(record["accuracy"] * len(dev_a) / 100)
         _write_predictions(out / "predictions" / f"{variant.name}.tsv", dev_q, predictions, dev_a)
         if data.predict:
