@@ -151,6 +151,15 @@ def _resolve(folder: Path) -> Path | None:
     return None
 
 
+def _checkpoint_of(path: Path) -> Path | None:
+    """The checkpoint folder `path` itself is, or holds as ``checkpoint/`` (else ``best/``); None when none."""
+    for candidate in (path, path / "checkpoint", path / "best"):
+        found = _resolve(candidate)
+        if found is not None:
+            return found
+    return None
+
+
 def find_checkpoint(path: str | os.PathLike[str]) -> Path:
     """The checkpoint folder for `path`: `path` itself, else `path/checkpoint`, else `path/best`.
 
@@ -158,10 +167,9 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
         CheckpointError: the path does not exist or holds no checkpoint.
     """
     path = Path(path)
-    for candidate in (path, path / "checkpoint", path / "best"):
-        found = _resolve(candidate)
-        if found is not None:
-            return found
+    found = _checkpoint_of(path)
+    if found is not None:
+        return found
     if not path.exists():
         raise CheckpointError(f"checkpoint folder {path} does not exist; "
                               "give a run folder or a checkpoint folder")
@@ -175,8 +183,7 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
 def runs_inside(path: Path) -> str:
     """The run folders directly inside `path`, listed for a message ("" when none): an experiment's folder
     (`attnlab run knowledge` writes one run per phase) is not a run itself."""
-    runs = sorted(str(sub) for sub in path.iterdir() if sub.is_dir() and any(
-        _resolve(candidate) is not None for candidate in (sub, sub / "checkpoint", sub / "best")))
+    runs = sorted(str(sub) for sub in path.iterdir() if sub.is_dir() and _checkpoint_of(sub) is not None)
     return ", ".join(runs[:6]) + (", ..." if len(runs) > 6 else "")
 
 
