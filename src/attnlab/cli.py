@@ -96,7 +96,7 @@ def generate(
 ) -> None:
     """Generate text from a trained language model (with a KV cache), or translate with a seq2seq model."""
     from attnlab.errors import ConfigError
-    from attnlab.inference.runs import check_decoding_options, generate_texts, load_run, translate_lines
+    from attnlab.inference.runs import check_decoding_options, generate_texts, load_run, translate_file
     from attnlab.training.device import select_device
 
     if prompt is None and input_file is None:
@@ -107,16 +107,10 @@ def generate(
     run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint", dtype=dtype)
     check_decoding_options(run.family, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if input_file is not None:
-        from attnlab.data.text_files import read_lines
-
         if run.family != "seq2seq":
             raise ConfigError(f"--input translates a file with a translation model; this run is a {run.family!r} "
                               "model: give its prompts with --prompt (-p)")
-        if max_new_tokens < 1 or beam_size < 1:
-            raise ConfigError(f"-n (the longest translation, in tokens) and --beam-size must be at least 1, got "
-                              f"{max_new_tokens} and {beam_size}")
-        lines = read_lines(input_file)
-        print("\n".join(translate_lines(run, lines, beam_size=beam_size, max_len=max_new_tokens, name=input_file)))
+        print("\n".join(translate_file(run, input_file, beam_size=beam_size, max_len=max_new_tokens)))
         return
     texts = generate_texts(run, prompt, max_new_tokens=max_new_tokens, greedy=greedy,
                            temperature=0.8 if temperature is None else temperature, top_k=top_k, top_p=top_p,

@@ -129,8 +129,6 @@ def translate_lines(run: LoadedRun, lines: Sequence[str], *, beam_size: int = 1,
     Sources are cut to the run's `data.max_length` as training cut them (with a warning), and translated in
     batches of similar length (less padding; each source gets the translation it gets alone). `name` names
     the lines in errors (a file's path: "FILE line N: ...")."""
-    from attnlab.data.sources import _warn_cut, cut_advice
-
     tok = run.tokenizer
     encoded = []
     for number, line in enumerate(lines, start=1):
@@ -139,12 +137,36 @@ def translate_lines(run: LoadedRun, lines: Sequence[str], *, beam_size: int = 1,
         except UnknownToken as e:
             raise DataError(f"{name} line {number}: {e.token!r} is not in the vocabulary the model was trained "
                             "with (and it has no unk token); remove it or train on text that contains it") from None
+    return translate_ids(run, _cut_sources(run, encoded), beam_size=beam_size, max_len=max_len,
+                         batch_size=batch_size)
+
+
+def translate_file(run: LoadedRun, path: str | Path, *, beam_size: int = 1, max_len: int = 128) -> list[str]:
+    """`translate_lines` of a file's lines (`generate --input`), errors naming the file and line."""
+    from attnlab.data.text_files import read_lines
+
+    _check_translation_lengths(max_len, beam_size)
+    return translate_lines(run, read_lines(path), beam_size=beam_size, max_len=max_len, name=str(path))
+
+
+def _check_translation_lengths(max_len: int, beam_size: int) -> None:
+    if beam_size < 1:
+        raise ConfigError(f"--beam-size must be at least 1, got {beam_size}")
+    if max_len < 1:
+        raise ConfigError(f"-n is the longest translation in tokens for a translation model; give at least 1, "
+                          f"got {max_len}")
+
+
+def _cut_sources(run: LoadedRun, encoded: list[list[int]]) -> list[list[int]]:
+    """Sources cut to the run's data.max_length as its training cut them, with a warning that says so."""
+    from attnlab.data.sources import _warn_cut, cut_advice
+
     room = run.data.get("max_length")
-    if isinstance(room, int) and room > 0:
-        with cut_advice(TRAINED_LENGTH):
-            _warn_cut([len(ids) for ids in encoded], room, "source sentences", "the run's data.max_length")
-        encoded = [ids[:room] for ids in encoded]
-    return translate_ids(run, encoded, beam_size=beam_size, max_len=max_len, batch_size=batch_size)
+    if not (isinstance(room, int) and room > 0):
+        return encoded
+    with cut_advice(TRAINED_LENGTH):
+        _warn_cut([len(ids) for ids in encoded], room, "source sentences", "the run's data.max_length")
+    return [ids[:room] for ids in encoded]
 
 
 def translate_ids(run: LoadedRun, sources: Sequence[Sequence[int]], *, beam_size: int = 1, max_len: int = 128,
@@ -228,10 +250,8 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
     check_decoding_options(run.family, greedy=greedy, top_k=top_k, top_p=top_p)
     encoded = [_encode_prompt(tok, prompt) for prompt in prompts]
     if run.family == "seq2seq":
-        if max_new_tokens < 1:
-            raise ConfigError(f"-n is the longest translation in tokens for a translation model; give at least 1, "
-                              f"got {max_new_tokens}")
-        return translate_lines(run, prompts, beam_size=beam_size, max_len=max_new_tokens, name="--prompt")
+        _check_translation_lengths(max_new_tokens, beam_size)
+        return translate_ids(run, _cut_sources(run, encoded), beam_size=beam_size, max_len=max_new_tokens)
     if run.family not in LM_FAMILIES and not (run.family == "encoder" and model.config.head == "lm"):
         head = getattr(model.config, "head", None) or getattr(model.config, "heads", None)
         raise ConfigError(f"a {run.family!r} model with the {head!r} head{HEAD_NAMES.get(head, '')} does not generate "
