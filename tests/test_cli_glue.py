@@ -452,7 +452,7 @@ def _knowledge_files(tmp_path):
     (tmp_path / "train.tsv").write_text("".join(qa[:5]), encoding="utf-8")
     (tmp_path / "dev.tsv").write_text("".join(qa[5:]), encoding="utf-8")
     (tmp_path / "predict.tsv").write_text(
-        "Where was Hal Ytte born?\nWhere was Ada Varn born?\nWhere was Fa Quell born?\n", encoding="utf-8")
+        "Where was Hal Ytte born?\n\nWhere was Ada Varn born?\nWhere was Fa Quell born?\n", encoding="utf-8")
     return dict(corpus=str(tmp_path / "wiki.txt"), train=str(tmp_path / "train.tsv"),
                 eval_path=str(tmp_path / "dev.tsv"))
 
@@ -485,11 +485,12 @@ def test_knowledge_outputs_pair_each_question_with_its_answer(tmp_path, monkeypa
     table = (out / "results.md").read_text(encoding="utf-8")
     assert '| always "London" | 0.0 |' in table and '| always "Lyon" (most common training answer) | 33.3 |' in table
     assert (out / "predictions" / "dot.tsv").read_text(encoding="utf-8").splitlines()[1:] == [
-        "Where was Fa Quell born?\tnot Quito\tQuito\t0", "Where was Gus Orme born?\tLyon\tLyon\t1",
-        "Where was Hal Ytte born?\tnot Accra\tAccra\t0"]
+        "1\tWhere was Fa Quell born?\tnot Quito\tQuito\t0", "2\tWhere was Gus Orme born?\tLyon\tLyon\t1",
+        "3\tWhere was Hal Ytte born?\tnot Accra\tAccra\t0"]
+    # Each row names its question's line in the input file: a blank line there has no row.
     assert (out / "predictions" / "dot.predict.tsv").read_text(encoding="utf-8").splitlines() == [
-        "question\tprediction", "Where was Hal Ytte born?\tnot Accra", "Where was Ada Varn born?\tLyon",
-        "Where was Fa Quell born?\tnot Quito"]
+        "line\tquestion\tprediction", "1\tWhere was Hal Ytte born?\tnot Accra", "3\tWhere was Ada Varn born?\tLyon",
+        "4\tWhere was Fa Quell born?\tnot Quito"]
     tuned = load_model(out / "finetune-dot").state_dict()
     assert all(torch.equal(state[k], tuned[k]) for state in asked for k in tuned)
     # The parameter count stated is the model's own, in the log line and in the table.
@@ -570,7 +571,7 @@ def test_knowledge_files_evaluated_or_answered_do_not_change_the_model(tmp_path)
         "1 of 2 questions of --predict hold characters that neither the corpus nor the fine-tuning pairs have (the "
         "first: 'Where was Zoë Kim born?'); the model cannot read them, and their answers are left empty"]
     rows = (tmp_path / "b" / "predictions" / "dot.predict.tsv").read_text(encoding="utf-8").splitlines()
-    assert rows[2] == "Where was Zoë Kim born?\t"
+    assert rows[2] == "2\tWhere was Zoë Kim born?\t"
     assert (tmp_path / "b" / "predictions" / "dot.tsv").read_text() == (tmp_path / "a" / "predictions" /
                                                                          "dot.tsv").read_text()
 
@@ -625,7 +626,7 @@ def test_knowledge_rows_do_not_depend_on_the_rows_before_them(tmp_path):
 def test_knowledge_seed_and_written_split(tmp_path, capsys):
     """--seed picks the synthetic world and split; data/train.tsv and data/dev.tsv are the pairs fine-tuned and
     evaluated on."""
-    from attnlab.data.knowledge import read_qa_file
+    from attnlab.data.knowledge import read_qa_lines
 
     small = {**KTINY, "n_people": 12, "pretrain_epochs": 1}
     for seed in (0, 3):
@@ -638,9 +639,9 @@ def test_knowledge_seed_and_written_split(tmp_path, capsys):
         assert json.loads((tmp_path / str(seed) / "results.json").read_text())["data"]["seed"] == seed
     assert (tmp_path / "0" / "data" / "corpus.txt").read_text() != (tmp_path / "3" / "data" / "corpus.txt").read_text()
     out = tmp_path / "3"
-    dev = [q for q, _ in read_qa_file(out / "data" / "dev.tsv")]
+    dev = [[str(n), q] for n, q, _ in read_qa_lines(out / "data" / "dev.tsv")]
     predicted = (out / "predictions" / "none.tsv").read_text(encoding="utf-8").splitlines()[1:]
-    assert [line.split("\t")[0] for line in predicted] == dev
+    assert [line.split("\t")[:2] for line in predicted] == dev
 
 
 def test_variant_names_with_spaces_and_the_scratch_alias():
@@ -806,3 +807,23 @@ def test_evaluate_in_bf16_autocast_when_asked(tmp_path, capsys, lm_runs, mt_run)
         assert scores["bf16"] == pytest.approx(scores["fp32"], rel=2e-2)
     line = one_line_error(capsys, "evaluate", str(lm_runs[0]), "--data", str(text), "--precision", "fp8")
     assert "unknown value 'fp8'" in line and "auto, bf16, fp32" in line
+
+
+def test_knowledge_warns_when_evaluation_questions_repeat_fine_tuning_ones(tmp_path):
+    """With the user's files, an evaluation question that is also a fine-tuning question measures what
+    fine-tuning taught, not knowledge access: said once, naming its lines."""
+    from attnlab.experiments.knowledge import SCALES, load_data
+
+    files = _knowledge_files(tmp_path)
+    qa = (tmp_path / "train.tsv").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "dev.tsv").write_text("\n".join([qa[1], "Where was Hal Ytte born?\tAccra", "", qa[3]]) + "\n",
+                                      encoding="utf-8")
+    with pytest.warns(UserWarning, match=r"2 of the 3 questions of .*dev.tsv \(lines 1, 4\) are also fine-tuning"):
+        data = load_data(tmp_path / "out", SCALES["quick"], corpus=files["corpus"], train=files["train"],
+                         eval_path=files["eval_path"], predict=None, seed=0)
+    assert data.dev_lines == [1, 2, 4]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _knowledge_files(tmp_path)
+        load_data(tmp_path / "out", SCALES["quick"], corpus=files["corpus"], train=files["train"],
+                  eval_path=files["eval_path"], predict=None, seed=0)

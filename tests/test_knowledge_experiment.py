@@ -66,9 +66,9 @@ def test_real_data_path_end_to_end(tmp_path):
     table = (out / "results.md").read_text()
     assert "| no pretraining |" in table and "| dot (pretrained) |" in table and "22.2" in table
     dev_rows = (out / "predictions" / "dot.tsv").read_text().splitlines()
-    assert dev_rows[0] == "question\tprediction\tanswer\tcorrect" and len(dev_rows) == 4
+    assert dev_rows[0] == "line\tquestion\tprediction\tanswer\tcorrect" and len(dev_rows) == 4
     predicted = (out / "predictions" / "dot.predict.tsv").read_text().splitlines()
-    assert predicted[0] == "question\tprediction" and predicted[1].startswith("Where was Ada Varn born?\t")
+    assert predicted[0] == "line\tquestion\tprediction" and predicted[1].startswith("1\tWhere was Ada Varn born?\t")
 
     # --resume skips the finished phases and gives the same table.
     again = run_knowledge(out, variants="none,dot", corpus=files["corpus"], train=files["train"],
@@ -99,8 +99,9 @@ def test_real_data_path_end_to_end(tmp_path):
     assert (out / "results.json").read_text() == before
 
 
-def test_synthetic_world_default_and_cli(tmp_path, capsys):
-    out = tmp_path / "synthetic"
+def test_synthetic_world_default_and_cli(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = Path("synthetic")  # relative, as typed
     args = ["run", "knowledge", "--out", str(out), "--variants", "none,synthesizer-dense", "--device", "cpu",
             "--quiet", "--set", "n_people=24"]
     for key, value in TINY.items():
@@ -112,6 +113,8 @@ def test_synthetic_world_default_and_cli(tmp_path, capsys):
         assert (out / name).is_file()
     summary = json.loads((out / "results.json").read_text())
     assert summary["data"]["documents"] == 24 and summary["data"]["eval_questions"] == 12
+    # results.json names the files absolutely, whatever folder it is read from
+    assert summary["data"]["files"]["dev"] == str(tmp_path / "synthetic" / "data" / "dev.tsv")
     # --resume with a --predict file of new characters: the vocabulary is the training data's, so the finished
     # phases answer; the question they cannot read is answered with nothing, said once.
     questions = tmp_path / "questions.tsv"
@@ -119,7 +122,7 @@ def test_synthetic_world_default_and_cli(tmp_path, capsys):
     with pytest.warns(UserWarning, match="1 of 1 questions of --predict hold characters"):
         main([*args, "--resume", "--predict", str(questions)])
     answered = (out / "predictions" / "none.predict.tsv").read_text(encoding="utf-8").splitlines()
-    assert answered == ["question\tprediction", "Where was Zo\u00eb \u00dcnal born?\t"]
+    assert answered == ["line\tquestion\tprediction", "1\tWhere was Zo\u00eb \u00dcnal born?\t"]
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

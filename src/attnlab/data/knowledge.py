@@ -226,7 +226,8 @@ def read_qa_file(
 ) -> list[tuple[str, str | None]]:
     """The (question, answer) pairs of a file of ``question<TAB>answer`` lines.
 
-    Blank lines are skipped; whitespace around each field is removed.
+    Blank lines are skipped; whitespace around each field is removed. `read_qa_lines` also gives each
+    pair's line number.
 
     Args:
         path: the file.
@@ -239,8 +240,16 @@ def read_qa_file(
             empty question or (when answers are required) an empty answer; a line longer than the block;
             the pad or mask character in a line.
     """
+    return [(question, answer) for _, question, answer in read_qa_lines(path, require_answers, block_size)]
+
+
+def read_qa_lines(
+    path: str | PathLike[str], require_answers: bool = True, block_size: int | None = None
+) -> list[tuple[int, str, str | None]]:
+    """Like `read_qa_file`, with each pair's line number in the file (from 1) first, so that output about
+    the questions can name the lines they came from (blank lines are skipped)."""
     text = _read_text(path, "'question<TAB>answer' lines")
-    pairs: list[tuple[str, str | None]] = []
+    pairs: list[tuple[int, str, str | None]] = []
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
@@ -261,7 +270,7 @@ def read_qa_file(
             answer = None
         if block_size is not None:
             _check_fits(question, answer, block_size, where)
-        pairs.append((question, answer))
+        pairs.append((number, question, answer))
     return pairs
 
 

@@ -200,6 +200,10 @@ class KnowledgeData:
     train: list[tuple[str, str]]
     dev: list[tuple[str, str]]
     predict: list[str] = field(default_factory=list)
+    # The line of its file each evaluation and --predict question came from (from 1; blank lines skipped),
+    # so the predictions files can say which input line each row answers.
+    dev_lines: list[int] = field(default_factory=list)
+    predict_lines: list[int] = field(default_factory=list)
     source: str = "synthetic"
     files: dict[str, str] = field(default_factory=dict)
     write: Any = None  # the synthetic world: writes its files into data/ once the run's checks have passed
@@ -209,7 +213,7 @@ def load_data(out: Path, settings: KnowledgeScale, *, corpus: str | None, train:
               eval_path: str | None, predict: str | None, seed: int) -> KnowledgeData:
     """The user's files, or a synthetic world to be written to ``out/data`` (so the run can be inspected) by
     ``data.write()``, called once everything is checked: a refused run leaves an earlier run's data alone."""
-    from attnlab.data.knowledge import read_corpus, read_qa_file
+    from attnlab.data.knowledge import read_corpus, read_qa_file, read_qa_lines
     from attnlab.data.world import make_world
 
     given = {"--corpus": corpus, "--train": train, "--eval": eval_path}
@@ -219,19 +223,36 @@ def load_data(out: Path, settings: KnowledgeScale, *, corpus: str | None, train:
     if corpus:
         docs = read_corpus(corpus)
         train_pairs = read_qa_file(train, block_size=settings.block_size)
-        dev_pairs = read_qa_file(eval_path, block_size=settings.block_size)
-        data = KnowledgeData(docs, train_pairs, dev_pairs, source="files",
-                             files={"corpus": str(corpus), "train": str(train), "eval": str(eval_path)})
+        dev_rows = read_qa_lines(eval_path, block_size=settings.block_size)
+        dev_pairs = [(q, a) for _, q, a in dev_rows]
+        data = KnowledgeData(docs, train_pairs, dev_pairs, dev_lines=[n for n, _, _ in dev_rows],
+                             source="files", files={"corpus": str(corpus), "train": str(train),
+                                                    "eval": str(eval_path)})
+        _warn_repeated_questions(data, str(eval_path), str(train))
     else:
         world = make_world(settings.n_people, seed)
         train_pairs, dev_pairs = world.split(settings.eval_fraction, seed)
         data = KnowledgeData(world.corpus_lines(), train_pairs, dev_pairs, source="synthetic",
+                             dev_lines=list(range(1, len(dev_pairs) + 1)),  # data/dev.tsv: a pair a line
                              files={k: str(v) for k, v in world.paths(out / "data").items()},
                              write=lambda: world.write(out / "data", eval_fraction=settings.eval_fraction, seed=seed))
     if predict:
-        data.predict = [q for q, _ in read_qa_file(predict, require_answers=False, block_size=settings.block_size)]
+        rows = read_qa_lines(predict, require_answers=False, block_size=settings.block_size)
+        data.predict, data.predict_lines = [q for _, q, _ in rows], [n for n, _, _ in rows]
         data.files["predict"] = str(predict)
     return data
+
+
+def _warn_repeated_questions(data: KnowledgeData, eval_name: str, train_name: str) -> None:
+    """Warn when evaluation questions are also fine-tuning questions: the model was trained on their answers,
+    so their accuracy measures what fine-tuning taught, not access to what pretraining gave."""
+    seen = {q for q, _ in data.train}
+    repeated = [n for n, (q, _) in zip(data.dev_lines, data.dev) if q in seen]
+    if repeated:
+        where = ", ".join(map(str, repeated[:5])) + (", ..." if len(repeated) > 5 else "")
+        warnings.warn(f"{len(repeated)} of the {len(data.dev)} questions of {eval_name} (lines {where}) are also "
+                      f"fine-tuning questions in {train_name}: their accuracy measures what fine-tuning taught, "
+                      "not knowledge access; evaluate on questions about other people", stacklevel=3)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -545,10 +566,11 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
         record["train_accuracy"] = exact_match(answer_questions(model, vocab, train_q,
                                                                 longest=max(64, *map(len, train_a))), train_a)
         record["correct"] = round(record["accuracy"] * len(dev_a) / 100)
-        _write_predictions(out / "predictions" / f"{variant.name}.tsv", dev_q, predictions, dev_a)
+        _write_predictions(out / "predictions" / f"{variant.name}.tsv", data.dev_lines, dev_q, predictions, dev_a)
         if data.predict:
-            _write_predictions(out / "predictions" / f"{variant.name}.predict.tsv", data.predict,
-                               answer_questions(model, vocab, data.predict, what="questions of --predict"), None)
+            _write_predictions(out / "predictions" / f"{variant.name}.predict.tsv", data.predict_lines,
+                               data.predict, answer_questions(model, vocab, data.predict,
+                                                              what="questions of --predict"), None)
         record["wall_time_s"] = time.perf_counter() - row_start
         echo(f"{variant.label}: {record['accuracy']:.1f}% of {len(dev_q)} evaluation questions "
              f"(fine-tuning questions: {record['train_accuracy']:.1f}%)")
@@ -558,7 +580,9 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
         "experiment": "knowledge",
         "scale": scale,
         "data": {"source": data.source, "documents": len(data.corpus), "train_questions": len(data.train),
-                 "eval_questions": len(data.dev), "predict_questions": len(data.predict), "files": data.files,
+                 "eval_questions": len(data.dev), "predict_questions": len(data.predict),
+                 # absolute, so the record names the files wherever it is read from
+                 "files": {k: str(Path(v).resolve()) for k, v in data.files.items()},
                  "vocab_size": vocab.vocab_size, "seed": seed},
         "baselines": {"london": london_baseline(dev_a), "most_common": exact_match([common] * len(dev_a), dev_a),
                       "most_common_answer": common},
@@ -578,14 +602,17 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     return summary
 
 
-def _write_predictions(path: Path, questions: list[str], predictions: list[str], answers: list[str] | None) -> None:
+def _write_predictions(path: Path, line_numbers: list[int], questions: list[str], predictions: list[str],
+                       answers: list[str] | None) -> None:
+    """A TSV with a header row and a row per question: the question's line in its input file (blank lines
+    there have no row), the question, the prediction and, for evaluation questions, the answer and 1 or 0."""
     lines = []
-    for i, (q, p) in enumerate(zip(questions, predictions)):
+    for i, (n, q, p) in enumerate(zip(line_numbers, questions, predictions, strict=True)):
         if answers is None:
-            lines.append(f"{q}\t{p}")
+            lines.append(f"{n}\t{q}\t{p}")
         else:
-            lines.append(f"{q}\t{p}\t{answers[i]}\t{int(p.strip() == answers[i].strip())}")
-    header = "question\tprediction" + ("" if answers is None else "\tanswer\tcorrect")
+            lines.append(f"{n}\t{q}\t{p}\t{answers[i]}\t{int(p.strip() == answers[i].strip())}")
+    header = "line\tquestion\tprediction" + ("" if answers is None else "\tanswer\tcorrect")
     write_text_atomic(path, header + "\n" + "".join(line + "\n" for line in lines))
 
 
