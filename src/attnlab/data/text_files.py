@@ -16,6 +16,7 @@ import dataclasses
 import io
 import json
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -72,6 +73,29 @@ def _decode_error(path: Path, err: UnicodeDecodeError, base_offset: int = 0, bas
     )
 
 
+def _nul_error(path: Path, text: str, base_line: int = 0) -> DataError:
+    """NUL is valid UTF-8 but no text holds it: a file of them is UTF-16 without a byte-order mark (every
+    ASCII character followed or preceded by a zero byte) or binary data, which would otherwise be read as
+    text (a vocabulary of '\x00' and letters, or a TSV "without tabs")."""
+    line = base_line + text.count("\n", 0, text.index("\x00")) + 1
+    return DataError(f"data file '{path}' holds NUL characters (the first at line {line}): it looks like UTF-16 "
+                     f"without a byte-order mark, or binary data; re-encode it as UTF-8 (e.g. iconv -f utf-16le "
+                     f"-t utf-8 '{path}' > new.txt) or give a text file")
+
+
+def _newlines_before(path: Path, offset: int) -> int:
+    """The line ends in the file's first `offset` bytes (read a block at a time)."""
+    count = 0
+    with open(path, "rb") as f:
+        while offset > 0:
+            data = f.read(min(BLOCK_BYTES, offset))
+            if not data:
+                break
+            count += data.count(b"\n")
+            offset -= len(data)
+    return count
+
+
 def read_text(path: str | os.PathLike[str]) -> str:
     """The whole file as a string (UTF-8, a leading byte-order mark dropped)."""
     path = check_file(path)
@@ -80,6 +104,8 @@ def read_text(path: str | os.PathLike[str]) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise _decode_error(path, e) from None
+    if "\x00" in text:
+        raise _nul_error(path, text)
     text = text.removeprefix("\ufeff")
     if not text.strip():
         raise DataError(f"data file '{path}' has only whitespace; give a file with data in it")
@@ -118,14 +144,19 @@ def held_out_documents(documents: Sequence[Sequence[str]], fraction: float, *,
     """(train, held_out): the last `fraction` of a BERT pre-training corpus kept for evaluation.
 
     Whole documents when that holds out at least two; otherwise (a corpus of one or a few long documents,
-    such as one sentence per line with no blank lines) the last `fraction` of the sentences, the document
-    where they start cut in two. Each part must keep a sentence pair (a document of two sentences) and
-    `min_documents` documents (2 where random next sentences are drawn from other documents); where the
-    sentence cut cannot give both that, nothing is held out (held_out is empty).
+    such as one sentence per line with no blank lines), or where the last whole documents are too short to
+    give sentence pairs, the last `fraction` of the sentences, the document where they start cut in two.
+    Each part must keep a sentence pair (a document of two sentences) and `min_documents` documents (2 where
+    random next sentences are drawn from other documents); where the sentence cut cannot give both that,
+    nothing is held out (held_out is empty).
     """
+
+    def usable(part: list[list[str]]) -> bool:
+        return len(part) >= min_documents and any(len(doc) >= 2 for doc in part)
+
     docs = [list(doc) for doc in documents]
     n_docs = int(len(docs) * fraction)
-    if n_docs >= 2:
+    if n_docs >= 2 and usable(docs[:-n_docs]) and usable(docs[-n_docs:]):
         return docs[:-n_docs], docs[-n_docs:]
     total = sum(len(doc) for doc in docs)
     n_sentences = int(total * fraction)
@@ -140,10 +171,6 @@ def held_out_documents(documents: Sequence[Sequence[str]], fraction: float, *,
         if k < len(doc):
             held.append(doc[k:])
         seen += len(doc)
-
-    def usable(part: list[list[str]]) -> bool:
-        return len(part) >= min_documents and any(len(doc) >= 2 for doc in part)
-
     return (train, held) if usable(train) and usable(held) else (docs, [])
 
 
@@ -171,7 +198,11 @@ def iter_text_blocks(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTE
             try:
                 text = decoder.decode(data, final=final)
             except UnicodeDecodeError as e:
-                raise _decode_error(path, e, base_offset=offset - pending, base_line=newlines) from None
+                before = _newlines_before(path, start) if start else 0  # lines are counted from the file's start
+                raise _decode_error(path, e, base_offset=offset - pending, base_line=before + newlines) from None
+            if "\x00" in text:
+                before = _newlines_before(path, start) if start else 0
+                raise _nul_error(path, text, base_line=before + newlines)
             offset += len(data)
             newlines += text.count("\n")
             if first and text:
@@ -204,7 +235,8 @@ def check_text(path: str | os.PathLike[str]) -> Path:
 def line_split_offset(path: str | os.PathLike[str], fraction: float) -> int:
     """A byte offset near `fraction` of the file's size where a line starts (the first line end at or after
     it), or, in a line longer than a block, the nearest character boundary: the place to cut a file into a
-    training and a held-out part without reading it whole."""
+    training and a held-out part without reading it whole. Where the file's last line spans the target (no
+    line starts after it), the start of that line if it is within a block before the target."""
     path = check_file(path)
     size = path.stat().st_size
     target = min(size, max(0, int(size * fraction)))
@@ -214,6 +246,14 @@ def line_split_offset(path: str | os.PathLike[str], fraction: float) -> int:
     newline = ahead.find(b"\n")
     if newline >= 0:
         return target + newline + 1
+    if target + len(ahead) >= size and target > 0:  # the last line runs from before the target to the end
+        back = max(0, target - BLOCK_BYTES)
+        with open(path, "rb") as f:
+            f.seek(back)
+            behind = f.read(target - back)
+        newline = behind.rfind(b"\n")
+        if newline >= 0:
+            return back + newline + 1
     cut = 0
     while cut < len(ahead) and ahead[cut] & 0xC0 == 0x80:  # not inside a multi-byte UTF-8 character
         cut += 1
@@ -341,19 +381,21 @@ def _read_jsonl(path, text, text_column, label_column, require_labels) -> Classi
     labels: list[str] = []
     lines: list[int] = []
     text_key, label_key = text_column, label_column
+    array = "; a JSON array is not JSON Lines: write one object per line (e.g. jq -c '.[]' FILE > new.jsonl)"
     for number, line in enumerate(split_lines(text), start=1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(
-                f"data file '{path}' line {number}: not valid JSON ({e.msg}); fix the line"
-            ) from None
+            hint = array if not texts and line.lstrip().startswith("[") else "; fix the line"
+            raise DataError(f"data file '{path}' line {number}: not valid JSON ({e.msg}){hint}") from None
         if not isinstance(obj, dict):
+            hint = array if isinstance(obj, list) else "; write one JSON object per line"
             raise DataError(
-                f"data file '{path}' line {number}: expected a JSON object, got {type(obj).__name__}"
+                f"data file '{path}' line {number}: expected a JSON object, got {type(obj).__name__}{hint}"
             )
+        text_key, label_key = _json_key(text_key, obj, path, number), _json_key(label_key, obj, path, number)
         if text_key is None:
             text_key = next((k for k in TEXT_COLUMN_NAMES if k in obj), None)
             if text_key is None:
@@ -382,6 +424,16 @@ def _read_jsonl(path, text, text_column, label_column, require_labels) -> Classi
     if not texts:
         raise DataError(f"data file '{path}' has no examples; give a file with data in it")
     return ClassificationData(texts, labels if label_key is not None else None, lines, str(path))
+
+
+def _json_key(key: str | int | None, obj: dict, path: Path, number: int) -> str | None:
+    """A column given by number names a JSONL field only as that number's text ("0"): fields have names."""
+    if not isinstance(key, int):
+        return key
+    if str(key) in obj:
+        return str(key)
+    raise DataError(f"data file '{path}' line {number}: JSON Lines fields have names, not numbers, and there is no "
+                    f"field {str(key)!r}; give the column by name, one of {sorted(obj)}")
 
 
 def _table_rows(path: Path, text: str, fmt: str) -> Iterator[tuple[int, list[str]]]:
@@ -495,6 +547,13 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
             labels.append(_label_string(cells[label_idx], path, number))
     if not texts:
         raise DataError(f"data file '{path}' has a header but no examples; give a file with data in it")
+    if not header and len(labels) > 2 and not _is_int(labels[0]) and all(_is_int(x) for x in labels[1:]):
+        # A header of names attnlab does not know (QQP's id, question1, question2, is_duplicate) read with
+        # numbered columns would become an example whose label is a class of its own.
+        warnings.warn(f"data file '{path}' line {lines[0]}: the label {labels[0]!r} is the only one that is not a "
+                      f"number, so the row may name the columns; it is read as an example. If it is a header, "
+                      f"give the columns by name (data.text_column and data.label_column; evaluate: --text-column "
+                      f"and --label-column), which reads the first row as the header", stacklevel=3)
     return ClassificationData(texts, labels if label_idx is not None else None, lines, str(path))
 
 

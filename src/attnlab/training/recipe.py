@@ -613,6 +613,10 @@ def _lm_text_parts(d: DataConfig) -> tuple[Callable[[], Iterable[str]], Callable
                       f"data.val_fraction = {d.val_fraction} (the held-out part begins at a line start); give "
                       "data.eval_path, or a text of more lines", stacklevel=2)
         return (lambda: iter_text_blocks(path)), None
+    if not any(block.strip() for block in iter_text_blocks(path, start=cut)):  # e.g. trailing blank lines
+        warnings.warn(f"nothing held out for evaluation: the last data.val_fraction = {d.val_fraction} of {d.path} "
+                      "holds only whitespace; give data.eval_path, or raise data.val_fraction", stacklevel=2)
+        return (lambda: iter_text_blocks(path)), None
     return (lambda: iter_text_blocks(path, stop=cut)), (lambda: iter_text_blocks(path, start=cut))
 
 

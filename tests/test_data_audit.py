@@ -1,0 +1,120 @@
+"""Data files found wrong by an audit of the data pipeline: each case failed (a wrong line number, a
+held-out part cut inside a word, UTF-16 read as text, a header read as an example...) before its fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_helpers import one_line_error, run_cli
+from cli_helpers import toml_str as _q
+
+from attnlab.errors import DataError
+
+TINY = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu",
+        "--set", "train.steps=1", "--set", "train.eval_every=0"]
+
+
+def test_a_bad_byte_in_the_held_out_part_is_reported_at_its_line_in_the_file(tmp_path):
+    from attnlab.data.text_files import iter_text_blocks, line_split_offset
+
+    path = tmp_path / "t.txt"
+    lines = [f"line {i} of the text".encode() for i in range(2000)]
+    lines[1950] = b"caf\xe9 au lait"  # latin-1
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    cut = line_split_offset(path, 0.9)
+    assert cut > 0
+    for start in (0, cut):
+        with pytest.raises(DataError, match="byte 0xe9 at line 1951 "):
+            list(iter_text_blocks(path, block_bytes=4096, start=start))
+
+
+def test_no_held_out_part_starts_inside_the_last_line(tmp_path):
+    """A last line without a line end that spans the cut: it is held out whole (it was cut between two
+    characters of a word)."""
+    from attnlab.data.text_files import line_split_offset
+
+    path = tmp_path / "t.txt"
+    path.write_text("a first line\n" + "and then a long last line that runs on and on " * 4, encoding="utf-8")
+    assert line_split_offset(path, 0.9) == len("a first line\n")
+    path.write_text("a first line\n" * 50 + "the last\n", encoding="utf-8")
+    cut = line_split_offset(path, 0.9)
+    assert path.read_bytes()[cut - 1:cut] == b"\n" and cut < path.stat().st_size
+
+
+def test_a_whitespace_held_out_part_holds_nothing_out_with_a_warning(tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 200 + (" " * 60 + "\n") * 40, encoding="utf-8")
+    with pytest.warns(UserWarning, match="nothing held out for evaluation: .* holds only whitespace"):
+        code, _, err = run_cli(capsys, "train", "--set", f"data.path={_q(text)}", "--set", "data.tokenizer=word",
+                               "--set", "data.block_size=8", "--set", f"train.out_dir={_q(tmp_path / 'run')}",
+                               "--set", "model.preset=gpt-char-tiny", "--set", "train.warmup_steps=0", *TINY)
+    assert code == 0, err
+    assert not (tmp_path / "run" / "data" / "val.bin").exists()
+
+
+def test_held_out_whole_documents_must_give_sentence_pairs():
+    """The last whole documents held out were one sentence each: no pair to evaluate, and the run failed
+    blaming the whole file. Now the last sentences are held out instead."""
+    from attnlab.data.text_files import held_out_documents
+
+    docs = [[f"d{d} s{s}" for s in range(4)] for d in range(18)] + [["closing"], ["another"]]
+    train, held = held_out_documents(docs, 0.1, min_documents=2)
+    assert held and any(len(doc) >= 2 for doc in held) and len(held) >= 2
+    assert [s for doc in train + held for s in doc] == [s for doc in docs for s in doc]
+    # Whole documents still go out whole where they give pairs.
+    assert held_out_documents(docs[:18] + [["x", "y"], ["z", "w"]], 0.1)[1] == [["x", "y"], ["z", "w"]]
+
+
+@pytest.mark.parametrize("name", ["t.txt", "t.tsv"])
+def test_utf16_without_a_byte_order_mark_is_refused(tmp_path, name):
+    from attnlab.data.text_files import iter_text_blocks, read_text
+
+    path = tmp_path / name
+    path.write_bytes("The quick brown fox.\tpos\n".encode("utf-16-le") * 40)
+    for read in (read_text, lambda p: list(iter_text_blocks(p))):
+        with pytest.raises(DataError, match="holds NUL characters .*UTF-16 without a byte-order mark.*iconv"):
+            read(path)
+
+
+def test_utf16_text_is_refused_by_train_in_one_line(tmp_path, capsys):
+    path = tmp_path / "t.txt"
+    path.write_bytes("The quick brown fox jumps over the lazy dog.\n".encode("utf-16-le") * 40)
+    line = one_line_error(capsys, "train", "--set", f"data.path={_q(path)}", "--set", "data.block_size=8",
+                          "--set", f"train.out_dir={_q(tmp_path / 'run')}", *TINY)
+    assert "UTF-16 without a byte-order mark" in line
+
+
+def test_an_unknown_header_read_with_numbered_columns_is_warned_about(tmp_path):
+    from attnlab.data.text_files import read_classification_file
+
+    path = tmp_path / "qqp.tsv"
+    path.write_text("id\tquestion1\tquestion2\tis_duplicate\n0\tHow?\tWhy?\t1\n1\tWhat?\tWho?\t0\n2\tA?\tB?\t1\n",
+                    encoding="utf-8")
+    with pytest.warns(UserWarning, match="line 1: the label 'is_duplicate' is the only one that is not a number"):
+        read_classification_file(path, 1, 3)
+    by_name = read_classification_file(path, "question1", "is_duplicate")  # the header, read as one
+    assert by_name.labels == ["1", "0", "1"]
+
+
+def test_a_json_array_is_told_apart_from_json_lines(tmp_path):
+    from attnlab.data.text_files import read_classification_file
+
+    records = [{"text": "good", "label": 1}, {"text": "bad", "label": 0}]
+    one_line, pretty = tmp_path / "a.json", tmp_path / "b.json"
+    one_line.write_text(json.dumps(records), encoding="utf-8")
+    pretty.write_text(json.dumps(records, indent=2), encoding="utf-8")
+    for path in (one_line, pretty):
+        with pytest.raises(DataError, match=r"a JSON array is not JSON Lines: write one object per line"):
+            read_classification_file(path)
+
+
+def test_numbered_columns_of_json_lines_name_fields(tmp_path):
+    from attnlab.data.text_files import read_classification_file
+
+    path = tmp_path / "n.jsonl"
+    path.write_text('{"0": "good film", "1": "pos"}\n{"0": "bad film", "1": "neg"}\n', encoding="utf-8")
+    data = read_classification_file(path, 0, 1)
+    assert data.texts == ["good film", "bad film"] and data.labels == ["pos", "neg"]
+    with pytest.raises(DataError, match=r"fields have names, not numbers, and there is no field '2'.*\['0', '1'\]"):
+        read_classification_file(path, 2, 1)
