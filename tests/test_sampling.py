@@ -53,10 +53,11 @@ def test_top_p_drops_a_token_once_the_tokens_above_hold_exactly_p(monkeypatch):
 
 
 def test_a_tiny_temperature_samples_the_argmax_instead_of_overflowing(monkeypatch):
-    """Logits divided by 1e-40 overflow to ±inf (NaN probabilities); shifted to a maximum of 0 first, the others
-    go to -inf and the distribution is the greedy one."""
+    """Logits divided by 1e-37 overflow to ±inf (NaN probabilities); shifted to a maximum of 0 first, the others
+    go to -inf and the distribution is the greedy one. (Below float32's smallest normal number, ~1.2e-38, the
+    temperature takes the argmax without sampling: test_generation_audit.py.)"""
     logits = torch.tensor([[0.5, 3.0, -1.0, 2.0], [40.0, -30.0, 1.0, 39.0]])
-    p = _sampled_probs(monkeypatch, logits, temperature=1e-40)
+    p = _sampled_probs(monkeypatch, logits, temperature=1e-37)
     torch.testing.assert_close(p, torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]))
 
 

@@ -150,14 +150,16 @@ def pad_batch(
     max_length: int | None = None,
     labels: Sequence[Sequence[int]] | None = None,
     label_pad_id: int = IGNORE_INDEX,
+    min_length: int = 0,
 ) -> Batch:
-    """Right-pad `sequences` to the longest (at most `max_length`, longer ones are cut).
+    """Right-pad `sequences` to the longest (at most `max_length`, longer ones are cut), and to at least
+    `min_length` (a batch of empty sequences then still has a column, all padding).
 
     Returns `input_ids` and `attention_mask` (B, T), and `labels` (B, T) padded with -100 when
     `labels` (one sequence per input) is given.
     """
     lengths = [len(s) if max_length is None else min(len(s), max_length) for s in sequences]
-    length = max(lengths, default=0)
+    length = max(max(lengths, default=0), min_length)
     ids = _pad(sequences, pad_id, length)
     mask = (np.arange(length)[None, :] < np.asarray(lengths, dtype=np.int64)[:, None]).astype(np.int64)
     out = {"input_ids": _long(ids), "attention_mask": _long(mask)}
@@ -815,7 +817,9 @@ class ParallelTextSource(_ExampleSource):
 
     def collate(self, indices: np.ndarray) -> Batch:
         idx = indices.tolist()
-        src = pad_batch([self.src[i] for i in idx], self.src_pad_id)
+        # At least one source column: a batch of blank source lines (sorted together by length) is all padding,
+        # which the encoder reads as nothing to attend to, instead of a tensor without columns.
+        src = pad_batch([self.src[i] for i in idx], self.src_pad_id, min_length=1)
         tgt_in = [[self.bos_id, *self.tgt[i]] for i in idx]
         tgt_out = [[*self.tgt[i], self.tgt_next[i]] for i in idx]
         tgt = pad_batch(tgt_in, self.tgt_pad_id, labels=tgt_out)

@@ -30,7 +30,9 @@ def sample_next(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """(B, V) logits of the last position -> (B,) next token ids."""
-    if greedy or temperature == 0:
+    if greedy or temperature < torch.finfo(torch.float32).tiny:
+        # Below float32's smallest normal number the temperature is greedy in effect (each logit under the
+        # largest goes to -inf), and from ~1e-46 it rounds to 0 in float32, which would divide 0 by 0.
         return logits.argmax(dim=-1)
     logits = logits.float()
     # Shifted so that the largest is 0 before dividing: a tiny temperature then sends the others to -inf
@@ -41,7 +43,7 @@ def sample_next(
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1, stable=True)  # ties: vocabulary order
         cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
         # Drop a token when the tokens ranked above it already hold top_p of the mass.
         drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
@@ -51,13 +53,18 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+# The most tokens one call generates: the ids of every row are held for the whole sequence (8 bytes a token),
+# and 10 million tokens take hours on a CPU; a larger -n is a typing mistake, not a request.
+MAX_NEW_TOKENS = 10_000_000
+
+
 def _check_options(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
     # Each message names the argument and its command-line flag.
     for name, flag, value in (("max_new_tokens", "-n", max_new_tokens), ("top_k", "--top-k", top_k)):
         if value is not None and not _whole(value):
             raise ConfigError(f"{name} ({flag}) must be a whole number, got {value!r}")
-    if max_new_tokens < 0:
-        raise ConfigError(f"max_new_tokens (-n) must be >= 0, got {max_new_tokens}")
+    if not 0 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise ConfigError(f"max_new_tokens (-n) must be in [0, {MAX_NEW_TOKENS:,}], got {max_new_tokens}")
     if not 0 <= temperature < math.inf:  # also refuses NaN
         raise ConfigError(f"temperature (--temperature) must be a finite number >= 0, got {temperature}")
     if top_k is not None and top_k < 1:

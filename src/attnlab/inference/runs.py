@@ -152,9 +152,11 @@ def translate_file(run: LoadedRun, path: str | Path, *, beam_size: int = 1, max_
 def _check_translation_lengths(max_len: int, beam_size: int) -> None:
     if beam_size < 1:
         raise ConfigError(f"--beam-size must be at least 1, got {beam_size}")
-    if max_len < 1:
-        raise ConfigError(f"-n is the longest translation in tokens for a translation model; give at least 1, "
-                          f"got {max_len}")
+    from attnlab.inference.generate import MAX_NEW_TOKENS
+
+    if not 1 <= max_len <= MAX_NEW_TOKENS:
+        raise ConfigError(f"-n is the longest translation in tokens for a translation model; give 1 to "
+                          f"{MAX_NEW_TOKENS:,}, got {max_len}")
 
 
 def _cut_sources(run: LoadedRun, encoded: list[list[int]]) -> list[list[int]]:
@@ -188,11 +190,14 @@ def translate_ids(run: LoadedRun, sources: Sequence[Sequence[int]], *, beam_size
         batches = [todo[start: start + batch_size] for start in range(0, len(todo), batch_size)]
     pad = tok.pad_id if tok.pad_id is not None else 0
     for indices in progress_bar(batches, len(batches), "translate"):
+        indices = [i for i in np.asarray(indices).tolist() if len(sources[i])]  # given batches may hold blanks
+        if not indices:
+            continue
         batch = pad_batch([sources[i] for i in indices], pad)
         src, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
         out = (beam_search(model, src, mask, beam_size=beam_size, max_len=max_len) if beam_size > 1
                else greedy_translate(model, src, mask, max_len=max_len))
-        for i, ids in zip(np.asarray(indices).tolist(), out):
+        for i, ids in zip(indices, out):
             texts[i] = tok.decode(ids, skip_special_tokens=True)
     return texts
 
@@ -266,7 +271,18 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
                         f"shorten it to at most {limit} tokens")
     new = generate(model, encoded, max_new_tokens, greedy=greedy, temperature=temperature, top_k=top_k,
                    top_p=top_p, eos_id=tok.eos_id, pad_id=tok.pad_id if tok.pad_id is not None else 0, seed=seed)
-    return [tok.decode(ids, skip_special_tokens=True) for ids in new]
+    return [_continuation(tok, ids, more) for ids, more in zip(encoded, new)]
+
+
+def _continuation(tok, prompt_ids: list[int], new_ids: list[int]) -> str:
+    """The text `new_ids` add after the prompt: decoded with the prompt and the prompt's text cut off, as word
+    and WordPiece tokenizers put the space between two words only when they decode both (alone, the first
+    new word would be glued to the prompt's last), and byte-level BPE may finish a character the prompt began."""
+    if not new_ids:
+        return ""
+    head = tok.decode(list(prompt_ids), skip_special_tokens=True)
+    full = tok.decode(list(prompt_ids) + list(new_ids), skip_special_tokens=True)
+    return full[len(head):] if full.startswith(head) else tok.decode(list(new_ids), skip_special_tokens=True)
 
 
 @torch.no_grad()
