@@ -102,3 +102,40 @@ def test_converter_errors(tmp_path, pair):
     (tmp_path / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(CheckpointError, match="cannot read GPT-2 weights"):
         load_hf_gpt2(tmp_path)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("n_embd", "32", 'n_embd is "32"; it must be an integer'),
+    ("n_embd", 32.0, "n_embd is 32.0; it must be an integer"),
+    ("n_layer", False, "n_layer is false; it must be an integer"),
+    ("n_inner", "128", 'n_inner is "128"; it must be an integer'),
+    ("layer_norm_epsilon", "1e-5", 'layer_norm_epsilon is "1e-5"; it must be a number'),
+    ("tie_word_embeddings", "false", 'tie_word_embeddings is "false"; it must be true or false'),
+    ("n_head", 5, "n_embd 32 is not divisible by n_head 5"),
+])
+def test_malformed_config_values_are_named(pair, key, value, message):
+    hf, _ = pair
+    with pytest.raises(CheckpointError, match="^my/config.json: " + message):
+        gpt2_from_hf(hf.state_dict(), {**hf.config.to_dict(), key: value}, source="my/config.json")
+
+
+@pytest.mark.parametrize("key, value, weight, shapes", [
+    ("vocab_size", 98, "transformer.wte.weight", r"\(98, 32\); the weights say \(97, 32\)"),
+    ("n_positions", 64, "transformer.wpe.weight", r"\(64, 32\); the weights say \(48, 32\)"),
+    ("n_inner", 64, "transformer.h.0.mlp.c_fc.weight", r"\(32, 64\); the weights say \(32, 128\)"),
+    ("n_embd", 36, "transformer.wte.weight", r"\(97, 36\); the weights say \(97, 32\)"),
+])
+def test_config_that_does_not_fit_the_weights_names_the_weight(pair, key, value, weight, shapes):
+    """It used to fail in load_state_dict with a many-line RuntimeError (or in the Q/K/V split, for n_embd)."""
+    hf, _ = pair
+    with pytest.raises(CheckpointError, match=f"^{weight}: the config says {shapes}: config.json does not belong"):
+        gpt_from_hf(hf.state_dict(), {**hf.config.to_dict(), key: value})
+
+
+def test_gpt2_loader_on_a_bert_folder_names_the_model_type(tmp_path):
+    """The model type is checked before the keys: a BERT config is not 'a GPT-2 config lacking n_positions'."""
+    transformers.BertModel(transformers.BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=1,
+                                                   num_attention_heads=2, intermediate_size=24,
+                                                   max_position_embeddings=32)).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match=r"config.json: model_type is 'bert', not 'gpt2'"):
+        load_hf_gpt2(tmp_path)

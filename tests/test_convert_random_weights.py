@@ -103,3 +103,18 @@ def test_bert_dropouts_come_from_their_own_settings():
     config = bert_config_from_hf({**base, "hidden_dropout_prob": 0.05, "attention_probs_dropout_prob": 0.25,
                                   "classifier_dropout": 0.4})
     assert (config.dropout, config.attention_dropout, config.classifier_dropout) == (0.05, 0.25, 0.4)
+
+
+def test_config_values_are_checked_but_whole_numbers_pass_as_floats():
+    """A float setting written as 0 is a valid JSON number; a size written 512.0 or "512" is not an integer."""
+    from attnlab.errors import CheckpointError
+
+    base = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    config = bert_config_from_hf({**base, "hidden_dropout_prob": 0, "classifier_dropout": None})
+    assert (config.dropout, config.classifier_dropout) == (0.0, None)
+    with pytest.raises(CheckpointError, match="^config.json: max_position_embeddings is 512.0"):
+        bert_config_from_hf({**base, "max_position_embeddings": 512.0})
+    gpt = dict(vocab_size=97, n_positions=48, n_embd=32, n_layer=2, n_head=4)
+    assert gpt2_config({**gpt, "n_inner": None}).d_ff == 128  # null: HF's 4 * n_embd
+    with pytest.raises(CheckpointError, match='^config.json: n_positions is "48"'):
+        gpt2_config({**gpt, "n_positions": "48"})

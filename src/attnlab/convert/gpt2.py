@@ -1,7 +1,9 @@
 """Convert HF transformers GPT-2 weights (a state dict and its config) into an attnlab `GPT`.
 
 GPT-2 stores its projections as `Conv1D` (y = x·W + b, W of shape (in, out)), the transpose of
-`nn.Linear`, and packs Q, K, V into one `c_attn` matrix; both are undone here.
+`nn.Linear`, and packs Q, K, V into one `c_attn` matrix; both are undone here. Every weight's shape is
+checked against the config in HF's layout first, so a config.json from another checkpoint is named as such
+instead of failing in the Q/K/V split or in `load_state_dict`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attnlab.errors import CheckpointError
+from attnlab.convert.hf_folder import (
+    config_bool,
+    config_float,
+    config_int,
+    config_str,
+    require_keys,
+    shape_mismatch,
+)
+from attnlab.errors import CheckpointError, ConfigError
 from attnlab.models.gpt import GPT, GPTConfig
 
 _ACTIVATIONS = {"gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu": "gelu", "relu": "relu"}
@@ -23,41 +33,70 @@ _LAYER_KEYS = ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bi
 _BUFFERS = ("attn.bias", "attn.masked_bias")  # the causal mask and its fill value, stored by older versions
 
 
-def gpt2_config(hf_config: dict) -> GPTConfig:
-    """Our `GPTConfig` for a HF GPT-2 config dict; CheckpointError for what our GPT does not compute."""
-    missing = [k for k in ("vocab_size", "n_positions", "n_embd", "n_head", "n_layer") if k not in hf_config]
-    if missing:
-        raise CheckpointError(f"the GPT-2 config lacks {', '.join(missing)}")
-    if hf_config.get("model_type", "gpt2") != "gpt2":
-        raise CheckpointError(f"model_type is {hf_config['model_type']!r}, not 'gpt2'")
-    act = hf_config.get("activation_function", "gelu_new")
+def gpt2_config(hf_config: dict, *, source: str = "config.json") -> GPTConfig:
+    """Our `GPTConfig` for a HF GPT-2 config dict; `source` names it in messages.
+
+    Raises:
+        CheckpointError: another model_type (checked first, so a BERT config is not reported as a GPT-2
+            config lacking keys), a required key missing, a value of the wrong type or range, or a setting
+            our GPT does not compute.
+    """
+    kind = hf_config.get("model_type", "gpt2")
+    if kind != "gpt2":
+        raise CheckpointError(f"{source}: model_type is {kind!r}, not 'gpt2': these are not GPT-2 weights")
+    require_keys(hf_config, ("vocab_size", "n_positions", "n_embd", "n_head", "n_layer"), source, "GPT-2")
+    act = config_str(hf_config, "activation_function", source, "gelu_new")
     if act not in _ACTIVATIONS:
         raise CheckpointError(f"GPT-2 activation {act!r} is not supported; known: {', '.join(_ACTIVATIONS)}")
     # Attention-score scalings other than 1/sqrt(head_dim) would give other numbers without an error.
-    if not hf_config.get("scale_attn_weights", True) or hf_config.get("scale_attn_by_inverse_layer_idx", False):
+    if not config_bool(hf_config, "scale_attn_weights", source, True) or \
+            config_bool(hf_config, "scale_attn_by_inverse_layer_idx", source, False):
         raise CheckpointError("GPT-2 attention scaled other than by 1/sqrt(head_dim) (scale_attn_weights false "
                               "or scale_attn_by_inverse_layer_idx true) is not supported")
-    d = hf_config["n_embd"]
-    return GPTConfig(
-        vocab_size=hf_config["vocab_size"], block_size=hf_config["n_positions"], d_model=d,
-        n_heads=hf_config["n_head"], n_layers=hf_config["n_layer"], d_ff=hf_config.get("n_inner") or 4 * d,
-        activation=_ACTIVATIONS[act], layer_norm_eps=hf_config.get("layer_norm_epsilon", 1e-5),
-        dropout=0.0, attention_dropout=0.0, position="learned", norm="pre",
-        tie_embeddings=hf_config.get("tie_word_embeddings", True),
-    )
+    d, n_heads = config_int(hf_config, "n_embd", source), config_int(hf_config, "n_head", source)
+    if d % n_heads:
+        raise CheckpointError(f"{source}: n_embd {d} is not divisible by n_head {n_heads}: the config.json is "
+                              "damaged or from another model")
+    n_inner = config_int(hf_config, "n_inner", source, None)  # null: HF's 4 * n_embd
+    try:
+        return GPTConfig(
+            vocab_size=config_int(hf_config, "vocab_size", source),
+            block_size=config_int(hf_config, "n_positions", source), d_model=d, n_heads=n_heads,
+            n_layers=config_int(hf_config, "n_layer", source), d_ff=4 * d if n_inner is None else n_inner,
+            activation=_ACTIVATIONS[act], layer_norm_eps=config_float(hf_config, "layer_norm_epsilon", source, 1e-5),
+            dropout=0.0, attention_dropout=0.0, position="learned", norm="pre",
+            tie_embeddings=config_bool(hf_config, "tie_word_embeddings", source, True),
+        )
+    except ConfigError as e:  # a combination the checks above do not cover: still one line, naming the file
+        raise CheckpointError(f"{source}: {e}") from None
 
 
-def gpt2_from_hf(state_dict: dict[str, Tensor], hf_config: dict) -> tuple[GPTConfig, dict[str, Tensor]]:
+def _hf_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every parameter in HF's names and (Conv1D, packed Q/K/V) layout, from our config."""
+    v, p, d, f = config.vocab_size, config.block_size, config.d_model, config.ff_width
+    shapes = {"wte.weight": (v, d), "wpe.weight": (p, d), "ln_f.weight": (d,), "ln_f.bias": (d,),
+              "lm_head.weight": (v, d)}
+    layer = {"ln_1.weight": (d,), "ln_1.bias": (d,), "attn.c_attn.weight": (d, 3 * d), "attn.c_attn.bias": (3 * d,),
+             "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,), "ln_2.weight": (d,), "ln_2.bias": (d,),
+             "mlp.c_fc.weight": (d, f), "mlp.c_fc.bias": (f,), "mlp.c_proj.weight": (f, d), "mlp.c_proj.bias": (d,)}
+    for i in range(config.n_layers):
+        shapes.update({f"h.{i}.{name}": shape for name, shape in layer.items()})
+    return shapes
+
+
+def gpt2_from_hf(state_dict: dict[str, Tensor], hf_config: dict, *,
+                 source: str = "config.json") -> tuple[GPTConfig, dict[str, Tensor]]:
     """HF `GPT2LMHeadModel`/`GPT2Model` state dict and config -> (our config, our state dict).
 
-    A tied output layer (whose weight safetensors files omit) takes the token embedding matrix.
+    A tied output layer (whose weight safetensors files omit) takes the token embedding matrix. `source`
+    names the config in messages.
 
     Raises:
-        CheckpointError: keys this converter does not know, keys our model needs that are missing, or
-            settings our GPT does not compute.
+        CheckpointError: keys this converter does not know, keys our model needs that are missing, weights
+            whose shape is not the config's, a malformed config, or settings our GPT does not compute.
     """
     sd = {k.removeprefix("transformer."): v for k, v in state_dict.items()}
-    config = gpt2_config(hf_config)
+    config = gpt2_config(hf_config, source=source)
     known = {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias", "lm_head.weight"}
     known |= {f"h.{i}.{name}" for i in range(config.n_layers) for name in _LAYER_KEYS + _BUFFERS}
     unknown = sorted(set(sd) - known)
@@ -71,6 +110,11 @@ def gpt2_from_hf(state_dict: dict[str, Tensor], hf_config: dict) -> tuple[GPTCon
     if missing:
         raise CheckpointError(f"the GPT-2 checkpoint lacks: {', '.join(missing[:8])}"
                               + (" ..." if len(missing) > 8 else ""))
+    prefix = "transformer." if any(k.startswith("transformer.") for k in state_dict) else ""
+    for name, shape in _hf_shapes(config).items():
+        if name in sd and tuple(sd[name].shape) != shape:
+            key = name if name == "lm_head.weight" else prefix + name
+            raise CheckpointError(shape_mismatch(key, shape, tuple(sd[name].shape), source))
     d = config.d_model
     out: dict[str, Tensor] = {
         "embed.token.weight": sd["wte.weight"],
@@ -100,9 +144,9 @@ def gpt2_from_hf(state_dict: dict[str, Tensor], hf_config: dict) -> tuple[GPTCon
     return config, {k: v.contiguous() for k, v in out.items()}
 
 
-def gpt_from_hf(state_dict: dict[str, Tensor], hf_config: dict) -> GPT:
+def gpt_from_hf(state_dict: dict[str, Tensor], hf_config: dict, *, source: str = "config.json") -> GPT:
     """An attnlab `GPT` (eval mode, the weights' dtype) from a HF GPT-2 state dict and config."""
-    config, sd = gpt2_from_hf(state_dict, hf_config)
+    config, sd = gpt2_from_hf(state_dict, hf_config, source=source)
     model = GPT(config).to(next(iter(sd.values())).dtype)
     model.load_state_dict(sd, strict=True)
     return model.eval()
@@ -119,4 +163,4 @@ def load_hf_gpt2(model_dir: str | Path) -> GPT:
 
     hf_config, state = read_hf_folder(model_dir, "GPT-2")
     with torch.no_grad():
-        return gpt_from_hf(state, hf_config)
+        return gpt_from_hf(state, hf_config, source=str(Path(model_dir) / "config.json"))

@@ -1,15 +1,25 @@
 """Reading a HF transformers model folder as `save_pretrained` writes it: `config.json` and
-`model.safetensors` (a pickled `pytorch_model.bin` is never read: unpickling runs code)."""
+`model.safetensors` (a pickled `pytorch_model.bin` is never read: unpickling runs code), and reading the
+values of its `config.json`.
+
+A `config.json` can be edited by hand or come from another model, and the model constructors would take a
+"16" or a 16.0 as a size and fail deep inside PyTorch with a TypeError. The `config_*` readers check each
+value's JSON type (an integer is neither a bool, a float nor a string) and range first and raise a one-line
+CheckpointError naming the file, the key and the value as written in the file.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
 from attnlab.errors import CheckpointError
+
+REQUIRED: Any = object()  # the `default` of a key that has none
 
 
 def read_hf_folder(model_dir: str | Path, what: str) -> tuple[dict[str, Any], dict[str, Tensor]]:
@@ -36,3 +46,75 @@ def read_hf_folder(model_dir: str | Path, what: str) -> tuple[dict[str, Any], di
     if not isinstance(config, dict):
         raise CheckpointError(f"{config_path} is not a JSON object")
     return config, state
+
+
+def _shown(value: Any) -> str:
+    """The value as the JSON file spells it ("16", 16.0, true, null), so the user can find it there."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def require_keys(hf_config: dict[str, Any], keys: tuple[str, ...], source: str, what: str) -> None:
+    """CheckpointError naming every one of `keys` that the config lacks (all at once, not one per run)."""
+    missing = [k for k in keys if k not in hf_config]
+    if missing:
+        raise CheckpointError(f"{source}: the {what} config lacks {', '.join(missing)}: use the config.json "
+                              "saved with these weights")
+
+
+def config_int(hf_config: dict[str, Any], key: str, source: str, default: Any = REQUIRED, *,
+               minimum: int = 1) -> Any:
+    """hf_config[key] as an int of at least `minimum`; `default` where the key is absent or null (HF writes
+    null for "unset"). Bools are refused although Python counts them as ints, and so are integral floats:
+    a size written 16.0 or "16" was not written by `save_pretrained`, so the file was edited or mixed up."""
+    value = hf_config.get(key)
+    if value is None and default is not REQUIRED:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise CheckpointError(f"{source}: {key} is {_shown(value)}; it must be an integer of at least {minimum}, "
+                              "written without quotes or a decimal point")
+    return value
+
+
+def config_float(hf_config: dict[str, Any], key: str, source: str, default: Any, *, minimum: float = 0.0,
+                 below: float | None = None) -> Any:
+    """hf_config[key] as a finite float in [minimum, below); `default` where absent or null."""
+    value = hf_config.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < minimum or (below is not None and value >= below):
+        bound = f"at least {minimum:g}" + (f" and below {below:g}" if below is not None else "")
+        raise CheckpointError(f"{source}: {key} is {_shown(value)}; it must be a number {bound}, "
+                              "written without quotes")
+    return float(value)
+
+
+def config_bool(hf_config: dict[str, Any], key: str, source: str, default: bool) -> bool:
+    """hf_config[key] as a bool; `default` where absent or null. A string "false" would be truthy."""
+    value = hf_config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise CheckpointError(f"{source}: {key} is {_shown(value)}; it must be true or false, without quotes")
+    return value
+
+
+def config_str(hf_config: dict[str, Any], key: str, source: str, default: str) -> str:
+    """hf_config[key] as a string; `default` where absent or null."""
+    value = hf_config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise CheckpointError(f"{source}: {key} is {_shown(value)}; it must be a string")
+    return value
+
+
+def shape_mismatch(key: str, config_shape: tuple[int, ...], weights_shape: tuple[int, ...], source: str) -> str:
+    """The message for a weight whose shape is not the one the config gives: a config.json from another
+    checkpoint (another vocabulary, width or length) that would otherwise fail in `load_state_dict` with a
+    many-line RuntimeError, or worse in a reshape."""
+    return (f"{key}: the config says {tuple(config_shape)}; the weights say {tuple(weights_shape)}: "
+            f"{source} does not belong to these weights")
