@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
+import typing
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -69,4 +71,24 @@ def construct(cls: type, what: str, common: dict, options: dict):
     for key in options:
         if key not in own:
             raise ConfigError(f"{what} has no option {key!r}; its options: {', '.join(own) or 'none'}")
+    hints = typing.get_type_hints(cls.__init__)
+    for key, value in options.items():
+        _check_option_type(what, key, value, hints.get(key))
     return cls(**{k: v for k, v in common.items() if k in params}, **options)
+
+
+def _check_option_type(what: str, key: str, value: object, hint: object) -> None:
+    """An option's value must have its constructor's type (int, float, bool): a "4" or a 4.5 for an int,
+    or a "no" for a bool (truthy), would fail deep inside a forward or silently mean something else. Each
+    constructor checks the ranges."""
+    if hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    else:
+        return
+    if not ok:
+        kind = {bool: "true or false", int: "an integer", float: "a finite number"}[hint]
+        raise ConfigError(f"{what} option {key!r} must be {kind}, got {value!r}")

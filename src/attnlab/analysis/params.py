@@ -424,6 +424,12 @@ def _position_options(name: str, options: dict) -> dict:
 def _position_rows(b: TableBuilder, name: str, options: dict, stacks: list[tuple[str, str | None]], *,
                    build_args: dict) -> None:
     """Rows of the model's position scheme(s); `stacks` are (label, module path) of each instance."""
+    import torch
+
+    from attnlab.modules.positions import build_position
+
+    with torch.device("meta"):  # the scheme's own checks of its options (a negative max_distance...): no table
+        build_position(name, **build_args, **options)  # of counts for a model that could not be built
     group = "embeddings"
     if name in POSITION_ROWS:
         parts = POSITION_ROWS.get(name)(b, _position_options(name, options))
@@ -435,8 +441,6 @@ def _position_rows(b: TableBuilder, name: str, options: dict, stacks: list[tuple
                 b.row(group, " ".join(x for x in (f"{label} positions ({name})", part) if x), formula,
                       note=note, modules=_at(path, attr))
         return
-    from attnlab.modules.positions import build_position
-
     for label, path in stacks:
         built = build_position(name, **build_args, **options)
         b.row(group, f"{label} positions ({name})".strip(), None, modules=_at(path),

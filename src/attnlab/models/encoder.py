@@ -291,13 +291,14 @@ class EncoderModel(nn.Module):
         for name, value in (("n_classes", n_classes), ("pooling", pooling)):
             if value is not None:
                 changes[name] = value
-        new = EncoderModel(self.config.replace(**changes))
+        p = next(self.parameters())
+        # In this model's dtype before the weights are copied in: a float64 body must not pass through float32.
+        new = EncoderModel(self.config.replace(**changes)).to(device=p.device, dtype=p.dtype)
         body = {k: v for k, v in self.state_dict().items() if not k.startswith("head.")}
         missing, unexpected = new.load_state_dict(body, strict=False)
         if unexpected or any(not k.startswith("head.") for k in missing):  # pragma: no cover - invariant
             raise RuntimeError(f"with_head: body mismatch (missing {missing}, unexpected {unexpected})")
-        p = next(self.parameters())
-        return new.to(device=p.device, dtype=p.dtype).train(self.training)
+        return new.train(self.training)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -85,6 +85,13 @@ class TransformerConfig(Config):
         check_choice("attention", self.attention, VARIANTS.names())
         check_choice("position", self.position, POSITIONS.names())
         check_compatible(self.attention, self.position)
+        for name, limit, side in (("pad_id", min(self.src_vocab_size, self.tgt_vocab_size), "both vocabularies"),
+                                  ("bos_id", self.tgt_vocab_size, "the target vocabulary"),
+                                  ("eos_id", self.tgt_vocab_size, "the target vocabulary")):
+            value = getattr(self, name)
+            if not 0 <= value < limit:
+                raise ConfigError(f"{name} ({value}) must be a token id of {side} (0 to {limit - 1}); set it to "
+                                  "the tokenizer's id")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError("share_embeddings needs src_vocab_size == tgt_vocab_size; "
                               "set share_embeddings = false for separate vocabularies")

@@ -107,6 +107,7 @@ class SinusoidalPosition(PositionScheme):
 
     def __init__(self, *, d_model: int, max_len: int = 1024, base: float = 10000.0):
         super().__init__()
+        _check_base("sinusoidal", base)
         self.d_model, self.base = d_model, base
         # Computed on the CPU (also under a `with torch.device("meta")` block, which counts parameters).
         table = sinusoidal_table(torch.arange(max_len, device="cpu"), d_model, base)
@@ -155,6 +156,7 @@ class RotaryPosition(PositionScheme):
 
     def __init__(self, *, d_model: int, n_heads: int, max_len: int = 1024, base: float = 10000.0):
         super().__init__()
+        _check_base("rotary", base)
         self.head_dim = d_model // n_heads
         if self.head_dim % 2:
             raise ConfigError(f"rotary positions need an even head width, got {self.head_dim}")
@@ -228,6 +230,9 @@ class ShawRelativePosition(PositionScheme):
 
     def __init__(self, *, d_model: int, n_heads: int, max_distance: int = 16):
         super().__init__()
+        if max_distance < 1:
+            raise ConfigError(f"relative positions: max_distance (the farthest distance told apart) must be at "
+                              f"least 1, got {max_distance}")
         self.max_distance = max_distance
         self.embedding = nn.Embedding(2 * max_distance + 1, d_model // n_heads)
         nn.init.normal_(self.embedding.weight, std=0.02)
@@ -238,6 +243,11 @@ class ShawRelativePosition(PositionScheme):
         b, h, t, _ = qa.shape
         idx = idx[:, None].expand(b, h, t, idx.shape[-1])  # (B, H, T, S)
         return torch.gather(qa, -1, idx) / math.sqrt(q.shape[-1])
+
+
+def _check_base(name: str, base: float) -> None:
+    if not base > 1:  # base <= 0: no logarithm; base 1: every frequency the same, positions indistinct
+        raise ConfigError(f"{name} positions: base must be a number larger than 1, got {base}")
 
 
 def t5_bucket(relative: Tensor, *, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
@@ -265,6 +275,16 @@ class T5RelativeBias(PositionScheme):
                  max_distance: int = 128):
         super().__init__()
         self.bidirectional = not causal
+        # Each direction's buckets: the first half exact distances (at least one), the rest log-spaced up to
+        # max_distance, which must lie beyond the exact ones (t5_bucket divides by log(max_distance / exact)).
+        per_side = num_buckets // 2 if self.bidirectional else num_buckets
+        if per_side < 2:
+            least = 4 if self.bidirectional else 2
+            raise ConfigError(f"t5-bias: num_buckets must be at least {least} "
+                              f"({'bidirectional' if self.bidirectional else 'causal'} attention), got {num_buckets}")
+        if max_distance <= per_side // 2:
+            raise ConfigError(f"t5-bias: max_distance must be larger than the {per_side // 2} exact distances of "
+                              f"num_buckets = {num_buckets}, got {max_distance}")
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.embedding = nn.Embedding(num_buckets, n_heads)
         nn.init.normal_(self.embedding.weight, std=0.02)

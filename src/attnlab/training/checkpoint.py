@@ -269,7 +269,25 @@ def _load_model_state(folder: Path, model: nn.Module) -> None:
         if key not in expected:
             raise ModelMismatch(f"{path} has weight {key!r}, which the model does not have; "
                               "the checkpoint belongs to another model")
+    _check_shared_weights(path, expected, tensors)
     model.load_state_dict(tensors, strict=True)
+
+
+def _check_shared_weights(path: Path, expected: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:
+    """Names the model shares (tied embeddings and output layer) must hold one weight in the checkpoint too:
+    loading two different ones into one parameter would keep the second and silently give another model (a
+    config edited to tie what the run trained untied)."""
+    groups: dict[tuple[int, int], list[str]] = {}
+    for key, t in expected.items():
+        if t.numel():
+            groups.setdefault((t.untyped_storage().data_ptr(), t.storage_offset()), []).append(key)
+    for keys in groups.values():
+        first = tensors[keys[0]]
+        for other in keys[1:]:
+            if tensors[other] is not first and not torch.equal(tensors[other], first):
+                raise ModelMismatch(f"{path}: weights {keys[0]!r} and {other!r} are one tensor in the model (tied) "
+                                    "but differ in the checkpoint, which was saved untied; load it with the config "
+                                    "it was saved with (tie_embeddings / tie_output / share_embeddings as there)")
 
 
 def _model_config(model: nn.Module) -> dict[str, Any]:
