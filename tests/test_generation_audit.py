@@ -117,3 +117,21 @@ def test_a_batch_of_blank_sources_has_a_padding_column(tmp_path):
     assert batch["src_ids"].shape == (2, 1) and batch["src_mask"].sum() == 0
     out = run.model(batch["src_ids"], batch["tgt_ids"], src_mask=batch["src_mask"], labels=batch["labels"])
     assert torch.isfinite(out.loss)
+
+
+def test_prompt_ids_outside_the_vocabulary_are_refused_in_one_line():
+    from attnlab.inference.generate import generate
+    from attnlab.models.gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=7, block_size=8, d_model=16, n_heads=2, n_layers=1)).eval()
+    for prompt in ([[1, 7]], [[-1, 2]], torch.tensor([[3, 9]])):
+        with pytest.raises(ConfigError, match="prompt token id -?\\d+ is outside the model's vocabulary \\(0 to 6\\)"):
+            generate(model, prompt, 2)
+
+
+def test_greedy_and_a_beam_together_are_refused(tmp_path, capsys, monkeypatch):
+    run, _ = _translation_run()
+    monkeypatch.setattr("attnlab.inference.runs.load_run", lambda *a, **k: run)  # imported by the command
+    line = one_line_error(capsys, "generate", str(tmp_path), "-p", "the cat", "--greedy", "--beam-size", "3",
+                          "--device", "cpu")
+    assert "--greedy and --beam-size 3 ask for two searches" in line

@@ -145,6 +145,11 @@ def generate(
     _check_options(max_new_tokens, temperature, top_k, top_p)
     device = next(model.parameters()).device
     rows = _prompt_rows(prompt)
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    outside = [t for r in rows for t in r if not 0 <= t < (vocab if vocab is not None else t + 1)]
+    if outside:  # an embedding lookup would fail with an IndexError from deep inside the model
+        raise ConfigError(f"prompt token id {outside[0]} is outside the model's vocabulary (0 to {vocab - 1}); "
+                          "encode the prompt with the model's tokenizer")
     b, longest = len(rows), max(len(r) for r in rows)
     total = longest + max_new_tokens
     ids = torch.full((b, total), pad_id, dtype=torch.long, device=device)
