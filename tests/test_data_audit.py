@@ -118,3 +118,25 @@ def test_numbered_columns_of_json_lines_name_fields(tmp_path):
     assert data.texts == ["good film", "bad film"] and data.labels == ["pos", "neg"]
     with pytest.raises(DataError, match=r"fields have names, not numbers, and there is no field '2'.*\['0', '1'\]"):
         read_classification_file(path, 2, 1)
+
+
+def test_a_repeated_header_row_is_skipped_with_a_warning(tmp_path):
+    from attnlab.data.text_files import read_classification_file
+
+    path = tmp_path / "joined.tsv"
+    path.write_text("sentence\tlabel\ngood\t1\nbad\t0\nsentence\tlabel\nfine\t1\n", encoding="utf-8")
+    with pytest.warns(UserWarning, match="1 row\\(s\\) repeat the header \\(the first at line 4"):
+        data = read_classification_file(path)
+    assert data.texts == ["good", "bad", "fine"] and data.label_names == ["0", "1"] and data.line_numbers == [2, 3, 5]
+
+
+def test_as_many_labels_as_examples_is_warned_about(tmp_path, capsys):
+    """A headerless label-first CSV read with the default columns: the texts became the labels."""
+    path = tmp_path / "label_first.csv"
+    path.write_text("".join(f"{i % 2},a review of film number {i}\n" for i in range(40)), encoding="utf-8")
+    with pytest.warns(UserWarning, match="has 40 different labels in 40 examples"):
+        code, _, err = run_cli(capsys, "train", "configs/encoder-classify.toml", "--set", f"data.path={_q(path)}",
+                               "--set", "data.eval_path=\"\"", "--set", "data.text_column=\"0\"",
+                               "--set", "data.label_column=\"1\"", "--set", f"train.out_dir={_q(tmp_path / 'run')}",
+                               *TINY)
+    assert code == 0, err

@@ -535,7 +535,11 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
     labels: list[str] = []
     lines: list[int] = []
     body = rows if header else _chain_first(first, rows)
+    repeated: list[int] = []  # the header again, as where files were joined with `cat`
     for number, cells in body:
+        if header and [c.strip() for c in cells] == names:
+            repeated.append(number)
+            continue
         if len(cells) != width:
             raise DataError(
                 f"data file '{path}' line {number}: expected {width} {sep} columns, found {len(cells)}; "
@@ -545,6 +549,9 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
         lines.append(number)
         if label_idx is not None:
             labels.append(_label_string(cells[label_idx], path, number))
+    if repeated:
+        warnings.warn(f"data file '{path}': {len(repeated)} row(s) repeat the header (the first at line "
+                      f"{repeated[0]}, as where files were joined); they are skipped", stacklevel=3)
     if not texts:
         raise DataError(f"data file '{path}' has a header but no examples; give a file with data in it")
     if not header and len(labels) > 2 and not _is_int(labels[0]) and all(_is_int(x) for x in labels[1:]):
