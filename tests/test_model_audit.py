@@ -98,3 +98,22 @@ def test_with_head_keeps_a_float64_body_exact():
     body = {k: v for k, v in lm.state_dict().items() if not k.startswith("head.")}
     new = classifier.state_dict()
     assert all(new[k].dtype == torch.float64 and torch.equal(new[k], v) for k, v in body.items())
+
+
+def test_an_integer_tensor_where_a_weight_belongs_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from attnlab.training.checkpoint import ModelMismatch, load_model, save_checkpoint
+
+    save_checkpoint(tmp_path / "ck", _gpt())
+    path = tmp_path / "ck" / "model.safetensors"
+    tensors = load_file(path)
+    tensors["lm_head.weight" if "lm_head.weight" in tensors else "embed.token.weight"] = torch.ones(
+        tensors["embed.token.weight"].shape, dtype=torch.int64)
+    from safetensors import safe_open
+
+    with safe_open(path, "pt") as f:
+        metadata = f.metadata()
+    save_file(tensors, path, metadata=metadata)
+    with pytest.raises(ModelMismatch, match="is int64 in the checkpoint but float32 in the model"):
+        load_model(tmp_path / "ck")

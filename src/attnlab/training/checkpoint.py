@@ -265,6 +265,10 @@ def _load_model_state(folder: Path, model: nn.Module) -> None:
             raise ModelMismatch(f"{path}: weight {key!r} has shape {_shape(tensors[key])} in the "
                               f"checkpoint but {_shape(t)} in the model; the checkpoint belongs to "
                               "another model config")
+        if tensors[key].is_floating_point() != t.is_floating_point():  # integers cast to weights, or back
+            raise ModelMismatch(f"{path}: weight {key!r} is {str(tensors[key].dtype).removeprefix('torch.')} in "
+                                f"the checkpoint but {str(t.dtype).removeprefix('torch.')} in the model; the file "
+                                "was not written by attnlab for this model: use another checkpoint")
     for key in tensors:
         if key not in expected:
             raise ModelMismatch(f"{path} has weight {key!r}, which the model does not have; "
