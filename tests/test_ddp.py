@@ -79,6 +79,32 @@ def test_two_processes_on_packed_rows_match_one_process_on_one_example_per_row(t
         torch.testing.assert_close(distributed.state_dict()[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_two_processes_train_bert_with_next_sentence_prediction_as_one_does(tmp_path):
+    """BERT's loss is two means, each weighted by its own count (`loss_terms`): that branch of the trainer must
+    scale by the number of processes as the plain loss does (a slip there left every other test green)."""
+    from training_helpers import bert_nsp_run
+
+    run_two_processes(tmp_path / "ddp", "bert-nsp")
+    model, config, source = bert_nsp_run()
+    Trainer(model, config, source, out_dir=tmp_path / "single").fit()
+    distributed = load_model(tmp_path / "ddp")
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(distributed.state_dict()[name], value, rtol=0, atol=1e-6, msg=name)
+    # each process keeps its own random streams (its own dropout masks): saved apart, and not equal
+    rng = json.loads((tmp_path / "ddp" / "checkpoint" / "trainer_state.json").read_text())["rng"]
+    assert len(rng) == 2 and rng[0] != rng[1]
+
+
+def test_a_resumed_two_process_run_with_dropout_ends_as_the_uninterrupted_one(tmp_path):
+    """Each process restores its own random streams (its dropout masks go on as they would have), not rank 0's."""
+    run_two_processes(tmp_path / "full", "dropout-full")
+    run_two_processes(tmp_path / "cut", "dropout-first")
+    run_two_processes(tmp_path / "cut", "dropout-resume")
+    full, resumed = load_model(tmp_path / "full").state_dict(), load_model(tmp_path / "cut").state_dict()
+    for name, value in full.items():
+        assert torch.equal(resumed[name], value), name
+
+
 # ---- messages under torchrun: every process runs the same command ----------------------------------------------
 
 

@@ -138,6 +138,40 @@ def packed_run(pack: bool):
     return model, SpanCorruptionSource(PACKED_DOCS, vocab, 64, 8, seed=3, pack=pack)
 
 
+def bert_nsp_run():
+    """A BERT with masked-LM and next-sentence heads (a loss of two means, each weighted by its own count:
+    `loss_terms`), a fixed batch of 8 padded pairs, and micro-batches of 2."""
+    from attnlab.models.bert import BertConfig, BertModel
+    from attnlab.training import TrainerConfig
+
+    g = torch.Generator().manual_seed(0)
+    rows, length, vocab = 8, 7, 20
+    lengths = torch.randint(2, length + 1, (rows,), generator=g)
+    mask = (torch.arange(length)[None] < lengths[:, None]).long()
+    ids = torch.randint(3, vocab, (rows, length), generator=g).masked_fill(mask == 0, 0)
+    labels = torch.full((rows, length), -100)
+    picked = (torch.rand(rows, length, generator=g) < 0.4) & (mask == 1)
+    labels[picked] = ids[picked]
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels,
+             "next_sentence_label": torch.randint(0, 2, (rows,), generator=g)}
+
+    class OneBatch:
+        steps_per_epoch = None
+
+        def batch(self, step):
+            return batch
+
+        def iter_batches(self, n=None):
+            yield batch
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=vocab, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_len=16,
+                                 dropout=0.0, attention_dropout=0.0, nsp=True))
+    config = TrainerConfig(steps=3, batch_size=8, micro_batch_size=2, lr=1e-2, warmup_steps=1, precision="fp32",
+                           device="cpu", progress=False, log_every=1, weight_decay=0.1, grad_clip=1.0)
+    return model, config, OneBatch()
+
+
 def _ddp_main(out_dir: str, layout: str = "plain") -> None:
     from attnlab.training import Trainer
     from attnlab.training.distributed import shutdown
@@ -146,6 +180,14 @@ def _ddp_main(out_dir: str, layout: str = "plain") -> None:
     if layout == "packed":
         model, source = packed_run(pack=True)
         trainer = Trainer(model, ddp_trainer_config(), source, out_dir=out_dir)
+    elif layout == "bert-nsp":
+        model, config, source = bert_nsp_run()
+        trainer = Trainer(model, config, source, out_dir=out_dir)
+    elif layout in ("dropout-full", "dropout-first", "dropout-resume"):  # each process draws its own masks
+        steps = 3 if layout == "dropout-first" else 6  # noam does not depend on `steps`
+        config = ddp_trainer_config(steps=steps, schedule="noam", warmup_steps=2, save_every=3)
+        trainer = Trainer(tiny_model(dropout=0.3, seed=0 if layout != "dropout-resume" else 123), config,
+                          ToySource(), out_dir=out_dir, resume=layout == "dropout-resume")
     else:
         trainer = Trainer(tiny_model(), ddp_trainer_config(), ToySource(), eval_source=ToySource(),
                           eval_counts=token_accuracy_counts, out_dir=out_dir)
