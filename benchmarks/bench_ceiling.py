@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="timed calls per measurement (workloads: the median; bare products and reads: the best)")
     p.add_argument("--shapes", default="A,B")
     p.add_argument("--no-attention", action="store_true", help="skip the attention rows")
-    p.add_argument("--decode-tokens", type=int, default=100)
+    p.add_argument("--decode-tokens", type=int, default=200)
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps")
     args = p.parse_args(argv)

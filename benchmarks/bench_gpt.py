@@ -13,11 +13,15 @@ Shapes (vocabulary 65):
 Rows:
     train  ours default : attnlab's default settings (bf16 autocast where the hardware has bf16; exact GELU)
     train  ours fp32    : attnlab forced to fp32
-    train  HF fp32      : GPT2LMHeadModel, eager fp32, as users run it (the reference, ratio 1.00)
+    train  HF fp32      : GPT2LMHeadModel in fp32 as users run it: not compiled, with transformers' default
+                          attention (SDPA; --hf-attention eager for its explicit path) and fused AdamW (the
+                          default of HF's Trainer) (the reference, ratio 1.00)
     train  HF bf16      : GPT2LMHeadModel under bf16 autocast
     decode              : batch-1 greedy generation of 200 tokens with KV cache: attnlab with fp32 and with
                           bf16 weights, HF `generate` with fp32 weights (the reference)
-    accuracy            : validation loss after the same steps, default (bf16) vs fp32 run
+    accuracy            : loss on held-out text after the same steps on the same text, default (bf16) vs
+                          fp32 training, both evaluated in fp32 (the standard library's pydoc texts as 65
+                          symbols: the 64 most common characters and one for the rest; the last tenth held out)
     peak MiB            : peak resident memory of a training step above the process's resident memory
                           once the model and data exist (each row in a fresh process, Linux /proc); on a GPU
                           the peak of torch's allocations on it above those once the model and data exist
@@ -69,8 +73,8 @@ VOCAB = 65
 
 
 def make_data(shape: Shape, steps: int, seed: int = 0) -> list[torch.Tensor]:
+    """Batches of random windows of a random stream: what is timed does not depend on the tokens."""
     g = torch.Generator().manual_seed(seed)
-    # A learnable stream: a noisy repeating pattern, so loss curves mean something.
     base = torch.randint(0, VOCAB, (4096,), generator=g)
     out = []
     for _ in range(steps):
@@ -85,6 +89,9 @@ def ours(shape: Shape) -> GPT:
                          n_heads=shape.n_heads, n_layers=shape.n_layers, dropout=0.0))
 
 
+HF_ATTENTION = {"impl": None}  # None: transformers' default (SDPA in recent versions); set by --hf-attention
+
+
 def hf(shape: Shape):
     import transformers
 
@@ -94,11 +101,13 @@ def hf(shape: Shape):
                                   n_layer=shape.n_layers, n_head=shape.n_heads, resid_pdrop=0.0,
                                   embd_pdrop=0.0, attn_pdrop=0.0)
     model = transformers.GPT2LMHeadModel(cfg)
-    try:
-        model.set_attn_implementation("eager")
-    except Exception:  # older transformers
-        pass
+    if HF_ATTENTION["impl"] is not None:
+        model.set_attn_implementation(HF_ATTENTION["impl"])
     return model
+
+
+def hf_attention_name(model) -> str:
+    return str(getattr(model.config, "_attn_implementation", None) or "unknown")
 
 
 def train_step_fn(model, kind: str, dtype: torch.dtype | None, lr: float = 3e-4, device: torch.device | str = "cpu"):
@@ -109,8 +118,11 @@ def train_step_fn(model, kind: str, dtype: torch.dtype | None, lr: float = 3e-4,
         from attnlab.training.trainer import TrainerConfig
 
         opt = build_optimizer(model, TrainerConfig(lr=lr, weight_decay=0.1), device)
-    else:  # AdamW as HF users write it
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
+    else:  # AdamW as HF's Trainer builds it by default (optim="adamw_torch_fused"): the same fused kernel
+        try:
+            opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, fused=True)
+        except (RuntimeError, TypeError, ValueError):  # a torch or device without it: the plain one
+            opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
     # Like attnlab's Trainer: fp32 training of wide models takes oneDNN's matmuls where verified exact.
     onednn = kind == "ours" and dtype is None and wants_onednn_fp32(model)
 
@@ -158,11 +170,14 @@ def time_decoding_rows(shape: Shape, n_new: int, repeats: int, device: torch.dev
     runs = {
         "ours fp32": lambda: generate(ours_fp32, prompt, n_new, greedy=True),
         "ours bf16 weights": lambda: generate(ours_bf16, prompt, n_new, greedy=True),
-        "HF fp32": lambda: peer.generate(prompt, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
-                                         pad_token_id=0),
+        # GPT-2's eos id (50256) is outside this vocabulary of 65, so HF generates all n_new tokens (checked
+        # below) without a min_new_tokens processor's extra work per token.
+        "HF fp32": lambda: peer.generate(prompt, max_new_tokens=n_new, do_sample=False, pad_token_id=0),
     }
-    for run in runs.values():
-        run()
+    made = {label: run() for label, run in runs.items()}
+    lengths = {len(made["ours fp32"][0]), len(made["ours bf16 weights"][0]), made["HF fp32"].shape[1] - 8}
+    if lengths != {n_new}:
+        raise RuntimeError(f"the decoding rows generated {sorted(lengths)} tokens, not {n_new} each")
     medians = time_in_turns({label: lambda _, run=run: run() for label, run in runs.items()}, repeats,
                             sync=lambda: synchronize(device))
     out = {label: {"tokens_per_s": n_new / sec} for label, sec in medians.items()}
@@ -171,15 +186,37 @@ def time_decoding_rows(shape: Shape, n_new: int, repeats: int, device: torch.dev
     return out
 
 
+def text_data(shape: Shape, steps: int, n_val: int = 8, seed: int = 3) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Training batches of random windows of the first nine tenths of the pydoc texts (written as 65 symbols: the
+    64 most common characters, and one for all others), and `n_val` batches of windows of the last tenth."""
+    from collections import Counter
+
+    from attnlab.data.corpus import pydoc_corpus
+
+    text = pydoc_corpus()
+    common = [c for c, _ in Counter(text).most_common(VOCAB - 1)]
+    index = {c: i for i, c in enumerate(common)}
+    ids = torch.tensor([index.get(c, VOCAB - 1) for c in text])
+    cut = len(ids) * 9 // 10
+    g = torch.Generator().manual_seed(seed)
+
+    def windows(part: torch.Tensor, n: int) -> list[torch.Tensor]:
+        starts = torch.randint(0, len(part) - shape.block - 1, (n, shape.batch), generator=g)
+        return [torch.stack([part[s : s + shape.block + 1] for s in row]) for row in starts]
+
+    return windows(ids[:cut], steps), windows(ids[cut:], n_val)
+
+
 def accuracy(shape: Shape, steps: int, device: torch.device | str = "cpu") -> dict:
-    """Validation loss after `steps` identical steps, default (bf16 autocast) vs fp32."""
-    data = [b.to(device) for b in make_data(shape, steps + 4, seed=3)]
-    val = data[-4:]
+    """Loss on held-out text after `steps` identical steps on the same text, default (bf16 autocast) vs fp32
+    training; both models are evaluated in fp32, so the gap is the training precision's."""
+    train, val = text_data(shape, steps)
+    train, val = [b.to(device) for b in train], [b.to(device) for b in val]
     out = {}
     for label, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
         model = ours(shape)
         step = train_step_fn(model, "ours", dtype, lr=1e-3, device=device)
-        for b in data[:steps]:
+        for b in train:
             step(b)
         model.eval()
         with torch.no_grad():
@@ -223,7 +260,8 @@ def peak_memory(kind: str, dtype: torch.dtype | None, shape: Shape, device: str 
     """Peak training memory (MiB) of one row, measured in a fresh process; None where /proc is missing."""
     spec = f"{kind},{'bf16' if dtype is not None else 'fp32'},{shape.name},{device}"
     try:
-        done = subprocess.run([sys.executable, __file__, "--memory-row", spec], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, __file__, "--memory-row", spec, "--hf-attention",
+                               HF_ATTENTION["impl"] or "default"], capture_output=True, text=True,
                               timeout=600, check=True)
         return json.loads(done.stdout.strip().splitlines()[-1])["peak_mib"]
     except (subprocess.SubprocessError, ValueError, KeyError, IndexError, OSError):
@@ -244,11 +282,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--bf16", choices=("auto", "yes", "no"), default="auto",
                    help="run the bf16 rows: auto = only where bf16 is native (CPU bf16 instructions, Ampere+ GPU)")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps")
+    p.add_argument("--hf-attention", choices=("default", "eager", "sdpa"), default="default",
+                   help="the HF model's attention: transformers' default (SDPA), or a named implementation")
     p.add_argument("--memory-row", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    HF_ATTENTION["impl"] = None if args.hf_attention == "default" else args.hf_attention
     if args.memory_row:
         memory_row(args.memory_row)
         return {}
+    unknown = [name for name in args.shapes.split(",") if name not in SHAPES]
+    if unknown:
+        p.error(f"unknown shape {unknown[0]!r} in --shapes; choose from {', '.join(SHAPES)}")
 
     device = select_device(args.device)
     default_dtype = resolve_precision("auto", device)  # what `precision = "auto"` trains in there
@@ -256,8 +300,12 @@ def main(argv: list[str] | None = None) -> dict:
     if not bf16:
         print(f"bf16 is not native on this {device.type}: bf16 training rows left out (--bf16 yes runs them, "
               "emulated and slow)")
-    results: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": str(device),
-                     "cpu_bf16": cpu_has_bf16(), "shapes": {}}
+    import transformers
+
+    results: dict = {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "threads": torch.get_num_threads(), "device": str(device), "cpu_bf16": cpu_has_bf16(),
+                     "hf_attention": hf_attention_name(hf(SHAPES["A"])), "shapes": {}}
+    print(f"HF GPT-2: transformers {transformers.__version__}, attention {results['hf_attention']}, fused AdamW")
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         data = make_data(shape, args.warmup + args.repeats)

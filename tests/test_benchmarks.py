@@ -36,7 +36,20 @@ def test_bench_gpt_runs(tmp_path, capsys):
     assert all(r["tokens_per_s"] > 0 for r in shape["train"].values())
     assert set(shape["decode"]) == {"ours fp32", "ours bf16 weights", "HF fp32"}
     assert out.is_file()
+    assert results["hf_attention"] not in ("", "unknown")  # the peer's attention, as users get it, is recorded
     assert "vs HF fp32" in capsys.readouterr().out
+
+
+def test_bench_gpt_accuracy_data_is_held_out_text_and_shapes_are_checked():
+    bench = load("bench_gpt")
+    shape = bench.SHAPES["A"]
+    train, val = bench.text_data(shape, 3, n_val=2)
+    assert len(train) == 3 and len(val) == 2
+    assert all(b.shape == (shape.batch, shape.block + 1) and 0 <= int(b.min()) and int(b.max()) < bench.VOCAB
+               for b in train + val)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--shapes", "A,C"])
+    assert exit_info.value.code == 2
 
 
 @pytest.mark.slow
