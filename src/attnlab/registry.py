@@ -71,7 +71,10 @@ def construct(cls: type, what: str, common: dict, options: dict):
     for key in options:
         if key not in own:
             raise ConfigError(f"{what} has no option {key!r}; its options: {', '.join(own) or 'none'}")
-    hints = typing.get_type_hints(cls.__init__)
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # a user's class annotated with names only a type checker imports: unchecked, as before
+        hints = {}
     for key, value in options.items():
         _check_option_type(what, key, value, hints.get(key))
     return cls(**{k: v for k, v in common.items() if k in params}, **options)
