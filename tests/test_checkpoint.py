@@ -228,6 +228,10 @@ def test_checkpoint_of_another_model(tmp_path):
     model, _ = trained()
     save_checkpoint(tmp_path / "c", model)
     wider = TinyLM(TinyLMConfig(d_model=12))
+    with one_line_error(re.escape("holds a model with other settings (d_model 8 → 12)")):  # named by its config
+        load_checkpoint_into(tmp_path / "c", wider)
+    config = json.loads((tmp_path / "c" / "config.json").read_text())  # a config.json that does not say
+    (tmp_path / "c" / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "d_model"}))
     with one_line_error(re.escape("weight 'embed.weight' has shape (13, 8) in the checkpoint but (13, 12)")):
         load_checkpoint_into(tmp_path / "c", wider)
     with one_line_error("holds a 'test-tiny-lm' model but the model is 'test-other'"):

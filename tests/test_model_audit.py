@@ -117,3 +117,24 @@ def test_an_integer_tensor_where_a_weight_belongs_is_refused(tmp_path):
     save_file(tensors, path, metadata=metadata)
     with pytest.raises(ModelMismatch, match="is int64 in the checkpoint but float32 in the model"):
         load_model(tmp_path / "ck")
+
+
+def test_a_checkpoint_does_not_load_into_a_model_of_other_settings_of_the_same_shapes(tmp_path, capsys):
+    """Sinusoidal and ALiBi GPTs have the same weights: a resume with --set model.position=alibi trained the
+    sinusoidal run's weights on as another model, silently. Training-only settings (dropout) may change."""
+    from cli_helpers import one_line_error, run_cli, toml_str
+
+    from attnlab.training.checkpoint import ModelMismatch, load_checkpoint_into, save_checkpoint
+
+    save_checkpoint(tmp_path / "ck", _gpt(position="sinusoidal"))
+    with pytest.raises(ModelMismatch, match="other settings \\(position 'sinusoidal' → 'alibi'\\)"):
+        load_checkpoint_into(tmp_path / "ck", _gpt(position="alibi"))
+    load_checkpoint_into(tmp_path / "ck", _gpt(position="sinusoidal", dropout=0.2))
+
+    run = ["train", "--set", "model.preset=gpt-char-tiny", "--set", f"train.out_dir={toml_str(tmp_path / 'run')}",
+           "--set", "train.progress=false", "--set", "train.eval_every=0", "--set", "train.warmup_steps=0",
+           "--set", "train.precision=fp32", "--set", "train.device=cpu"]
+    code, _, err = run_cli(capsys, *run, "--set", "train.steps=2", "--set", "model.position=\"sinusoidal\"")
+    assert code == 0, err
+    line = one_line_error(capsys, *run, "--set", "train.steps=4", "--set", "model.position=\"alibi\"", "--resume")
+    assert "position 'sinusoidal' → 'alibi'" in line and "cannot resume" in line

@@ -240,7 +240,7 @@ def test_params_of_a_corrupt_config_says_what_to_give(capsys, lm_copy):
 def test_resuming_with_another_architecture_says_how_to_continue(capsys, lm_copy):
     line = one_line_error(capsys, "train", "--resume", "--set", "train.steps=4", "--set", "model.position=rotary",
                           "--set", f"train.out_dir={_q(lm_copy)}", *LM)
-    assert "the checkpoint belongs to another model" in line
+    assert "holds a model with other settings (position 'learned' → 'rotary')" in line
     assert line.endswith("drop the model.* --set values), or train into another train.out_dir")
 
 

@@ -294,6 +294,23 @@ def _check_shared_weights(path: Path, expected: dict[str, torch.Tensor], tensors
                                     "it was saved with (tie_embeddings / tie_output / share_embeddings as there)")
 
 
+# Model settings that leave the function of the weights alone (regularisation, initialisation, which rows the
+# training loss scores): a checkpoint loads into a model that differs in them.
+TRAINING_ONLY_SETTINGS = ("dropout", "attention_dropout", "ff_dropout", "classifier_dropout", "init_std",
+                          "initializer_range", "label_smoothing", "lm_logits", "mlm_logits")
+
+
+def _check_same_function(folder: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """Weights of the same shapes can belong to another model: sinusoidal positions loaded into an ALiBi model,
+    another activation or norm placement (a resume with `--set model.position=alibi` trained on silently)."""
+    changed = [key for key in current if key in saved and key not in TRAINING_ONLY_SETTINGS
+               and json.dumps(saved[key], sort_keys=True) != json.dumps(current[key], sort_keys=True)]
+    if changed:
+        shown = ", ".join(f"{key} {saved[key]!r} → {current[key]!r}" for key in changed[:3])
+        raise ModelMismatch(f"{folder} holds a model with other settings ({shown}{', ...' if len(changed) > 3 else ''}"
+                            "); load it into a model built from its config.json")
+
+
 def _model_config(model: nn.Module) -> dict[str, Any]:
     from attnlab.models.registry import config_to_dict
 
@@ -527,6 +544,7 @@ def load_checkpoint_into(path: str | os.PathLike[str], model: nn.Module,
     if saved_family != family:
         raise ModelMismatch(f"{folder} holds a {saved_family!r} model but the model is {family!r}; "
                           "give a checkpoint of the same model family")
+    _check_same_function(folder, read_config(folder), _model_config(model))
     _load_model_state(folder, model)
     if optimizer is not None:
         _load_optimizer_state(folder, optimizer)
