@@ -140,3 +140,12 @@ def test_as_many_labels_as_examples_is_warned_about(tmp_path, capsys):
                                "--set", "data.label_column=\"1\"", "--set", f"train.out_dir={_q(tmp_path / 'run')}",
                                *TINY)
     assert code == 0, err
+
+
+def test_pairs_blank_on_both_sides_are_warned_about():
+    from attnlab.data.sources import ParallelTextSource
+    from attnlab.data.tokenizers import WordTokenizer
+
+    tok = WordTokenizer.train(["a b c"], specials={"pad": "<pad>", "unk": "<unk>", "bos": "<bos>", "eos": "<eos>"})
+    with pytest.warns(UserWarning, match="1 of 3 sentence pairs are blank on both sides \\(the first at line 2"):
+        ParallelTextSource(["a b", "", "c"], ["b a", " ", "c"], tok, tok, 2)
