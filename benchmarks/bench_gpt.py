@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.accuracy_steps and bf16:
         acc = accuracy(SHAPES["A"], args.accuracy_steps, device)
         results["accuracy_shape_A"] = acc
-        print(f"\nvalidation loss after {args.accuracy_steps} steps (shape A): fp32 {acc['fp32']:.4f}, "
+        print(f"\nloss on held-out text after {args.accuracy_steps} steps (shape A): fp32 {acc['fp32']:.4f}, "
               f"default {acc['bf16']:.4f}, relative gap {100 * acc['relative_gap']:.2f}%")
     if args.json:
         with open(args.json, "w") as f:

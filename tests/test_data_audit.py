@@ -31,12 +31,13 @@ def test_a_bad_byte_in_the_held_out_part_is_reported_at_its_line_in_the_file(tmp
 
 def test_no_held_out_part_starts_inside_the_last_line(tmp_path):
     """A last line without a line end that spans the cut: it is held out whole (it was cut between two
-    characters of a word)."""
+    characters of a word) where that holds out at most twice the share asked for."""
     from attnlab.data.text_files import line_split_offset
 
     path = tmp_path / "t.txt"
-    path.write_text("a first line\n" + "and then a long last line that runs on and on " * 4, encoding="utf-8")
-    assert line_split_offset(path, 0.9) == len("a first line\n")
+    lines = "a first line of the text\n" * 40
+    path.write_text(lines + "and a last line that runs on " * 4, encoding="utf-8")  # ~11 % of the file
+    assert line_split_offset(path, 0.9) == len(lines)
     path.write_text("a first line\n" * 50 + "the last\n", encoding="utf-8")
     cut = line_split_offset(path, 0.9)
     assert path.read_bytes()[cut - 1:cut] == b"\n" and cut < path.stat().st_size

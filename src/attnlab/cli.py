@@ -106,7 +106,7 @@ def generate(
         raise ConfigError("give --prompt (-p) or --input (-i), not both")
     run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint", dtype=dtype)
     check_decoding_options(run.family, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    if greedy and beam_size != 1:
+    if greedy and beam_size != 1 and run.family == "seq2seq":
         raise ConfigError(f"--greedy and --beam-size {beam_size} ask for two searches; drop --greedy for beam search, "
                           "or --beam-size for greedy decoding")
     if input_file is not None:

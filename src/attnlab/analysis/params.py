@@ -428,8 +428,10 @@ def _position_rows(b: TableBuilder, name: str, options: dict, stacks: list[tuple
 
     from attnlab.modules.positions import build_position
 
-    with torch.device("meta"):  # the scheme's own checks of its options (a negative max_distance...): no table
-        build_position(name, **build_args, **options)  # of counts for a model that could not be built
+    # The scheme's own checks of its options (a negative max_distance...): no table of counts for a model that
+    # could not be built. One position: sinusoidal and rotary tables are computed on the CPU even under meta.
+    with torch.device("meta"):
+        build_position(name, **{**build_args, "max_len": 1}, **options)
     group = "embeddings"
     if name in POSITION_ROWS:
         parts = POSITION_ROWS.get(name)(b, _position_options(name, options))

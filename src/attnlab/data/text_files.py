@@ -104,7 +104,7 @@ def read_text(path: str | os.PathLike[str]) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise _decode_error(path, e) from None
-    if "\x00" in text:
+    if b"\x00" in data:  # on the bytes: ~40x faster than on text beyond Latin-1
         raise _nul_error(path, text)
     text = text.removeprefix("\ufeff")
     if not text.strip():
@@ -200,7 +200,7 @@ def iter_text_blocks(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTE
             except UnicodeDecodeError as e:
                 before = _newlines_before(path, start) if start else 0  # lines are counted from the file's start
                 raise _decode_error(path, e, base_offset=offset - pending, base_line=before + newlines) from None
-            if "\x00" in text:
+            if b"\x00" in data:  # a NUL byte is never part of a multi-byte character: the text holds it too
                 before = _newlines_before(path, start) if start else 0
                 raise _nul_error(path, text, base_line=before + newlines)
             offset += len(data)
@@ -247,7 +247,9 @@ def line_split_offset(path: str | os.PathLike[str], fraction: float) -> int:
     if newline >= 0:
         return target + newline + 1
     if target + len(ahead) >= size and target > 0:  # the last line runs from before the target to the end
-        back = max(0, target - BLOCK_BYTES)
+        # Its start, if that holds out at most twice the share asked for (a long last paragraph would
+        # otherwise take most of the file); else a character boundary, as in any long line.
+        back = max(0, target - BLOCK_BYTES, size - 2 * (size - target))
         with open(path, "rb") as f:
             f.seek(back)
             behind = f.read(target - back)

@@ -271,18 +271,22 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
                         f"shorten it to at most {limit} tokens")
     new = generate(model, encoded, max_new_tokens, greedy=greedy, temperature=temperature, top_k=top_k,
                    top_p=top_p, eos_id=tok.eos_id, pad_id=tok.pad_id if tok.pad_id is not None else 0, seed=seed)
-    return [_continuation(tok, ids, more) for ids, more in zip(encoded, new)]
+    return [_continuation(tok, prompt, ids, more) for prompt, ids, more in zip(prompts, encoded, new)]
 
 
-def _continuation(tok, prompt_ids: list[int], new_ids: list[int]) -> str:
-    """The text `new_ids` add after the prompt: decoded with the prompt and the prompt's text cut off, as word
+def _continuation(tok, prompt: str, prompt_ids: list[int], new_ids: list[int]) -> str:
+    """The text `new_ids` add after `prompt`: decoded with the prompt and the prompt's text cut off, as word
     and WordPiece tokenizers put the space between two words only when they decode both (alone, the first
-    new word would be glued to the prompt's last), and byte-level BPE may finish a character the prompt began."""
+    new word would be glued to the prompt's last), and byte-level BPE may finish a character the prompt began.
+    Where the prompt ends in whitespace its decoding dropped, that space is not given twice."""
     if not new_ids:
         return ""
     head = tok.decode(list(prompt_ids), skip_special_tokens=True)
     full = tok.decode(list(prompt_ids) + list(new_ids), skip_special_tokens=True)
-    return full[len(head):] if full.startswith(head) else tok.decode(list(new_ids), skip_special_tokens=True)
+    text = full[len(head):] if full.startswith(head) else tok.decode(list(new_ids), skip_special_tokens=True)
+    if prompt[-1:].isspace() and not head[-1:].isspace():
+        text = text.removeprefix(" ")
+    return text
 
 
 @torch.no_grad()

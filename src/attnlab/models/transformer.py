@@ -89,7 +89,7 @@ class TransformerConfig(Config):
                                   ("bos_id", self.tgt_vocab_size, "the target vocabulary"),
                                   ("eos_id", self.tgt_vocab_size, "the target vocabulary")):
             value = getattr(self, name)
-            if not 0 <= value < limit:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
                 raise ConfigError(f"{name} ({value}) must be a token id of {side} (0 to {limit - 1}); set it to "
                                   "the tokenizer's id")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:

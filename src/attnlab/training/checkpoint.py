@@ -281,10 +281,13 @@ def _check_shared_weights(path: Path, expected: dict[str, torch.Tensor], tensors
     """Names the model shares (tied embeddings and output layer) must hold one weight in the checkpoint too:
     loading two different ones into one parameter would keep the second and silently give another model (a
     config edited to tie what the run trained untied)."""
-    groups: dict[tuple[int, int], list[str]] = {}
+    if any(t.is_meta for t in expected.values()):  # no storage to tell shared weights apart (every pointer is 0)
+        return
+    groups: dict[tuple, list[str]] = {}
     for key, t in expected.items():
         if t.numel():
-            groups.setdefault((t.untyped_storage().data_ptr(), t.storage_offset()), []).append(key)
+            where = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
+            groups.setdefault(where, []).append(key)
     for keys in groups.values():
         first = tensors[keys[0]]
         for other in keys[1:]:
@@ -296,14 +299,16 @@ def _check_shared_weights(path: Path, expected: dict[str, torch.Tensor], tensors
 
 # Model settings that leave the function of the weights alone (regularisation, initialisation, which rows the
 # training loss scores): a checkpoint loads into a model that differs in them.
-TRAINING_ONLY_SETTINGS = ("dropout", "attention_dropout", "ff_dropout", "classifier_dropout", "init_std",
-                          "initializer_range", "label_smoothing", "lm_logits", "mlm_logits")
+# The longest sequence (block_size, max_len) may change too: where positions are weights, their shapes differ and
+# the weights are refused anyway; sinusoidal, rotary or ALiBi positions extend to a longer context.
+LOADABLE_CHANGES = ("dropout", "attention_dropout", "ff_dropout", "classifier_dropout", "init_std",
+                    "initializer_range", "label_smoothing", "lm_logits", "mlm_logits", "block_size", "max_len")
 
 
 def _check_same_function(folder: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
     """Weights of the same shapes can belong to another model: sinusoidal positions loaded into an ALiBi model,
     another activation or norm placement (a resume with `--set model.position=alibi` trained on silently)."""
-    changed = [key for key in current if key in saved and key not in TRAINING_ONLY_SETTINGS
+    changed = [key for key in current if key in saved and key not in LOADABLE_CHANGES
                and json.dumps(saved[key], sort_keys=True) != json.dumps(current[key], sort_keys=True)]
     if changed:
         shown = ", ".join(f"{key} {saved[key]!r} → {current[key]!r}" for key in changed[:3])

@@ -646,7 +646,7 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
         raise DataError(f"data file '{d.path}': every example has the label {train_data.label_names[0]!r}; "
                         "a classifier needs examples of at least two classes")
     n_labels, n_examples = len(train_data.label_names), len(train_data)
-    if n_examples >= 20 and n_labels > n_examples // 2:  # a column of texts or ids read as the labels
+    if n_examples >= 20 and n_labels >= 0.9 * n_examples:  # a column of texts or ids read as the labels
         warnings.warn(f"data file '{d.path}' has {n_labels} different labels in {n_examples} examples (e.g. "
                       f"{train_data.label_names[0]!r}): is data.label_column the column of the labels? Name it (and "
                       "data.text_column) to be sure", stacklevel=2)
