@@ -28,6 +28,7 @@ from torch import Tensor
 
 from attnlab.convert.hf_folder import (
     REQUIRED,
+    check_model_type,
     config_bool,
     config_float,
     config_int,
@@ -88,13 +89,6 @@ _BODY = ("embeddings.", "encoder.", "pooler.")
 _REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
 
-def _check_model_type(hf_config: dict[str, Any], source: str) -> None:
-    """First of all, so that another model's config is named as such rather than as a BERT config lacking keys."""
-    kind = hf_config.get("model_type", "bert")
-    if kind != "bert":
-        raise CheckpointError(f"{source}: model_type is {kind!r}, not 'bert': these are not BERT weights")
-
-
 def _check_architectures(hf_config: dict[str, Any], head_keys: list[str], source: str) -> None:
     """Refuse a checkpoint whose head weights belong to a class we do not convert (see the module docstring)."""
     classes = hf_config.get("architectures")
@@ -117,7 +111,7 @@ def bert_config_from_hf(hf_config: dict[str, Any], *, heads: str = "none", nsp: 
             (named with the key and the value), or a setting our BERT does not implement (relative position
             embeddings, a decoder).
     """
-    _check_model_type(hf_config, source)
+    check_model_type(hf_config, "bert", source, "BERT")
     require_keys(hf_config, _REQUIRED_KEYS, source, "BERT")
     kind = config_str(hf_config, "position_embedding_type", source, "absolute")
     if kind != "absolute":
@@ -190,7 +184,7 @@ def bert_from_hf(state_dict: dict[str, Tensor], hf_config: dict[str, Any], *,
             our model would not use (a head of a class we do not convert), a class in `architectures` we do
             not convert, a regression head, or a config whose values are malformed or do not fit the weights.
     """
-    _check_model_type(hf_config, source)
+    check_model_type(hf_config, "bert", source, "BERT")
     prefixed = any(k.startswith("bert.") for k in state_dict)
     ours: dict[str, Tensor] = {}
     origin: dict[str, str] = {}  # our name -> the checkpoint's, for messages

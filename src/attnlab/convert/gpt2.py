@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from attnlab.convert.hf_folder import (
+    check_model_type,
     config_bool,
     config_float,
     config_int,
@@ -41,9 +42,7 @@ def gpt2_config(hf_config: dict, *, source: str = "config.json") -> GPTConfig:
             config lacking keys), a required key missing, a value of the wrong type or range, or a setting
             our GPT does not compute.
     """
-    kind = hf_config.get("model_type", "gpt2")
-    if kind != "gpt2":
-        raise CheckpointError(f"{source}: model_type is {kind!r}, not 'gpt2': these are not GPT-2 weights")
+    check_model_type(hf_config, "gpt2", source, "GPT-2")
     require_keys(hf_config, ("vocab_size", "n_positions", "n_embd", "n_head", "n_layer"), source, "GPT-2")
     act = config_str(hf_config, "activation_function", source, "gelu_new")
     if act not in _ACTIVATIONS:

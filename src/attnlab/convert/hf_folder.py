@@ -92,24 +92,32 @@ def config_float(hf_config: dict[str, Any], key: str, source: str, default: Any,
     return float(value)
 
 
-def config_bool(hf_config: dict[str, Any], key: str, source: str, default: bool) -> bool:
-    """hf_config[key] as a bool; `default` where absent or null. A string "false" would be truthy."""
+def _config_of_type(hf_config: dict[str, Any], key: str, source: str, default: Any, kind: type, wanted: str) -> Any:
+    """hf_config[key] if it is a `kind`; `default` where absent or null; else CheckpointError saying `wanted`."""
     value = hf_config.get(key)
     if value is None:
         return default
-    if not isinstance(value, bool):
-        raise CheckpointError(f"{source}: {key} is {_shown(value)}; it must be true or false, without quotes")
+    if not isinstance(value, kind):
+        raise CheckpointError(f"{source}: {key} is {_shown(value)}; it must be {wanted}")
     return value
+
+
+def config_bool(hf_config: dict[str, Any], key: str, source: str, default: bool) -> bool:
+    """hf_config[key] as a bool; `default` where absent or null. A string "false" would be truthy."""
+    return _config_of_type(hf_config, key, source, default, bool, "true or false, without quotes")
 
 
 def config_str(hf_config: dict[str, Any], key: str, source: str, default: str) -> str:
     """hf_config[key] as a string; `default` where absent or null."""
-    value = hf_config.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, str):
-        raise CheckpointError(f"{source}: {key} is {_shown(value)}; it must be a string")
-    return value
+    return _config_of_type(hf_config, key, source, default, str, "a string")
+
+
+def check_model_type(hf_config: dict[str, Any], expected: str, source: str, what: str) -> None:
+    """CheckpointError unless the config's model_type (absent: taken as `expected`) is `expected`. Converters
+    call it first, so that another model's config is named as such, not as a `what` config lacking keys."""
+    kind = hf_config.get("model_type", expected)
+    if kind != expected:
+        raise CheckpointError(f"{source}: model_type is {kind!r}, not {expected!r}: these are not {what} weights")
 
 
 def shape_mismatch(key: str, config_shape: tuple[int, ...], weights_shape: tuple[int, ...], source: str) -> str:
