@@ -135,3 +135,13 @@ def test_greedy_and_a_beam_together_are_refused(tmp_path, capsys, monkeypatch):
     line = one_line_error(capsys, "generate", str(tmp_path), "-p", "the cat", "--greedy", "--beam-size", "3",
                           "--device", "cpu")
     assert "--greedy and --beam-size 3 ask for two searches" in line
+
+
+def test_translation_search_lengths_are_bounded_in_the_library_too():
+    from attnlab.inference.generate import MAX_NEW_TOKENS, beam_search, greedy_translate
+
+    run, tok = _translation_run()
+    src = torch.tensor([tok.encode("the cat")])
+    for search in (greedy_translate, beam_search):
+        with pytest.raises(ConfigError, match=r"max_len \(-n\) must be a whole number in \[0, 10,000,000\]"):
+            search(run.model, src, max_len=MAX_NEW_TOKENS + 1)

@@ -146,7 +146,7 @@ def generate(
     device = next(model.parameters()).device
     rows = _prompt_rows(prompt)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    outside = [t for r in rows for t in r if not 0 <= t < (vocab if vocab is not None else t + 1)]
+    outside = [] if vocab is None else [t for r in rows for t in r if not 0 <= t < vocab]
     if outside:  # an embedding lookup would fail with an IndexError from deep inside the model
         raise ConfigError(f"prompt token id {outside[0]} is outside the model's vocabulary (0 to {vocab - 1}); "
                           "encode the prompt with the model's tokenizer")
@@ -254,8 +254,10 @@ def _whole(value: object) -> bool:
 
 
 def _check_max_len(max_len: int) -> None:
-    if not _whole(max_len) or max_len < 0:
-        raise ConfigError(f"max_len (-n) must be a whole number >= 0, got {max_len!r}")
+    # Bounded as generate's -n is: the targets of every source are held for max_len tokens (a larger one crashed
+    # in the allocation of that buffer).
+    if not _whole(max_len) or not 0 <= max_len <= MAX_NEW_TOKENS:
+        raise ConfigError(f"max_len (-n) must be a whole number in [0, {MAX_NEW_TOKENS:,}], got {max_len!r}")
 
 
 def _target_length(model: nn.Module, max_len: int) -> int:
