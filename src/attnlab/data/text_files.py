@@ -197,12 +197,11 @@ def iter_text_blocks(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTE
             pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous block
             try:
                 text = decoder.decode(data, final=final)
-            except UnicodeDecodeError as e:
-                before = _newlines_before(path, start) if start else 0  # lines are counted from the file's start
-                raise _decode_error(path, e, base_offset=offset - pending, base_line=before + newlines) from None
+            except UnicodeDecodeError as e:  # lines are counted from the file's start, not from `start`
+                line = _newlines_before(path, start) + newlines
+                raise _decode_error(path, e, base_offset=offset - pending, base_line=line) from None
             if b"\x00" in data:  # a NUL byte is never part of a multi-byte character: the text holds it too
-                before = _newlines_before(path, start) if start else 0
-                raise _nul_error(path, text, base_line=before + newlines)
+                raise _nul_error(path, text, base_line=_newlines_before(path, start) + newlines)
             offset += len(data)
             newlines += text.count("\n")
             if first and text:
@@ -236,7 +235,8 @@ def line_split_offset(path: str | os.PathLike[str], fraction: float) -> int:
     """A byte offset near `fraction` of the file's size where a line starts (the first line end at or after
     it), or, in a line longer than a block, the nearest character boundary: the place to cut a file into a
     training and a held-out part without reading it whole. Where the file's last line spans the target (no
-    line starts after it), the start of that line if it is within a block before the target."""
+    line starts after it), the start of that line if that holds out at most twice the share asked for and lies
+    within a block before the target; else a character boundary."""
     path = check_file(path)
     size = path.stat().st_size
     target = min(size, max(0, int(size * fraction)))

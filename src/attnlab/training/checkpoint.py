@@ -219,6 +219,11 @@ def remove_checkpoint(folder: str | os.PathLike[str]) -> None:
 # Model weights
 
 
+def _identity(t: torch.Tensor) -> tuple:
+    """Names with equal identities are one tensor (tied weights): the same memory, seen the same way."""
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+
 def _unique_tensors(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Each distinct tensor once (on the CPU, contiguous, owning its storage), and alias -> stored name."""
     tensors: dict[str, torch.Tensor] = {}
@@ -226,8 +231,7 @@ def _unique_tensors(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Ten
     seen: dict[tuple, str] = {}
     storages: set[int] = set()
     for name, t in state.items():
-        storage = t.untyped_storage().data_ptr()
-        key = (t.device, storage, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        key = _identity(t)
         if key in seen:
             aliases[name] = seen[key]
             continue
@@ -286,8 +290,7 @@ def _check_shared_weights(path: Path, expected: dict[str, torch.Tensor], tensors
     groups: dict[tuple, list[str]] = {}
     for key, t in expected.items():
         if t.numel():
-            where = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
-            groups.setdefault(where, []).append(key)
+            groups.setdefault(_identity(t), []).append(key)
     for keys in groups.values():
         first = tensors[keys[0]]
         for other in keys[1:]:
