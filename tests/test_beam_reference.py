@@ -18,8 +18,10 @@ def _reference_beam(model, src, k, max_len, alpha):
     for step in range(1, max_len + 1):
         cands = []
         for hist, score in live:
-            logp = torch.log_softmax(model(src, torch.tensor([[c.bos_id, *hist]])).logits[0, -1].float(), -1)
-            cands += [(score + float(logp[t]), hist, t) for t in range(V)]
+            logits = model(src, torch.tensor([[c.bos_id, *hist]])).logits[0, -1].float()
+            logits[[c.pad_id, c.bos_id]] = -float("inf")  # never in a translation
+            logp = torch.log_softmax(logits, -1)
+            cands += [(score + float(logp[t]), hist, t) for t in range(V) if t not in (c.pad_id, c.bos_id)]
         cands.sort(key=lambda x: -x[0])
         live = []
         for score, hist, t in cands[: 2 * k]:
@@ -45,7 +47,7 @@ def test_narrow_beams_equal_the_reference(seed, k, alpha):
         _reference_beam(model, src, k, 6, alpha)]
 
 
-@pytest.mark.parametrize("seed, k", [(45, 3), (137, 2)])
+@pytest.mark.parametrize("seed, k", [(73, 2), (90, 3)])
 def test_beams_that_end_do_not_take_the_place_of_live_ones(seed, k):
     """Cases (found by search) where the best target needs a live beam beyond the first k candidates, some of
     which end with eos: a search that ranked only k candidates per step would lose it."""
@@ -54,7 +56,7 @@ def test_beams_that_end_do_not_take_the_place_of_live_ones(seed, k):
         _reference_beam(model, src, k, 6, 2.0)]
 
 
-@pytest.mark.parametrize("seed, k, alpha", [(25, 2, 0.6), (34, 3, 2.0), (92, 2, 0.6), (188, 3, 2.0)])
+@pytest.mark.parametrize("seed, k, alpha", [(17, 2, 0.6), (17, 3, 2.0), (20, 3, 2.0), (22, 3, 2.0)])
 def test_a_batch_of_sources_gets_what_each_gets_alone(seed, k, alpha):
     # Every source of a batch searched at once (beams of sources that stop early go on as dead rows): each gets
     # the reference's target for it alone, whichever step its search ends at. Models and sources found by search

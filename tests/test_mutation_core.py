@@ -248,7 +248,7 @@ class _TableLM:
     PAD, BOS, EOS, A, B, C = range(6)
 
     def __init__(self, table: dict[tuple[int, ...], dict[int, float]], default: dict[int, float]):
-        self.config = SimpleNamespace(bos_id=self.BOS, eos_id=self.EOS)
+        self.config = SimpleNamespace(pad_id=self.PAD, bos_id=self.BOS, eos_id=self.EOS)
         self.table, self.default = table, default
 
     training = False

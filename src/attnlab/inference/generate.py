@@ -236,7 +236,8 @@ def _a_weight(model: nn.Module) -> Tensor | None:
 def greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = None, *,
                      max_len: int = 64) -> list[list[int]]:
     """Greedy decoding for a batch of sources with a KV cache; returns target ids without bos, up to eos, at most
-    `max_len` of them and at most as many as the model has target positions (a bounded model: learned ones)."""
+    `max_len` of them and at most as many as the model has target positions (a bounded model: learned ones).
+    pad and bos are never emitted (see `_never_emitted`)."""
     _check_max_len(max_len)
     with eval_mode(model):
         return _greedy_translate(model, src_ids, src_mask, _target_length(model, max_len))
@@ -277,15 +278,25 @@ def _greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None
     done = torch.zeros(b, dtype=torch.bool, device=src_ids.device)
     n = 0
     one_row = one_row_of_own_gemv(_a_weight(model), b)  # one source: torch's own bf16 matrix-vector kernel
+    banned = _never_emitted(c)
     for n in range(1, max_len + 1):
         with onednn_off(one_row):
             logits, _, _, _ = model.decode(tok, memory, src_mask, cache=cache)
-        tok = logits[:, -1].argmax(-1, keepdim=True)
+        step_logits = logits[:, -1]
+        step_logits[:, banned] = -math.inf
+        tok = step_logits.argmax(-1, keepdim=True)
         out[:, n - 1] = tok[:, 0]
         done |= tok[:, 0] == c.eos_id
         if bool(done.all()):
             break
     return [_until_eos(row[:n].tolist(), c.eos_id) for row in out]
+
+
+def _never_emitted(config) -> list[int]:
+    """The target ids a translation never contains: pad and bos are never a training label (bos starts the decoder's
+    input, pad is ignored by the loss), so their logits are untrained and a decoder early in training can rank
+    them first. eos stays emittable where a vocabulary shares its id with pad or bos."""
+    return sorted({config.pad_id, config.bos_id} - {config.eos_id})
 
 
 def _until_eos(ids: list[int], eos_id: int) -> list[int]:
@@ -303,7 +314,8 @@ def beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = Non
     `max_len` (capped at the model's target positions) its live beams are finished as they are. Each source gets
     the tokens it gets alone.
 
-    Returns the best target ids of each source (without bos and eos).
+    Returns the best target ids of each source (without bos and eos). pad and bos are never emitted: each step's
+    log-probabilities are over the other tokens (see `_never_emitted`).
     """
     if beam_size < 1:
         raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
@@ -346,10 +358,13 @@ def _beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, bea
 
     step = 0
     one_row = one_row_of_own_gemv(_a_weight(model), b * k)
+    banned = _never_emitted(c)
     for step in range(1, max_len + 1):
         with onednn_off(one_row):
             logits, _, _, _ = model.decode(tokens, memory, mask, cache=cache)
-        logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B·k, V)
+        step_logits = logits[:, -1].float()
+        step_logits[:, banned] = -math.inf  # a distribution over the tokens a translation may contain
+        logp = torch.log_softmax(step_logits, dim=-1)  # (B·k, V)
         vocab = logp.shape[-1]
         cand = (scores[:, :, None] + logp.view(b, k, vocab)).view(b, k * vocab)
         top, idx = torch.topk(cand, min(2 * k, k * vocab), dim=1)  # (B, 2k), best first
