@@ -459,3 +459,13 @@ def test_bert_pretraining_batches_by_length_when_told_to(tmp_path, setting, buck
         masks = [batch["attention_mask"] for batch in batches]
         share = sum(m.sum().item() for m in masks) / sum(m.numel() for m in masks)
         assert (share > 0.9) if bucketed else (share < 0.75)
+
+
+def test_one_segment_embedding_for_two_segment_pairs_is_refused(capsys, tmp_path, monkeypatch):
+    # The sentence pairs give B segment 1: a table of one segment embedding failed with "IndexError: index out of
+    # range in self" at the first step. 0 (no segment embeddings, the ablation) stays allowed.
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(capsys, "train", str(Path(__file__).resolve().parents[1] / "configs" / "bert-mlm.toml"),
+                          "--set", "model.type_vocab_size=1", "--set", "data.vocab_size=300",
+                          "--set", "train.device=cpu")
+    assert "model.type_vocab_size = 1" in line and "set it to 2, or to 0" in line

@@ -731,6 +731,9 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
     if config.max_len < d.max_length:
         raise ConfigError(f"data.max_length {d.max_length} is beyond the model's {config.max_len} positions; "
                           "lower data.max_length or raise model.max_len")
+    if config.type_vocab_size == 1:  # 0 is the "no segment embeddings" ablation: segments are then not read
+        raise ConfigError("model.type_vocab_size = 1, but the sentence pairs have two segments (0 for A, 1 for B); "
+                          "set it to 2, or to 0 for no segment embeddings")
     train_source = sentence_pair_source(documents, tokenizer, config, d, t.batch_size, t.seed)
     eval_source = sentence_pair_source(eval_documents, tokenizer, config, d, t.batch_size, t.seed) \
         if eval_documents else None
