@@ -4,6 +4,7 @@ line on stderr with exit code 2 (130 for a run interrupted by Ctrl-C, 143 for on
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -358,7 +359,9 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
         sys.exit(2)
     except OSError as e:  # the system refused a file operation (a folder that cannot be made, a full disk...)
         where = f": {e.filename}" if e.filename else ""
-        _report(f"attnlab: error: {e.strerror or e}{where}; check the path and its permissions")
+        fix = "free some space, or write to another disk (train.out_dir, --out)" if e.errno == errno.ENOSPC else \
+            "check the path and its permissions"
+        _report(f"attnlab: error: {e.strerror or e}{where}; {fix}")
         sys.exit(2)
     if result == 130 and terminated:
         _report("attnlab: terminated (SIGTERM)", same_in_every_process=True)

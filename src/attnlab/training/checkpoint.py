@@ -26,6 +26,7 @@ import base64
 import json
 import os
 import random
+import re
 import shutil
 import warnings
 from collections import defaultdict
@@ -52,6 +53,9 @@ FORMAT_VERSION = 1
 # Keys of an optimizer's param groups that describe the implementation on this machine (fused kernel,
 # foreach...) rather than the training state; loading keeps the current optimizer's values.
 _IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
+# Hyperparameters the optimizer being loaded into keeps: a run resumed with another train.weight_decay, betas or
+# eps (warned about as a change) trains with the new values, as it does with a new lr (set every step).
+_SETTING_KEYS = ("lr", "weight_decay", "betas", "eps")
 
 
 class ModelMismatch(CheckpointError):
@@ -383,7 +387,7 @@ def _load_optimizer_state(folder: Path, optimizer: torch.optim.Optimizer) -> Non
                                       f"but its parameter has {_shape(params[index])}; the checkpoint "
                                       "belongs to another model")
     for saved, group in zip(groups, current):
-        for key in _IMPLEMENTATION_KEYS:
+        for key in (*_IMPLEMENTATION_KEYS, *_SETTING_KEYS):
             if key in group:
                 saved[key] = group[key]
         if "betas" in saved:
@@ -488,11 +492,27 @@ def save_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
         if trainer_state is not None:
             _write_json(tmp / STATE_FILE, {"format_version": FORMAT_VERSION, **trainer_state})
         fsync_path(tmp)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        failure = _as_os_error(e, folder)
+        if failure is not None:
+            raise failure from None
         raise
     _swap_into_place(tmp, folder)
     return folder
+
+
+def _as_os_error(e: BaseException, folder: Path) -> OSError | None:
+    """safetensors and tokenizers report a failed write (a full disk) as their own exceptions with the system's
+    "(os error N)" in the message: as an OSError, the command line gives it one line, as it does for Python's own
+    writes. None for anything else."""
+    if isinstance(e, OSError):
+        return None
+    found = re.search(r"\(os error (\d+)\)", str(e))
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code), str(folder))
 
 
 def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:

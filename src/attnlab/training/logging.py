@@ -122,7 +122,8 @@ def plot_losses(records: list[dict[str, Any]], path: str | os.PathLike[str]) -> 
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     if train:
-        ax.plot(*zip(*train), label="train", linewidth=1.2)
+        # A lone point (one log record: train.log_every >= train.steps) would be a line of no length, not drawn.
+        ax.plot(*zip(*train), label="train", linewidth=1.2, marker="o" if len(train) == 1 else None, markersize=3)
     if evals:
         ax.plot(*zip(*evals), label="eval", marker="o", markersize=3, linewidth=1.2)
     ax.set_xlabel("step")

@@ -2,7 +2,8 @@
 
 Weight decay rule: a parameter is decayed when it is a matrix (``p.ndim >= 2``: Linear and attention
 projection weights, convolution kernels) and is not owned by an ``nn.Embedding`` (token, segment or
-learned position tables). Biases, norm gains and other vectors are never decayed. A tied weight that is
+learned position tables) and its name does not end in "bias". Biases (of any shape: bilinear attention's key
+bias is a matrix), norm gains and other vectors are never decayed. A tied weight that is
 both an embedding and an output projection counts as an embedding. A model can exclude more
 parameters by defining ``no_weight_decay() -> set[str]`` returning parameter names.
 
@@ -72,7 +73,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     for name, p in model.named_parameters():  # shared parameters are listed once
         if not p.requires_grad:
             continue
-        if p.ndim >= 2 and id(p) not in embedding_params and name not in excluded:
+        # A bias is a bias whatever its shape (bilinear attention's key bias is (heads, key width)).
+        if p.ndim >= 2 and id(p) not in embedding_params and name not in excluded and not name.endswith("bias"):
             decay.append(p)
         else:
             no_decay.append(p)

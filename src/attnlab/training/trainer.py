@@ -26,6 +26,8 @@ import json
 import math
 import random
 import re
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -58,8 +60,8 @@ IGNORE_INDEX = -100
 CHECKPOINT_DIR = "checkpoint"
 BEST_DIR = "best"
 # Settings whose change between a run and its resumption changes the numbers (worth a warning).
-_RESUME_SENSITIVE = ("batch_size", "lr", "min_lr_ratio", "weight_decay", "betas", "eps", "schedule",
-                     "warmup_steps", "decay_steps", "grad_clip", "seed", "precision")
+_RESUME_SENSITIVE = ("batch_size", "micro_batch_size", "lr", "min_lr_ratio", "weight_decay", "betas", "eps",
+                     "schedule", "warmup_steps", "decay_steps", "grad_clip", "seed", "precision", "compile")
 
 
 # Metrics whose larger values are better (by name ending), for the default best_mode.
@@ -173,7 +175,37 @@ class TrainingInterrupted(AttnlabError):
 
 
 class TrainingDiverged(AttnlabError):
-    """The training loss became NaN or infinite."""
+    """The training loss (or the weights) became NaN or infinite; the last checkpoint was not overwritten."""
+
+
+_DIVERGED_FIX = "lower lr, raise warmup_steps, enable grad_clip or use precision = \"fp32\""
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C (SIGINT) and SIGTERM received inside the block take effect at its end, with the handlers they
+    would have met. Around an optimizer step and the step counter's increment: interrupted between the two, a
+    checkpoint held weights already updated by a step it counted as not done (a resume applied it twice), and a
+    fused or foreach AdamW can be stopped between its parameter groups."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    held: list[int] = []
+    signums = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.getsignal(signum) for signum in signums}
+    for signum in signums:
+        signal.signal(signum, lambda received, frame: held.append(received))
+    try:
+        yield
+    finally:
+        for signum in signums:
+            signal.signal(signum, previous[signum])
+    for signum in held[:1]:
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, None)  # Python's SIGINT handler raises KeyboardInterrupt; the CLI's SIGTERM one too
+        elif handler == signal.SIG_DFL:
+            signal.raise_signal(signum)
 
 
 def seed_everything(seed: int) -> None:
@@ -503,10 +535,13 @@ class Trainer:
                 else:
                     objective = out.loss.float() * (n_i * scale)
                 objective.backward()
-            loss_sum += out.loss.detach().float() * n_i
+            # Its share of the global batch's loss times N: for loss terms each weighted by its own counts (the
+            # plain mean over this micro-batch's n_i targets would weigh a term by another's counts).
+            loss_sum += objective.detach() * (n_global / self.world.size) if terms else out.loss.detach().float() * n_i
         return loss_sum, n_global
 
     def _train_step(self, step: int) -> tuple[Tensor, int, int, Tensor | None]:
+        """The gradients of step `step` (clipped); the optimizer step is the caller's, with the step count."""
         batch = self.train_source.batch(step)
         if _batch_size(batch) != self.config.batch_size:
             raise DataError(f"the training source gave a batch of {_batch_size(batch)} examples at step "
@@ -517,7 +552,6 @@ class Trainer:
         grad_norm = None
         if self.config.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
-        self.optimizer.step()
         return loss_sum, n_targets, _count_tokens(batch), grad_norm
 
     # ------------------------------------------------------------------------------------------------
@@ -631,7 +665,13 @@ class Trainer:
         }
 
     def _save(self, folder: Path, *, with_optimizer: bool = True, gather: bool = True) -> Path:
-        """Save a checkpoint on rank 0 with every process's RNG state (a collective when `gather`)."""
+        """Save a checkpoint on rank 0 with every process's RNG state (a collective when `gather`). Weights that
+        are not all finite are never saved over a checkpoint (every process holds the same weights, so every
+        process raises)."""
+        params = [p.detach() for p in self.model.parameters()]
+        if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
+            raise TrainingDiverged(f"the weights became NaN or inf by step {self.step}; {_DIVERGED_FIX} "
+                                   f"({folder} was kept as it was)")
         mine = json.dumps(ckpt.capture_rng()).encode()
         states = all_gather_bytes(mine) if gather else [mine]
         if self.world.is_main:
@@ -708,6 +748,8 @@ class Trainer:
         if changed and self.world.is_main:
             warnings.warn(f"resuming with changed settings ({', '.join(changed)}): the run will not "
                           "reproduce an uninterrupted one", stacklevel=3)
+        self._check_resumed_schedule(saved_config)
+        self._check_resumed_best(saved_config)
         if window and saved_world == self.world.size == 1:  # one process's statistics: not a share of several
             try:
                 self._window = _Window.from_dict(window, self.device)
@@ -725,6 +767,35 @@ class Trainer:
         if saved_world != self.world.size and self.world.is_main:
             warnings.warn(f"resuming a {saved_world}-process run with {self.world.size} process(es)",
                           stacklevel=3)
+
+    def _check_resumed_schedule(self, saved_config: dict[str, Any]) -> None:
+        """A cosine or linear decay ends at train.steps unless train.decay_steps is set: a resume with more steps
+        stretches it, and the learning rate jumps back up where the run left off. Said, with the way to keep it."""
+        cfg, old_steps = self.config, saved_config.get("steps")
+        if (cfg.schedule not in ("cosine", "linear") or cfg.decay_steps is not None or saved_config.get("decay_steps")
+                is not None or not isinstance(old_steps, int) or old_steps == cfg.steps or not self.world.is_main):
+            return
+        old = copy.copy(cfg)
+        old.steps = old_steps
+        before = lr_at(self.step - 1, old) if self.step else None
+        jump = "" if before is None else \
+            f" (the learning rate goes {before:.3g} → {lr_at(self.step, cfg):.3g} at step {self.step})"
+        warnings.warn(f"train.steps {old_steps} → {cfg.steps} moves the end of the {cfg.schedule} decay, which ends at "
+                      f"train.steps{jump}; to keep the run's schedule and train on at its floor, resume with --set "
+                      f"train.decay_steps={old_steps}", stacklevel=4)
+
+    def _check_resumed_best(self, saved_config: dict[str, Any]) -> None:
+        """best/ and early stopping compare evaluations by one metric in one direction: resumed with another
+        best_metric or best_mode, the saved best value means nothing to them, so tracking starts again."""
+        cfg = self.config
+        metric = self.best.get("metric") if isinstance(self.best, dict) else saved_config.get("best_metric")
+        mode = saved_config.get("best_mode", cfg.best_mode)
+        if (metric is None or metric == cfg.best_metric) and mode == cfg.best_mode:
+            return
+        if self.world.is_main:
+            warnings.warn(f"resuming with best_metric {metric!r} ({mode}) → {cfg.best_metric!r} ({cfg.best_mode}): "
+                          "best/ and early stopping start again from the next evaluation", stacklevel=4)
+        self.best, self._bad_evals = None, 0
 
     def _interrupted(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -785,13 +856,27 @@ class Trainer:
         cfg = self.config
         return self.step == cfg.steps or stopped_early or bool(cfg.save_every and self.step % cfg.save_every == 0)
 
-    def _log_train(self, window: _Window, progress: Progress) -> None:
+    def _window_loss(self, window: _Window) -> float:
+        """The mean training loss of the window's steps over every process; TrainingDiverged if not finite."""
         loss_sum = window.loss_sum.detach().clone()
         all_reduce_sum(loss_sum)
         loss = loss_sum.item() / max(window.targets, 1)
         if not math.isfinite(loss):
-            raise TrainingDiverged(f"the training loss became {loss} at step {self.step}; lower lr, raise "
-                                   "warmup_steps, enable grad_clip or use precision = \"fp32\"")
+            # Checked at every step on one CPU process, so the step is exact; elsewhere at log, evaluation and
+            # save steps only (a GPU would otherwise wait for every step), so somewhere since the last check.
+            first = self.step - window.steps + 1
+            when = f"at step {self.step}" if window.steps == 1 or self._checks_each_step else \
+                f"between steps {first} and {self.step}"
+            raise TrainingDiverged(f"the training loss became {loss} {when}; {_DIVERGED_FIX} (the last "
+                                   "checkpoint was kept)")
+        return loss
+
+    @property
+    def _checks_each_step(self) -> bool:
+        return self.device.type == "cpu" and not self.world.distributed
+
+    def _log_train(self, window: _Window, progress: Progress) -> None:
+        loss = self._window_loss(window)
         lr = self.optimizer.param_groups[0]["lr"]
         tokens_per_s = window.tokens / window.seconds if window.seconds > 0 else 0.0
         record = {"step": self.step, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_s,
@@ -855,8 +940,10 @@ class Trainer:
                 self._in_step = True
                 t = time.perf_counter()
                 loss_sum, n_targets, n_tokens, grad_norm = self._train_step(self.step)
-                self.step += 1
-                self._in_step = False
+                with _interrupts_deferred():  # the update and its count together, or neither
+                    self.optimizer.step()
+                    self.step += 1
+                    self._in_step = False
                 last = self.step == cfg.steps
                 logs = self.step % cfg.log_every == 0 or last
                 evaluates = has_eval and (last or bool(cfg.eval_every and self.step % cfg.eval_every == 0))
@@ -871,17 +958,27 @@ class Trainer:
                 window.add(loss_sum, n_targets, n_tokens, seconds)
                 window.grad_norm = grad_norm
                 progress.update()
+                if self._checks_each_step or evaluates or self._saves_at(False):  # before it reaches a checkpoint
+                    self._window_loss(window)
                 if logs:
                     self._log_train(window, progress)
                     window = self._window = _Window()
                 if evaluates:
                     stopped_early = self._evaluate_step(progress)
+                    if stopped_early and window.steps:  # logged before the save, which keeps the window
+                        self._log_train(window, progress)
+                        window = self._window = _Window()
                 if self._saves_at(stopped_early):
                     self.save()
                     saved_at = self.step
         except KeyboardInterrupt:
             progress.close()
             self._interrupted()
+        except TrainingDiverged:
+            progress.close()
+            if self.world.is_main:
+                self._plot()  # the curve up to the last log record: where it went wrong
+            raise
         finally:
             progress.close()
         if window.steps:  # stopped early between two log records

@@ -1,0 +1,208 @@
+"""Defects a second audit of the training engine found: each test failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import warnings
+
+import pytest
+import torch
+from cli_helpers import one_line_error
+from training_helpers import ToySource, bert_nsp_run, tiny_model, token_accuracy_counts
+
+from attnlab.training import Trainer, TrainerConfig, TrainingDiverged, TrainingInterrupted, read_trainer_state
+
+
+def _config(**changes) -> TrainerConfig:
+    settings = dict(steps=4, batch_size=8, lr=1e-2, warmup_steps=1, precision="fp32", device="cpu", progress=False,
+                    log_every=1)
+    settings.update(changes)
+    return TrainerConfig(**settings)
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _records(folder) -> list[dict]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def test_a_nan_loss_stops_training_at_its_step_and_keeps_the_last_checkpoint(tmp_path):
+    # Checked at log steps only, the run trained on to step 10 and saved NaN weights over the step-4 checkpoint at
+    # step 8 (a resume then failed on them), reporting step 10.
+    model = tiny_model()
+    forward, calls = model.forward, {"n": 0}
+
+    def nan_at_step_5(input_ids, labels=None, attention_mask=None):
+        out = forward(input_ids, labels=labels, attention_mask=attention_mask)
+        calls["n"] += 1
+        if calls["n"] == 5:
+            out.loss = out.loss * float("nan")
+        return out
+
+    model.forward = nan_at_step_5
+    with pytest.raises(TrainingDiverged, match="at step 5;.*last checkpoint was kept"):
+        Trainer(model, _config(steps=20, log_every=10, save_every=4), ToySource(), out_dir=tmp_path).fit()
+    assert read_trainer_state(tmp_path / "checkpoint")["step"] == 4
+    resumed = Trainer(tiny_model(), _config(steps=20, log_every=10, save_every=4), ToySource(), out_dir=tmp_path,
+                      resume=True)
+    assert resumed.fit()["steps"] == 20
+
+
+def test_weights_that_are_not_finite_are_never_saved(tmp_path):
+    # A finite loss with an update that breaks the weights (the next loss would show it): the save comes first.
+    trainer = Trainer(tiny_model(), _config(steps=6, save_every=2), ToySource(), out_dir=tmp_path)
+    steps = {"n": 0}
+
+    def break_at_step_4(optimizer, args, kwargs):
+        steps["n"] += 1
+        if steps["n"] == 4:
+            with torch.no_grad():
+                next(trainer.model.parameters()).fill_(float("inf"))
+
+    trainer.optimizer.register_step_post_hook(break_at_step_4)
+    with pytest.raises(TrainingDiverged, match="weights became NaN or inf by step 4"):
+        trainer.fit()
+    assert read_trainer_state(tmp_path / "checkpoint")["step"] == 2
+
+
+def test_a_resume_trains_with_the_optimizer_settings_it_is_given(tmp_path):
+    # The saved parameter groups overrode them: warned "changed settings (weight_decay, betas, eps)" and trained
+    # with the old ones (while a new lr did apply).
+    Trainer(tiny_model(), _config(steps=2, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8), ToySource(),
+            out_dir=tmp_path).fit()
+    with pytest.warns(UserWarning, match="weight_decay, betas, eps"):
+        trainer = Trainer(tiny_model(), _config(steps=4, weight_decay=0.5, betas=(0.8, 0.9), eps=1e-6, decay_steps=4),
+                          ToySource(), out_dir=tmp_path, resume=True)
+        trainer.fit()
+    decayed, plain = trainer.optimizer.param_groups
+    assert (decayed["weight_decay"], plain["weight_decay"]) == (0.5, 0.0)
+    assert all(g["betas"] == (0.8, 0.9) and g["eps"] == 1e-6 for g in trainer.optimizer.param_groups)
+
+
+def test_more_steps_on_resume_warn_that_the_decay_moves(tmp_path):
+    Trainer(tiny_model(), _config(steps=4), ToySource(), out_dir=tmp_path).fit()
+    with pytest.warns(UserWarning, match=r"train.steps 4 → 8 moves the end of the cosine decay.*"
+                                         r"train.decay_steps=4"):
+        Trainer(tiny_model(), _config(steps=8), ToySource(), out_dir=tmp_path, resume=True).fit()
+    with warnings.catch_warnings():  # the way the warning gives: the schedule kept, no warning
+        warnings.simplefilter("error")
+        other = tmp_path / "kept"
+        Trainer(tiny_model(), _config(steps=4, decay_steps=4), ToySource(), out_dir=other).fit()
+        Trainer(tiny_model(), _config(steps=8, decay_steps=4), ToySource(), out_dir=other, resume=True).fit()
+    lrs = [r["lr"] for r in _records(other) if "lr" in r]
+    assert lrs[4:] == [pytest.approx(1e-3)] * 4  # at the floor (min_lr_ratio 0.1) from step 4 on
+
+
+def test_another_best_metric_on_resume_starts_tracking_again(tmp_path):
+    # Perplexity (~15) was compared with the saved best loss (~2.7): never better, so early stopping ended the run
+    # while perplexity improved at every evaluation, and best/ kept the step chosen by loss.
+    kw = dict(eval_every=1, log_every=1)
+    Trainer(tiny_model(), _config(steps=3, **kw), ToySource(), eval_source=ToySource(),
+            eval_counts=token_accuracy_counts, out_dir=tmp_path).fit()
+    with pytest.warns(UserWarning, match="best_metric 'loss' \\(min\\) → 'perplexity' \\(min\\)"):
+        summary = Trainer(tiny_model(), _config(steps=8, best_metric="perplexity", early_stopping_patience=3, **kw),
+                          ToySource(), eval_source=ToySource(), eval_counts=token_accuracy_counts, out_dir=tmp_path,
+                          resume=True).fit()
+    perplexities = [r["eval_perplexity"] for r in _records(tmp_path) if "eval_perplexity" in r]
+    assert perplexities == sorted(perplexities, reverse=True)  # improving at every evaluation here
+    assert not summary["stopped_early"] and summary["best"]["metric"] == "perplexity"
+    assert read_trainer_state(tmp_path / "best")["step"] == 8
+
+
+def test_ctrl_c_during_the_optimizer_step_still_resumes_exactly(tmp_path):
+    # The signal arrived after the weights were updated but before the step was counted: the checkpoint held the
+    # update of a step it called undone, and the resume applied it twice.
+    reference = Trainer(tiny_model(), _config(), ToySource(), out_dir=tmp_path / "ref")
+    reference.fit()
+    trainer = Trainer(tiny_model(), _config(), ToySource(), out_dir=tmp_path / "run")
+    calls = {"n": 0}
+
+    def ctrl_c_inside_step_2(optimizer, args, kwargs):  # runs inside optimizer.step(), after the update
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    trainer.optimizer.register_step_post_hook(ctrl_c_inside_step_2)
+    with pytest.raises(TrainingInterrupted, match="at step 2 of 4"):
+        trainer.fit()
+    resumed = Trainer(tiny_model(), _config(), ToySource(), out_dir=tmp_path / "run", resume=True)
+    resumed.fit()
+    a, b = _weights(reference.model), _weights(resumed.model)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
+
+
+def test_a_full_disk_during_a_save_is_one_line(capsys, tmp_path, monkeypatch):
+    # safetensors reports the failed write as its own SafetensorError: a 61-line traceback and exit code 1.
+    from attnlab.training import checkpoint
+
+    def full(*args, **kwargs):
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(checkpoint, "save_file", full)
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(capsys, "train", "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=1",
+                          "--set", "train.device=cpu", "--set", "train.out_dir=run", "--set", "train.progress=false",
+                          "--set", "train.warmup_steps=0")
+    assert "No space left on device" in line and "free some space" in line
+    assert not (tmp_path / "run" / "checkpoint").exists() and not list((tmp_path / "run").glob(".checkpoint*"))
+
+
+def test_bilinear_attentions_key_bias_is_not_decayed():
+    from attnlab.models.gpt import GPT, GPTConfig
+    from attnlab.training.optim import param_groups
+
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, d_model=16, n_heads=2, n_layers=1, attention="bilinear"))
+    decayed = {id(p) for p in param_groups(model, 0.1)[0]["params"]}
+    names = [name for name, p in model.named_parameters() if id(p) in decayed]
+    assert names and not any(name.endswith("bias") for name in names)
+    assert any(name.endswith("key_bias") for name, _ in model.named_parameters())
+
+
+def test_the_logged_loss_of_micro_batches_is_the_batch_loss_for_loss_terms(tmp_path):
+    # BERT's loss is two means (masked tokens, sentence pairs): weighting the micro-batches' sums by the masked
+    # tokens alone logged 3.673568 for a batch whose loss is 3.673989.
+    logged = {}
+    for micro in (None, 2):
+        model, config, source = bert_nsp_run()
+        Trainer(model, config.replace(micro_batch_size=micro, steps=1), source, out_dir=tmp_path / str(micro)).fit()
+        logged[micro] = _records(tmp_path / str(micro))[0]["loss"]
+    model, _, source = bert_nsp_run()
+    with torch.no_grad():
+        true = model.train()(**source.batch(0)).loss.item()
+    assert logged[None] == pytest.approx(true, abs=1e-6) and logged[2] == pytest.approx(true, abs=1e-6)
+
+
+def test_a_lone_loss_record_is_drawn(tmp_path):
+    import matplotlib.image
+
+    Trainer(tiny_model(), _config(steps=1), ToySource(), out_dir=tmp_path).fit()
+    rgb = (matplotlib.image.imread(tmp_path / "loss.png")[..., :3] * 255).astype(int)
+    blue = (abs(rgb[..., 0] - 31) < 30) & (abs(rgb[..., 1] - 119) < 30) & (abs(rgb[..., 2] - 180) < 30)
+    legend_only = 300  # the legend's short line: the point adds its own pixels
+    assert int(blue.sum()) > 30 and int(blue.sum()) < legend_only
+
+
+def test_resuming_an_early_stopped_run_logs_each_step_once(tmp_path):
+    # The early stop saved the window of steps not yet logged, then logged them: resumed with a larger patience,
+    # they were logged again, and their tokens counted twice.
+    constant = lambda model: {"const": 1.0}  # noqa: E731
+    kw = dict(steps=12, eval_every=1, log_every=4, best_metric="const", best_mode="min")
+    first = Trainer(tiny_model(), _config(early_stopping_patience=2, **kw), ToySource(), metrics_fn=constant,
+                    out_dir=tmp_path).fit()
+    assert first["stopped_early"] and first["steps"] == 3
+    assert read_trainer_state(tmp_path / "checkpoint")["log_window"] is None  # steps 1-3 are in the step-3 record
+    Trainer(tiny_model(), _config(early_stopping_patience=100, **kw), ToySource(), metrics_fn=constant,
+            out_dir=tmp_path, resume=True).fit()
+    assert [r["step"] for r in _records(tmp_path) if "loss" in r] == [3, 4, 8, 12]
+
+
+def test_a_resume_with_another_micro_batch_size_is_warned_about(tmp_path):
+    Trainer(tiny_model(), _config(steps=2, decay_steps=4), ToySource(), out_dir=tmp_path).fit()
+    with pytest.warns(UserWarning, match=r"changed settings \(micro_batch_size\)"):
+        Trainer(tiny_model(), _config(steps=4, decay_steps=4, micro_batch_size=4), ToySource(), out_dir=tmp_path,
+                resume=True).fit()
