@@ -91,7 +91,8 @@ def test_mlm_needs_bert_and_its_pretraining_heads(tmp_path):
         load_run_config(None, ["data.task=mlm"])
     # Without a config file, naming another family drops the default run's GPT preset.
     assert load_run_config(None, ["data.task=mlm", "model.family=bert"]).model == {"family": "bert"}
-    with pytest.raises(ConfigError, match="model.heads is 'classification'"):
+    with pytest.raises(ConfigError, match="model.heads = 'classification', but this data.task trains the "
+                                          "'pretraining'"):
         prepare(_config(tmp_path, "model.heads=classification"))
     with pytest.raises(ConfigError, match="mask_prob"):
         _config(tmp_path, "data.mask_prob=0")

@@ -420,3 +420,23 @@ def test_what_a_checkpoints_run_did_with_batch_lengths(extra, sorted_):
     from attnlab.training.recipe import _saved_batches_by_length
 
     assert _saved_batches_by_length(extra) is sorted_
+
+
+def test_a_classifier_checkpoint_without_its_class_names(capsys, tmp_path, cls_run):
+    # Copied without trainer_state.json (and away from run.json), the classifier took the evaluation file's own
+    # labels, sorted, for its classes: a file of class-1 examples alone scored as class 0, 100 % for a 0 % model.
+    bare = tmp_path / "bare"
+    shutil.copytree(cls_run / "checkpoint", bare)
+    (bare / "trainer_state.json").unlink()
+    ones = tmp_path / "ones.tsv"
+    ones.write_text("sentence\tlabel\n" + "great movie great\t1\nfine movie fine\t1\n", encoding="utf-8")
+    scores = {}
+    for folder in (cls_run, bare):
+        code, out, err = run_cli(capsys, "evaluate", str(folder), "-d", str(ones), "--json", "--device", "cpu")
+        assert code == 0, err
+        scores[folder] = json.loads(out)["accuracy"]
+    assert scores[bare] == scores[cls_run]  # labels that are the class numbers map to them
+    other = tmp_path / "other.tsv"
+    other.write_text("sentence\tlabel\ngreat movie great\tpos\nbad movie bad\tneg\n", encoding="utf-8")
+    line = one_line_error(capsys, "evaluate", str(bare), "-d", str(other), "--device", "cpu")
+    assert "keeps no class names" in line and "class numbers 0 to 1" in line

@@ -417,7 +417,7 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, 
     if examples.labels is None:
         raise DataError(f"{data}: no label column; evaluation needs labelled examples")
     if labels is None:
-        labels = examples.label_names
+        labels = _numbered_classes(run, examples.label_names, data)
     unknown = sorted(set(examples.labels) - set(labels))
     if unknown:
         raise DataError(f"{data}: labels {unknown[:5]} were not in the training data (known: {list(labels)}); "
@@ -429,6 +429,19 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, 
     batches = progress_bar((source.collate(indices) for indices in order), len(order), "evaluate")
     values, sizes = evaluate_batches(model, batches, classification_counts)
     return {"loss": values["loss"], "accuracy": values["accuracy"], "examples": sizes["accuracy"]}
+
+
+def _numbered_classes(run: LoadedRun, found: list[str], data: str | Path) -> list[str]:
+    """The class names of a checkpoint that kept none (no trainer_state.json, no run.json: weights copied or
+    converted on their own): the class numbers 0..n-1, when the file's labels are such numbers. Its own labels
+    sorted were taken before: a file of class-1 examples alone scored as class 0, 100 % for a 0 % classifier."""
+    n = int(getattr(run.model.config, "n_classes", 0) or 0)
+    numbers = [str(i) for i in range(n)]
+    if n and set(found) <= set(numbers):
+        return numbers
+    raise DataError(f"{run.folder} keeps no class names (its trainer_state.json and run.json are missing), so the "
+                    f"labels of {data} ({found[:5]}) cannot be matched to its {n} outputs; evaluate the run folder "
+                    f"that trained it, or give the labels as the class numbers 0 to {n - 1}")
 
 
 def _evaluate_translation(run: LoadedRun, data: str | Path, target: str | Path | None,

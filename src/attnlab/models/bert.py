@@ -108,7 +108,7 @@ class BertConfig(Config):
         check_choice("activation", self.activation, ACTIVATIONS.names())
         check_choice("attention", self.attention, VARIANTS.names())
         check_choice("position", self.position, POSITIONS.names())
-        check_compatible(self.attention, self.position)
+        check_compatible(self.attention, self.position, self.attention_options, self.position_options)
         if self.heads == "classification" and self.n_classes < 2:
             raise ConfigError(f"n_classes must be at least 2 for a classification head, got {self.n_classes}")
         if self.pooler is False and self._head_reads_pooler:

@@ -98,7 +98,7 @@ class EncoderConfig(Config):
         check_choice("activation", self.activation, ACTIVATIONS.names())
         check_choice("attention", self.attention, VARIANTS.names())
         check_choice("position", self.position, POSITIONS.names())
-        check_compatible(self.attention, self.position)
+        check_compatible(self.attention, self.position, self.attention_options, self.position_options)
         if self.head == "classification" and self.n_classes < 2:
             raise ConfigError(f"n_classes must be at least 2 for a classification head, got {self.n_classes}")
 

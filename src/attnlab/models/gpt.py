@@ -74,7 +74,7 @@ class GPTConfig(Config):
         check_choice("activation", self.activation, ACTIVATIONS.names())
         check_choice("attention", self.attention, VARIANTS.names())
         check_choice("position", self.position, POSITIONS.names())
-        check_compatible(self.attention, self.position)
+        check_compatible(self.attention, self.position, self.attention_options, self.position_options)
 
     @property
     def ff_width(self) -> int:

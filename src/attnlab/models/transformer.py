@@ -84,7 +84,7 @@ class TransformerConfig(Config):
         check_choice("activation", self.activation, ACTIVATIONS.names())
         check_choice("attention", self.attention, VARIANTS.names())
         check_choice("position", self.position, POSITIONS.names())
-        check_compatible(self.attention, self.position)
+        check_compatible(self.attention, self.position, self.attention_options, self.position_options)
         for name, limit, side in (("pad_id", min(self.src_vocab_size, self.tgt_vocab_size), "both vocabularies"),
                                   ("bos_id", self.tgt_vocab_size, "the target vocabulary"),
                                   ("eos_id", self.tgt_vocab_size, "the target vocabulary")):

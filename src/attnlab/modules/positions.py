@@ -341,9 +341,23 @@ def compatible_pairs() -> list[tuple[str, str]]:
     return pairs
 
 
-def check_compatible(variant: str, position: str) -> None:
-    """Raise a ConfigError when an attention variant cannot work with a position scheme."""
+# What a model passes to every attention variant and position scheme itself: not theirs to take as options.
+_MODEL_GIVEN = {"attention_options": ("d_model", "n_heads", "kv_dim", "bias", "block_size"),
+                "position_options": ("d_model", "n_heads", "max_len", "causal")}
+
+
+def check_compatible(variant: str, position: str, attention_options: dict | None = None,
+                     position_options: dict | None = None) -> None:
+    """Raise a ConfigError when an attention variant cannot work with a position scheme, or an options table
+    sets what the model passes itself (the call failed with "got multiple values for keyword argument")."""
     from attnlab.modules.variants import VARIANTS
+
+    for table, options in (("attention_options", attention_options), ("position_options", position_options)):
+        taken = [key for key in options or {} if key in _MODEL_GIVEN[table]]
+        if taken:
+            raise ConfigError(f"model.{table} sets {taken[0]!r}, which the model gives every {table.split('_')[0]} "
+                              "itself (from its width, heads, bias, length and mask settings); drop it from "
+                              f"model.{table}")
 
     v, p = VARIANTS.get(variant), POSITIONS.get(position)
     if p.rotates_qk and not v.supports_rotary:

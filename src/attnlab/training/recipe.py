@@ -105,6 +105,36 @@ class DataConfig(Config):
         """Whether the training batches are sorted by length (`bucket_by_length`, unset = the task's default)."""
         return self.bucket_by_length if self.bucket_by_length is not None else self.task in SORTED_BY_DEFAULT
 
+    # The settings each task reads (besides task): another one set is refused by `check_task_reads`, not ignored.
+    TASK_READS = {
+        "lm": ("path", "eval_path", "tokenizer", "vocab_size", "block_size", "val_fraction"),
+        "mlm": ("path", "eval_path", "tokenizer", "vocab_size", "max_length", "val_fraction", "mask_prob",
+                "bucket_by_length"),
+        "classification": ("path", "eval_path", "text_column", "label_column", "tokenizer", "vocab_size",
+                           "max_length", "bucket_by_length"),
+        "translation": ("src_path", "tgt_path", "eval_src_path", "eval_tgt_path", "tokenizer", "vocab_size",
+                        "max_length", "bucket_by_length"),
+    }
+    PATHS = ("path", "eval_path", "src_path", "tgt_path", "eval_src_path", "eval_tgt_path")
+
+    def check_task_reads(self) -> None:
+        """Refuse a setting this task does not read (data.eval_path on a translation run trained with no
+        evaluation, silently) and a blank file name (data.path = "" trained on the embedded texts)."""
+        reads = self.TASK_READS[self.task]
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "task" or value == f.default:
+                continue
+            if f.name not in reads:
+                raise ConfigError(f"data.{f.name} is not read by data.task = '{self.task}' (it reads "
+                                  f"{', '.join('data.' + r for r in reads)}); drop it, or set data.task")
+        for name in self.PATHS:
+            value = getattr(self, name)
+            if isinstance(value, str) and not value.strip():
+                raise ConfigError(f"data.{name} is empty; give a file name"
+                                  + (", or leave it out for the embedded pydoc texts" if name == "path"
+                                     and self.task in ("lm", "mlm") else ""))
+
     def __post_init__(self):
         check_choice("data.task", self.task, TASKS)
         check_choice("data.tokenizer", self.tokenizer, TOKENIZER_KINDS)
@@ -226,6 +256,7 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
         if isinstance(data_table.get(key), int) and not isinstance(data_table[key], bool):
             data_table[key] = str(data_table[key])
     data = DataConfig.from_dict(data_table, where="data")
+    data.check_task_reads()  # here, not in __post_init__: a saved run's [data] is read back by `evaluate` as it was
     train = TrainerConfig.from_dict(raw.get("train", {}), where="train")
     if train.out_dir is None:  # a config file without train.out_dir: a folder named after the file
         train = train.replace(out_dir=str(Path("runs") / Path(path).stem))
@@ -290,9 +321,23 @@ def _init_from_config(path: str) -> dict[str, Any]:
         raise CheckpointError(f"model.init_from: {e}") from None
 
 
+# What the data and the task decide, in the words of a refusal of another value set in [model].
+_IMPOSED = {"vocab_size": "the tokenizer has {} tokens (data.vocab_size sizes it)",
+            "src_vocab_size": "the tokenizer has {} tokens (data.vocab_size sizes it)",
+            "tgt_vocab_size": "the tokenizer has {} tokens (data.vocab_size sizes it)",
+            "n_classes": "the training data has {} labels",
+            "head": "this data.task trains the {!r} head", "heads": "this data.task trains the {!r} heads",
+            "pad_id": "the tokenizer's pad id is {}", "bos_id": "the tokenizer's bos id is {}",
+            "eos_id": "the tokenizer's eos id is {}"}
+
+
 def model_config(model: dict[str, Any], **derived: Any) -> Config:
     """Build the model config: the preset (if any), then the table's values, then `derived` values
-    the data imposes (vocabulary size...) unless the table set them explicitly."""
+    the data imposes (vocabulary size...). Those the data decides (`_IMPOSED`: vocabulary sizes, special ids,
+    the number of classes, the head) may be written in the table only with the same value: another one trained
+    a model that failed at its first step (a head for another task, ids outside the vocabulary) or that
+    `evaluate` and `generate` then refused (more embeddings than tokens); other derived values (max_len) give
+    way to the table's."""
     from attnlab.models.registry import FAMILIES, get_preset
 
     table = dict(model)
@@ -317,7 +362,11 @@ def model_config(model: dict[str, Any], **derived: Any) -> Config:
     cls = FAMILIES.get(family).config_cls
     names = set(cls.field_names())
     for key, value in derived.items():
-        if key in names and key not in model:
+        if key not in names:
+            continue
+        if key in model and key in _IMPOSED and model[key] != value:
+            raise ConfigError(f"model.{key} = {model[key]!r}, but {_IMPOSED[key].format(value)}; drop model.{key}")
+        if key not in model:
             values[key] = value
     return cls.from_dict(values, where="model")
 
@@ -725,9 +774,6 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
     tokenizer = _tokenizer(run, [line for doc in documents for line in doc], saved)
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, max_len=max(d.max_length, 8),
                           pad_id=tokenizer.pad_id or 0, heads="pretraining")
-    if config.heads != "pretraining":
-        raise ConfigError(f"data.task = 'mlm' trains the pre-training heads; model.heads is {config.heads!r}: "
-                          "remove it or set it to 'pretraining'")
     if config.max_len < d.max_length:
         raise ConfigError(f"data.max_length {d.max_length} is beyond the model's {config.max_len} positions; "
                           "lower data.max_length or raise model.max_len")
