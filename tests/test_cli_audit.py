@@ -73,3 +73,13 @@ def test_the_shipped_configs_set_only_what_their_task_reads():
 
     for config in sorted((ROOT / "configs").glob("*.toml")):
         load_run_config(config, [f"data.path={_q('x.txt')}"] if "translate" not in config.name else [])
+
+
+@pytest.mark.parametrize("command", [["train"], ["generate"], ["evaluate"], ["params"], ["run", "knowledge"]])
+def test_help_does_not_show_flags_as_taking_a_value(capsys, command):
+    # `--resume <bool>` read as if it took a value: `attnlab train --resume true` then looked for a config 'true'.
+    from cli_helpers import run_cli
+
+    code, out, err = run_cli(capsys, *command, "--help")
+    assert code == 0, err
+    assert "--help" in out and "<bool>" not in out and "<list[str]>" not in out

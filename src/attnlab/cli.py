@@ -14,6 +14,23 @@ import typer
 
 from attnlab.errors import AttnlabError, ConfigError
 
+def _flags_show_no_type() -> None:
+    """typer 0.29's help shows a flag's type, `--resume <bool>`, which reads as if the flag took a value
+    (`--resume true` then names 'true' as the config file). A flag is shown alone, as click shows it."""
+    option = getattr(getattr(typer, "core", None), "TyperOption", None)
+    shown = getattr(option, "display_type_rich", None)
+    if shown is None or getattr(shown, "_attnlab_flags", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_flag", False) else shown(self, ctx)
+
+    display_type_rich._attnlab_flags = True
+    option.display_type_rich = display_type_rich
+
+
+_flags_show_no_type()
+
 app = typer.Typer(
     name="attnlab",
     help="Attention and Transformer models: build, train, compare and look inside them.",
@@ -75,7 +92,7 @@ def train(
 @app.command()
 def generate(
     run_dir: str = typer.Argument(..., help="A run folder written by `attnlab train` (or a checkpoint folder)."),
-    prompt: list[str] | None = typer.Option(None, "--prompt", "-p", help="The text to continue (or to "
+    prompt: list[str] | None = typer.Option(None, "--prompt", "-p", metavar="TEXT", help="The text to continue (or to "
                                             "translate); repeat for several, decoded as one batch and printed in "
                                             "order."),
     input_file: str | None = typer.Option(None, "--input", "-i", help="Translation models: a file of source "
