@@ -14,6 +14,7 @@ import typer
 
 from attnlab.errors import AttnlabError, ConfigError
 
+
 def _flags_show_no_type() -> None:
     """typer 0.29's help shows a flag's type, `--resume <bool>`, which reads as if the flag took a value
     (`--resume true` then names 'true' as the config file). A flag is shown alone, as click shows it."""
