@@ -350,3 +350,13 @@ def test_family_without_accounting_is_counted_from_the_model(monkeypatch):
     assert table.total == n_params(model)
     assert check_table(table, model) == []
     assert "(no closed form)" in table.render()
+
+
+@pytest.mark.parametrize("preset", ["gpt-char-small", "bert-tiny"])
+def test_component_names_have_no_stray_spaces(preset, capsys):
+    # A model of one stack of positions (no "source"/"target" label) printed "   positions (learned)" and gave
+    # " positions (learned)" in --json.
+    main(["params", preset, "--json"])
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    names = [row["component"] for row in rows]
+    assert "positions (learned)" in names and all(name == name.strip() for name in names)

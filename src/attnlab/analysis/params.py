@@ -440,7 +440,7 @@ def _position_rows(b: TableBuilder, name: str, options: dict, stacks: list[tuple
             return
         for label, path in stacks:
             for part, formula, attr, note in parts:
-                b.row(group, " ".join(x for x in (f"{label} positions ({name})", part) if x), formula,
+                b.row(group, " ".join(x for x in (f"{label} positions ({name})".strip(), part) if x), formula,
                       note=note, modules=_at(path, attr))
         return
     for label, path in stacks:
