@@ -76,6 +76,18 @@ def test_real_data_path_end_to_end(tmp_path):
                           echo=lambda *_: None)
     assert [r["accuracy"] for r in again["variants"]] == [r["accuracy"] for r in summary["variants"]]
     assert again["variants"][1]["pretrain"].get("skipped")
+    # The skipped phases keep the time their checkpoints record: a resume that only redrew the table wrote 0 s for
+    # every phase and row, and a total of the resume's own seconds.
+    from attnlab.training.checkpoint import read_trainer_state
+
+    for resumed in again["variants"]:
+        phases = [resumed[kind] for kind in ("pretrain", "finetune") if kind in resumed]
+        for kind in ("pretrain", "finetune"):
+            if kind in resumed:
+                recorded = read_trainer_state(out / f"{kind}-{resumed['variant']}")["elapsed"]
+                assert resumed[kind]["wall_time_s"] == pytest.approx(recorded) and recorded > 0
+        assert resumed["wall_time_s"] > sum(p["wall_time_s"] for p in phases)
+    assert again["wall_time_s"] > sum(r["wall_time_s"] for r in again["variants"])
 
     # ... but only phases trained with this run's settings, model and data: another one is refused in one
     # message, before anything is trained or written (it was reused silently, results.json naming the new

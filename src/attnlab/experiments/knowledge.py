@@ -373,8 +373,10 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
     if resume and _phase_done(folder, config["steps"]):
         load_checkpoint_into(folder, model)
         echo(f"{title}: already done ({config['steps']} steps), loaded {folder / 'checkpoint'}")
-        return {"steps": config["steps"], "wall_time_s": 0.0, "skipped": True}
+        earlier = _earlier_seconds(folder)
+        return {"steps": config["steps"], "wall_time_s": earlier, "earlier_s": earlier, "skipped": True}
     resume_here = resume and (folder / "checkpoint").exists()
+    earlier = _earlier_seconds(folder) if resume_here else 0.0
     steps = f"{config['steps']} step{'' if config['steps'] == 1 else 's'}"
     echo(f"{title}: {steps} of {config['batch_size']} examples of up to {source.block_size} "
          "characters" + (", packed into rows" if source.pack else ""))
@@ -383,8 +385,21 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
         trainer = Trainer(model, config, source, out_dir=folder, tokenizer=tokenizer, resume=resume_here,
                           extra_state={"data_sha256": fingerprint})
     summary = trainer.fit()
-    return {"steps": summary["steps"], "wall_time_s": summary["wall_time_s"],
+    return {"steps": summary["steps"], "wall_time_s": earlier + summary["wall_time_s"], "earlier_s": earlier,
             "final_train_loss": summary["final_train_loss"], "tokens_per_s": summary["tokens_per_s"]}
+
+
+def _earlier_seconds(folder: Path) -> float:
+    """The time a phase's checkpoint says was spent on it before this run (its trainer's `elapsed`): a phase that
+    --resume skips or continues counts it, so the table's times stay those of the whole experiment (they read 0 s
+    once a resume had skipped every phase)."""
+    from attnlab.training.checkpoint import read_trainer_state
+
+    try:
+        seconds = float(read_trainer_state(folder).get("elapsed", 0.0))
+    except (CheckpointError, TypeError, ValueError, OverflowError):
+        return 0.0
+    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
 
 
 @torch.no_grad()
@@ -546,6 +561,7 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
         data.write()
     n_phases = sum(1 + v.pretrain for v in rows)
     phase = 0
+    earlier_total = 0.0  # seconds spent in earlier runs on the phases --resume skipped or continued
     for variant in rows:
         row_start = time.perf_counter()
         seed_everything(seed)
@@ -571,7 +587,9 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
             _write_predictions(out / "predictions" / f"{variant.name}.predict.tsv", data.predict_lines,
                                data.predict, answer_questions(model, vocab, data.predict,
                                                               what="questions of --predict"), None)
-        record["wall_time_s"] = time.perf_counter() - row_start
+        earlier = sum(record[kind].get("earlier_s", 0.0) for kind, _ in phases(variant))
+        record["wall_time_s"] = time.perf_counter() - row_start + earlier
+        earlier_total += earlier
         echo(f"{variant.label}: {record['accuracy']:.1f}% of {len(dev_q)} evaluation questions "
              f"(fine-tuning questions: {record['train_accuracy']:.1f}%)")
         results.append(record)
@@ -590,7 +608,7 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
         "variants": results,
         "settings": settings.to_dict(),
         "assignment_parameters": assignment_params,
-        "wall_time_s": time.perf_counter() - start,
+        "wall_time_s": time.perf_counter() - start + earlier_total,
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "threads": torch.get_num_threads(), "device": dev_name.type, "torch": torch.__version__,
                     "precision": precision, "cpu_bf16": cpu_has_bf16()},
