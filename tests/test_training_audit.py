@@ -206,3 +206,15 @@ def test_a_resume_with_another_micro_batch_size_is_warned_about(tmp_path):
     with pytest.warns(UserWarning, match=r"changed settings \(micro_batch_size\)"):
         Trainer(tiny_model(), _config(steps=4, decay_steps=4, micro_batch_size=4), ToySource(), out_dir=tmp_path,
                 resume=True).fit()
+
+
+def test_a_resumed_runs_summary_gives_the_rate_of_its_own_steps(tmp_path, monkeypatch):
+    # wall_time_s covered the resumed call only and tokens_per_s the whole run: one divided by the other lied.
+    Trainer(tiny_model(), _config(steps=2, decay_steps=4), ToySource(), out_dir=tmp_path).fit()
+    trainer = Trainer(tiny_model(), _config(steps=4, decay_steps=4), ToySource(), out_dir=tmp_path, resume=True)
+    before = read_trainer_state(tmp_path / "checkpoint")
+    summary = trainer.fit()
+    after = read_trainer_state(tmp_path / "checkpoint")
+    tokens = after["tokens_seen"] - before["tokens_seen"]
+    seconds = after["train_seconds"] - before["train_seconds"]
+    assert summary["start_step"] == 2 and summary["tokens_per_s"] == pytest.approx(tokens / seconds)

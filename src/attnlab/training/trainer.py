@@ -894,8 +894,8 @@ class Trainer:
 
         Returns:
             ``steps``, ``start_step``, ``final_train_loss``, ``final_eval`` (dict), ``final_eval_loss``,
-            ``best_eval_loss``, ``best`` (metric, value, step), ``stopped_early``, ``wall_time_s``,
-            ``tokens_per_s``, ``checkpoint`` (path).
+            ``best_eval_loss``, ``best`` (metric, value, step), ``stopped_early``, ``wall_time_s`` and
+            ``tokens_per_s`` (of this call: a resumed run's steps from ``start_step``), ``checkpoint`` (path).
 
         Raises:
             TrainingInterrupted: Ctrl-C; a checkpoint was saved first.
@@ -921,6 +921,7 @@ class Trainer:
         self.log.start(keep_until_step=self.step if resume else None,
                        drop_evals_at=self.step if resume and self._resume_eval else None)
         start_step = self.step
+        tokens_before, seconds_before = self._totals.tokens, self._totals.train_seconds  # a resumed run's so far
         self._fit_start = time.perf_counter()
         self.model.train()
         progress = Progress(cfg.steps, self.step, enabled=cfg.progress and self.world.is_main, echo=self.world.is_main)
@@ -991,7 +992,8 @@ class Trainer:
         # that exits while another still works can make gloo abort that one ("Connection closed by peer").
         barrier()
         wall = time.perf_counter() - self._fit_start
-        seconds = self._totals.train_seconds
+        # This call's steps, as wall_time_s is (a resumed run's rate over the whole run read as this one's).
+        tokens, seconds = self._totals.tokens - tokens_before, self._totals.train_seconds - seconds_before
         return {
             "steps": self.step,
             "start_step": start_step,
@@ -1002,7 +1004,7 @@ class Trainer:
             "best": self.best,
             "stopped_early": stopped_early,
             "wall_time_s": wall,
-            "tokens_per_s": self._totals.tokens / seconds if seconds else 0.0,
+            "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
             "checkpoint": str(self.out_dir / CHECKPOINT_DIR),
         }
 
