@@ -303,3 +303,14 @@ def test_bf16_on_a_cpu_without_it_is_warned_once_not_once_per_phase(tmp_path, mo
                       echo=lambda *_: None)
     slow = [w for w in caught if issubclass(w.category, SlowPrecisionWarning)]
     assert len(slow) == 1, [str(w.message) for w in caught]
+
+
+def test_the_table_says_which_settings_differ_from_the_scale():
+    # After --set the header and results.md still read "scale quick", beside the course notes' figures.
+    from attnlab.experiments.knowledge import changed_settings, scale_label, scale_settings
+
+    settings = scale_settings("quick", {"n_people": 40, "pretrain_epochs": 16})
+    changed = changed_settings("quick", settings)
+    assert changed == {"n_people": 40, "pretrain_epochs": 16}
+    assert scale_label("quick", changed) == "quick with n_people=40, pretrain_epochs=16"
+    assert scale_label("quick", changed_settings("quick", scale_settings("quick"))) == "quick"

@@ -121,6 +121,21 @@ SCALES: dict[str, KnowledgeScale] = {
 }
 
 
+def scale_label(scale: str, changed: dict[str, Any] | None) -> str:
+    """"quick", or "quick with n_people=40, pretrain_epochs=16" where --set changed the scale's settings: the
+    table and its header then say that its figures are not the scale's."""
+    if not changed:
+        return scale
+    return f"{scale} with " + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                                        for k, v in changed.items())
+
+
+def changed_settings(scale: str, settings: KnowledgeScale) -> dict[str, Any]:
+    """The settings that differ from the scale's own, in the order the scale lists them."""
+    base, now = SCALES[scale].to_dict(), settings.to_dict()
+    return {k: v for k, v in now.items() if base.get(k) != v}
+
+
 def scale_settings(scale: str, overrides: dict[str, Any] | None = None) -> KnowledgeScale:
     if scale not in SCALES:
         raise ConfigError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
@@ -503,7 +518,8 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     assignment_params = parameter_count(SCALES["full"], ASSIGNMENT_VOCAB, Variant("dot", True))
     if precision == "fp32" and settings.precision == "auto" and dev_name.type == "cpu" and not cpu_has_bf16():
         precision += ", as this CPU has no bf16 instructions"
-    echo(f"knowledge access, scale {scale}: {len(data.corpus)} documents, {len(data.train)} fine-tuning and "
+    label = scale_label(scale, changed_settings(scale, settings))
+    echo(f"knowledge access, scale {label}: {len(data.corpus)} documents, {len(data.train)} fine-tuning and "
          f"{len(data.dev)} evaluation questions ({DATA_SOURCES.get(data.source, data.source)}), "
          f"vocabulary {vocab.vocab_size}, "
          f"device {dev_name.type} ({precision})")
@@ -597,6 +613,7 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     summary = {
         "experiment": "knowledge",
         "scale": scale,
+        "changed_settings": changed_settings(scale, settings),  # --set values that differ from the scale's
         "data": {"source": data.source, "documents": len(data.corpus), "train_questions": len(data.train),
                  "eval_questions": len(data.dev), "predict_questions": len(data.predict),
                  # absolute, so the record names the files wherever it is read from
@@ -640,7 +657,8 @@ def results_markdown(summary: dict[str, Any]) -> str:
     n = summary["data"]["eval_questions"]
     source = DATA_SOURCES.get(summary["data"]["source"], summary["data"]["source"])
     lines = [
-        f"Knowledge access (scale {summary['scale']}, {source}, {n} evaluation questions)",
+        f"Knowledge access (scale {scale_label(summary['scale'], summary.get('changed_settings'))}, {source}, "
+        f"{n} evaluation questions)",
         "",
         "| variant | accuracy (%) | correct | fine-tuning questions (%) | course notes (%) | parameters | time (s) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
