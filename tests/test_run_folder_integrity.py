@@ -440,3 +440,9 @@ def test_a_classifier_checkpoint_without_its_class_names(capsys, tmp_path, cls_r
     other.write_text("sentence\tlabel\ngreat movie great\tpos\nbad movie bad\tneg\n", encoding="utf-8")
     line = one_line_error(capsys, "evaluate", str(bare), "-d", str(other), "--device", "cpu")
     assert "keeps no class names" in line and "class numbers 0 to 1" in line
+
+
+def test_a_prompt_character_outside_the_vocabulary_says_to_remove_it(capsys, lm_run):
+    # The tokenizer's own message told the user to retrain the tokenizer "or add an unk", which no setting does.
+    line = one_line_error(capsys, "generate", str(lm_run), "-p", "Th\u00e9 \u2603", "-n", "2", "--device", "cpu")
+    assert "the prompt's '\u00e9' is not in the vocabulary" in line and "remove it from the prompt" in line

@@ -203,7 +203,11 @@ def translate_ids(run: LoadedRun, sources: Sequence[Sequence[int]], *, beam_size
 
 
 def _encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
-    ids = tokenizer.encode(prompt)  # raises DataError for characters/words the tokenizer cannot encode
+    try:
+        ids = tokenizer.encode(prompt)
+    except UnknownToken as e:  # the tokenizer's own words told the user to retrain it or "add an unk"
+        raise DataError(f"the prompt's {e.token!r} is not in the vocabulary the model was trained with (and it has "
+                        "no unk token); remove it from the prompt") from None
     if not ids:
         raise DataError("the prompt encodes to no tokens; give a non-empty prompt")
     return ids
