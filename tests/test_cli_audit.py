@@ -83,3 +83,17 @@ def test_help_does_not_show_flags_as_taking_a_value(capsys, command):
     code, out, err = run_cli(capsys, *command, "--help")
     assert code == 0, err
     assert "--help" in out and "<bool>" not in out and "<list[str]>" not in out
+
+
+def test_every_shipped_config_written_as_yaml_gives_the_same_run(tmp_path):
+    # "Config files (TOML or YAML)": YAML was refused ("config files are TOML").
+    import yaml
+
+    from attnlab.training.recipe import load_run_config, tomllib  # tomllib, or tomli before Python 3.11
+
+    for config in sorted((ROOT / "configs").glob("*.toml")):
+        as_yaml = tmp_path / f"{config.stem}.yaml"
+        as_yaml.write_text(yaml.safe_dump(tomllib.loads(config.read_text(encoding="utf-8"))), encoding="utf-8")
+        sets = [f"data.path={_q('x.txt')}"] if "translate" not in config.name else []
+        toml_run, yaml_run = load_run_config(config, sets), load_run_config(as_yaml, sets)
+        assert yaml_run.to_dict() == toml_run.to_dict(), config.name

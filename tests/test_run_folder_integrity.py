@@ -341,9 +341,15 @@ def test_config_file_with_a_byte_order_mark_or_in_yaml(capsys, tmp_path, monkeyp
     bom.write_bytes(b"\xef\xbb\xbf[model]\npreset = \"gpt-char-tiny\"\n[train]\nstepz = 3\n")
     # Read past the mark (it was 'invalid TOML' at line 1): the unknown key is what gets reported.
     assert "unknown setting train.stepz" in one_line_error(capsys, "train", str(bom))
-    yaml = tmp_path / "run.yaml"
-    yaml.write_text("model:\n  preset: gpt-char-tiny\n", encoding="utf-8")
-    assert "config files are TOML (.yaml is not read)" in one_line_error(capsys, "train", str(yaml))
+    yaml = tmp_path / "run.yaml"  # read as YAML: its unknown key is reported as the TOML file's
+    yaml.write_text("model:\n  preset: gpt-char-tiny\ntrain:\n  stepz: 3\n", encoding="utf-8")
+    assert "unknown setting train.stepz" in one_line_error(capsys, "train", str(yaml))
+    yaml.write_text("model:\n  preset: [gpt\n", encoding="utf-8")
+    assert "run.yaml: invalid YAML (line 3, column 1)" in one_line_error(capsys, "train", str(yaml))
+    yaml.write_text("- model\n- data\n", encoding="utf-8")
+    assert "a YAML config is a mapping of sections" in one_line_error(capsys, "train", str(yaml))
+    yaml.write_text("model: gpt\n", encoding="utf-8")
+    assert "write a 'model:' line with one indented" in one_line_error(capsys, "train", str(yaml))
 
 
 def test_knowledge_out_folder_rules(capsys, tmp_path, lm_run):

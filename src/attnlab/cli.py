@@ -60,7 +60,7 @@ def params(
 
 @app.command()
 def train(
-    config: str | None = typer.Argument(None, help="A TOML run config (see configs/); omitted: a small char "
+    config: str | None = typer.Argument(None, help="A TOML or YAML run config (see configs/); omitted: a small char "
                                         "GPT on the embedded pydoc corpus."),
     overrides: list[str] | None = typer.Option(None, "--set", help="Override one setting: section.key=value "
                                         "(e.g. --set train.steps=200 --set model.position=rotary).",

@@ -204,36 +204,65 @@ def parse_value(raw: str) -> Any:
         return raw
 
 
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def _read_config_file(p: Path) -> Any:
+    """A config file's contents: YAML for a .yaml or .yml file (PyYAML's safe loader: plain data, no objects),
+    else TOML."""
+    try:
+        text = p.read_text(encoding="utf-8-sig")  # a byte-order mark (Notepad) is not TOML
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not UTF-8 text; save the config as UTF-8") from None
+    if p.suffix.lower() in YAML_SUFFIXES:
+        import yaml
+
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            where = getattr(e, "problem_mark", None)
+            at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"{p}: invalid YAML{at}: {problem}") from None
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict) or not all(isinstance(k, str) for k in raw):
+            raise ConfigError(f"{p}: a YAML config is a mapping of sections (model:, data:, train:) to their "
+                              "settings, as the TOML files in configs/ are tables")
+        return raw
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        if p.suffix.lower() == ".json":
+            raise ConfigError(f"{p}: config files are TOML or YAML (.json is not read); write it as "
+                              "[section] tables of key = value lines, as in configs/") from None
+        raise ConfigError(f"{p}: invalid TOML: {e}") from None
+
+
 def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Read a TOML config (None: the built-in default run), apply `--set` overrides, validate."""
+    """Read a TOML or YAML config (None: the built-in default run), apply `--set` overrides, validate."""
     from attnlab.training.trainer import TrainerConfig
 
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
         if p.is_dir():
-            raise ConfigError(f"config file {str(p)!r} is a folder; give the path of a .toml file "
+            raise ConfigError(f"config file {str(p)!r} is a folder; give the path of a .toml or .yaml file "
                               "(see configs/ for examples)")
         if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} not found; give the path of a .toml file "
+            raise ConfigError(f"config file {str(p)!r} not found; give the path of a .toml or .yaml file "
                               "(see configs/ for examples)")
-        try:
-            raw = tomllib.loads(p.read_text(encoding="utf-8-sig"))  # a byte-order mark (Notepad) is not TOML
-        except tomllib.TOMLDecodeError as e:
-            if p.suffix.lower() in (".yaml", ".yml", ".json"):
-                raise ConfigError(f"{p}: config files are TOML ({p.suffix} is not read); write it as "
-                                  "[section] tables of key = value lines, as in configs/") from None
-            raise ConfigError(f"{p}: invalid TOML: {e}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{p}: not UTF-8 text; save the config as UTF-8") from None
+        raw = _read_config_file(p)
         if not raw:
             raise ConfigError(f"config file {str(p)!r} is empty (no settings); write its [model], [data] and "
                               "[train] tables (see configs/ for examples), or run `attnlab train` without a "
                               "config for the default run")
         for section, table in raw.items():
             if section in SECTIONS and not isinstance(table, dict):
-                raise ConfigError(f"{p}: {section} = {table!r} is not a table of settings; write a [{section}] "
-                                  "header with one key = value line per setting below it")
+                form = f"a '{section}:' line with one indented 'key: value' line per setting below it" \
+                    if p.suffix.lower() in YAML_SUFFIXES else \
+                    f"a [{section}] header with one key = value line per setting below it"
+                raise ConfigError(f"{p}: {section} = {table!r} is not a table of settings; write {form}")
     else:
         raw = default_run()
     parsed = [parse_override(item) for item in overrides or []]
