@@ -97,3 +97,14 @@ def test_every_shipped_config_written_as_yaml_gives_the_same_run(tmp_path):
         sets = [f"data.path={_q('x.txt')}"] if "translate" not in config.name else []
         toml_run, yaml_run = load_run_config(config, sets), load_run_config(as_yaml, sets)
         assert yaml_run.to_dict() == toml_run.to_dict(), config.name
+
+
+@pytest.mark.parametrize("item, needle", [
+    ("train.lr=1" + "0" * 400, "train.lr: 100000000000... is too large for a number"),  # OverflowError
+    ("model.block_size=99999999999999999999", "is out of range (integers from -2**63 to 2**63 - 1)"),
+    ("train.out_dir=2024-01-01", "write it in quotes, \"2024-01-01\" (on the command line: --set "
+                                 "train.out_dir='\"2024-01-01\"')"),
+    ("model.attention_options.window=4", "--set 'model.attention_options={window = 4}'"),
+])
+def test_odd_set_values_get_one_line_with_the_fix(capsys, files, item, needle):
+    assert needle in one_line_error(capsys, "train", "--set", item, *FAST)

@@ -9,6 +9,7 @@ naming the allowed values.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import math
 import types
@@ -60,14 +61,22 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{name}: expected an integer, got {value!r}")
+        if not -2**63 <= value < 2**63:  # torch and numpy hold 64 bits: larger ones failed with tracebacks
+            raise ConfigError(f"{name}: {value} is out of range (integers from -2**63 to 2**63 - 1)")
         return value
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{name}: expected a number, got {value!r}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer of 400 digits
+            raise ConfigError(f"{name}: {str(value)[:12]}... is too large for a number") from None
     if annotation is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{name}: expected a string, got {value!r}")
+            quoted = isinstance(value, (int, float, datetime.date, datetime.time))  # what TOML read unquoted
+            hint = f"; write it in quotes, \"{value}\" (on the command line: --set {name}='\"{value}\"')" \
+                if quoted else ""
+            raise ConfigError(f"{name}: expected a string, got {value!r}{hint}")
         return value
     return value
 
