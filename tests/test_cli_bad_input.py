@@ -178,6 +178,12 @@ def test_params_reads_a_run_folder(capsys, lm_run):
     assert code == 0, err
     assert json.loads(stdout)["total"] > 0
     assert "describes a run, not a model" in one_line_error(capsys, "params", str(lm_run / "run.json"))
+    # Also when its [model] table names the family: it was counted with the default vocabulary of 65, not the run's.
+    run = json.loads((lm_run / "run.json").read_text(encoding="utf-8"))
+    run["model"] = {"family": "gpt", "d_model": 16}
+    family_named = lm_run.parent / "family-run.json"
+    family_named.write_text(json.dumps(run), encoding="utf-8")
+    assert "describes a run, not a model" in one_line_error(capsys, "params", str(family_named))
     # Another JSON file of the run: not a model config (it was told to add a 'family' key to the tokenizer)
     line = one_line_error(capsys, "params", str(lm_run / "checkpoint" / "tokenizer.json"))
     assert "tokenizer.json is not a model config" in line and "add family" not in line

@@ -452,3 +452,29 @@ def test_a_prompt_character_outside_the_vocabulary_says_to_remove_it(capsys, lm_
     # The tokenizer's own message told the user to retrain the tokenizer "or add an unk", which no setting does.
     line = one_line_error(capsys, "generate", str(lm_run), "-p", "Th\u00e9 \u2603", "-n", "2", "--device", "cpu")
     assert "the prompt's '\u00e9' is not in the vocabulary" in line and "remove it from the prompt" in line
+
+
+def test_a_bare_classifier_checkpoint_cuts_long_texts_to_its_positions(capsys, tmp_path, cls_run):
+    # Without the run's data.max_length, evaluation cut texts to 128 tokens and a model of fewer positions failed:
+    # "sequence of 128 tokens is longer than the model allows (16)", after a warning that training cut them so.
+    run = tmp_path / "run"
+    _train(*_classifier(cls_run.parent / "train.tsv", run, steps=2), "--set", "model.max_len=16", "--set",
+           "model.position=learned", "--set", "data.max_length=16")
+    bare = tmp_path / "bare"
+    shutil.copytree(run / "checkpoint", bare)
+    (bare / "trainer_state.json").unlink()
+    long = tmp_path / "long.tsv"
+    long.write_text("sentence\tlabel\n" + " ".join(["great movie"] * 100) + "\t1\nbad movie\t0\n", encoding="utf-8")
+    with pytest.warns(UserWarning, match="cut to what the model's positions hold"):
+        code, out, err = run_cli(capsys, "evaluate", str(bare), "-d", str(long), "--json", "--device", "cpu")
+    assert code == 0, err
+    assert json.loads(out)["examples"] == 2
+
+
+def test_a_damaged_run_json_does_not_block_a_checkpoint_that_has_its_data(capsys, tmp_path, lm_copy):
+    (lm_copy / "run.json").write_text("{bad", encoding="utf-8")
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat\n" * 10, encoding="utf-8")
+    code, out, err = run_cli(capsys, "evaluate", str(lm_copy), "-d", str(text), "--json", "--device", "cpu")
+    assert code == 0, err
+    assert json.loads(out)["loss"] > 0

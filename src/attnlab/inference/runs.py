@@ -8,6 +8,7 @@ and ``best/`` (best evaluation), each checkpoint holding ``model.safetensors``, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Sequence
@@ -99,8 +100,12 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
         labels = list(extra.get("labels") or [])
     except (CheckpointError, AttributeError, TypeError, ValueError):
         data, labels = {}, []
+    config = model.config
+    classifier = "classification" in (getattr(config, "head", None), getattr(config, "heads", None))
     for candidate in (path / "run.json", folder.parent / "run.json"):
-        if (data and labels) or not candidate.is_file():
+        # Read only for what the checkpoint lacks (a non-classifier has no labels to find): a damaged run.json
+        # refused runs whose checkpoints held everything.
+        if (data and (labels or not classifier)) or not candidate.is_file():
             continue
         try:
             saved = json.loads(candidate.read_text(encoding="utf-8"))
@@ -157,6 +162,21 @@ def _check_translation_lengths(max_len: int, beam_size: int) -> None:
     if not 1 <= max_len <= MAX_NEW_TOKENS:
         raise ConfigError(f"-n is the longest translation in tokens for a translation model; give 1 to "
                           f"{MAX_NEW_TOKENS:,}, got {max_len}")
+
+
+def _scoring_length(run: LoadedRun, specials: int = 0) -> tuple[int, str | None]:
+    """The length `evaluate` cuts examples to: the run's data.max_length, as training cut them; for a checkpoint
+    that keeps none (copied without its trainer_state.json), 128 (data.max_length's default) or what the model's
+    positions hold where less (128 made a 16-position model fail on every long example), `specials` positions
+    kept for tokens the length does not count (a translation's bos and eos). Second: the cut warning's ending
+    for a length chosen so (None: the run's own)."""
+    saved = run.data.get("max_length")
+    if isinstance(saved, int) and not isinstance(saved, bool) and saved > 0:
+        return saved, None
+    limit = getattr(run.model, "max_len", None)
+    room = limit - specials if isinstance(limit, int) and limit > specials else None
+    return min(128, room) if room is not None else 128, \
+        "the checkpoint keeps no data.max_length, so they were cut to what the model's positions hold"
 
 
 def _cut_sources(run: LoadedRun, encoded: list[list[int]]) -> list[list[int]]:
@@ -407,7 +427,7 @@ def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> 
 
 def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, text_column: str | None = None,
                              label_column: str | None = None) -> dict[str, float]:
-    from attnlab.data.sources import ClassificationSource
+    from attnlab.data.sources import ClassificationSource, cut_advice
     from attnlab.data.text_files import FORMATS, read_classification_file
     from attnlab.training.recipe import classification_counts, parse_column
 
@@ -427,8 +447,10 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, 
         raise DataError(f"{data}: labels {unknown[:5]} were not in the training data (known: {list(labels)}); "
                         "the classifier can only score the classes it was trained on")
     prefix = [tok.cls_id] if tok.cls_id is not None else []
-    source = ClassificationSource(examples, tok, batch_size, max_length=d.get("max_length", 128),
-                                  label_names=labels, prefix_ids=prefix, bucket_by_length=True)
+    max_length, guessed = _scoring_length(run)
+    with cut_advice(guessed) if guessed else contextlib.nullcontext():
+        source = ClassificationSource(examples, tok, batch_size, max_length=max_length,
+                                      label_names=labels, prefix_ids=prefix, bucket_by_length=True)
     order = source.eval_indices(batch_size)
     batches = progress_bar((source.collate(indices) for indices in order), len(order), "evaluate")
     values, sizes = evaluate_batches(model, batches, classification_counts)
@@ -452,17 +474,18 @@ def _evaluate_translation(run: LoadedRun, data: str | Path, target: str | Path |
                           batch_size: int, beam_size: int) -> dict[str, float]:
     import sacrebleu
 
-    from attnlab.data.sources import ParallelTextSource
+    from attnlab.data.sources import ParallelTextSource, cut_advice
     from attnlab.data.text_files import read_lines
 
     if target is None:
         raise ConfigError("a translation model is scored against --target REFERENCES (one translation per line of "
                           "--data); to translate a file without references: attnlab generate RUN --input FILE")
-    tok, model, d = run.tokenizer, run.model, run.data
-    max_length = d.get("max_length", 128)
+    tok, model = run.tokenizer, run.model
+    max_length, guessed = _scoring_length(run, specials=2)  # training sized max_len as max_length + 2
     # Batches of sentences of similar length: less padding, and a greedy or beam batch ends sooner.
-    source = ParallelTextSource(data, target, tok, tok, batch_size, max_src_length=max_length,
-                                max_tgt_length=max_length, bucket_by_length=True)
+    with cut_advice(guessed) if guessed else contextlib.nullcontext():
+        source = ParallelTextSource(data, target, tok, tok, batch_size, max_src_length=max_length,
+                                    max_tgt_length=max_length, bucket_by_length=True)
     order = source.eval_indices(batch_size)
     out = _token_loss_metrics(model, progress_bar((source.collate(indices) for indices in order), len(order),
                                                   "evaluate"))
