@@ -116,3 +116,10 @@ def test_the_pydoc_config_is_the_default_run_written_out():
     from attnlab.training.recipe import load_run_config
 
     assert load_run_config(ROOT / "configs" / "gpt-pydoc.toml").to_dict() == load_run_config(None).to_dict()
+
+
+def test_a_blank_evaluation_file_drops_the_configs_own():
+    from attnlab.training.recipe import load_run_config
+
+    run = load_run_config(ROOT / "configs" / "encoder-classify.toml", ['data.eval_path=""'])
+    assert run.data.eval_path is None and run.data.path == "train.tsv"

@@ -115,7 +115,6 @@ class DataConfig(Config):
         "translation": ("src_path", "tgt_path", "eval_src_path", "eval_tgt_path", "tokenizer", "vocab_size",
                         "max_length", "bucket_by_length"),
     }
-    PATHS = ("path", "eval_path", "src_path", "tgt_path", "eval_src_path", "eval_tgt_path")
 
     def check_task_reads(self) -> None:
         """Refuse a setting this task does not read (data.eval_path on a translation run trained with no
@@ -128,7 +127,7 @@ class DataConfig(Config):
             if f.name not in reads:
                 raise ConfigError(f"data.{f.name} is not read by data.task = '{self.task}' (it reads "
                                   f"{', '.join('data.' + r for r in reads)}); drop it, or set data.task")
-        for name in self.PATHS:
+        for name in ("path", "src_path", "tgt_path"):  # a blank evaluation file is none (__post_init__)
             value = getattr(self, name)
             if isinstance(value, str) and not value.strip():
                 raise ConfigError(f"data.{name} is empty; give a file name"
@@ -136,6 +135,10 @@ class DataConfig(Config):
                                      and self.task in ("lm", "mlm") else ""))
 
     def __post_init__(self):
+        for name in ("eval_path", "eval_src_path", "eval_tgt_path"):  # --set data.eval_path="": drop a config's
+            value = getattr(self, name)
+            if isinstance(value, str) and not value.strip():
+                setattr(self, name, None)
         check_choice("data.task", self.task, TASKS)
         check_choice("data.tokenizer", self.tokenizer, TOKENIZER_KINDS)
         check_positive("data.max_length", self.max_length)
