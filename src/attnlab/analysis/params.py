@@ -828,10 +828,14 @@ def load_config(name: str) -> tuple[str, Config]:
             raise ConfigError(f"{file}: not a readable JSON config ({e}); give a run or checkpoint folder written "
                               "by attnlab, or a preset name (attnlab params --list)") from None
         if isinstance(data, dict) and "family" not in data and isinstance(data.get("model"), dict):
-            # A run's full config, {"model": {...}, "data": ..., "train": ...}: its [model] table as written, without
-            # what the data decided (the vocabulary size: a table naming its family counted the default 65).
-            raise ConfigError(f"{file} describes a run, not a model; give its run folder "
-                              f"({str(file.parent)!r}): the checkpoint's config.json is the trained model's")
+            # A run's description (run.json: {"model": ..., "data": ..., "train": ...}) keeps the [model] table as
+            # written, without what the data decided (a table naming its family was counted with the default
+            # vocabulary of 65); a {"model": <a whole model config>} file gives the model itself.
+            describes_run = file.name == "run.json" or "data" in data or "family" not in data["model"]
+            if describes_run:
+                raise ConfigError(f"{file} describes a run, not a model; give its run folder "
+                                  f"({str(file.parent)!r}): the checkpoint's config.json is the trained model's")
+            data = data["model"]
         if not isinstance(data, dict) or "family" not in data:  # e.g. a tokenizer.json or trainer_state.json
             raise ConfigError(f"{file} is not a model config (a JSON object with a 'family' key, as a checkpoint's "
                               "config.json); give a run or checkpoint folder written by attnlab, or a preset name "
