@@ -58,6 +58,10 @@ def test_real_data_path_end_to_end(tmp_path):
         assert 0.0 <= r["accuracy"] <= 100.0 and r["correct"] == round(r["accuracy"] * 3 / 100)
     assert summary["baselines"]["london"] == 0.0
     assert summary["assignment_parameters"] == 3_323_392
+    # The vocabulary is the assignment's: the corpus file's characters, its line end among them, with pad and mask
+    # (the questions bring "W", "h", "?" and the like the biographies lack).
+    text = Path(files["corpus"]).read_text(encoding="utf-8") + Path(files["train"]).read_text(encoding="utf-8")
+    assert summary["data"]["vocab_size"] == len(set(text) - {"\t"}) + 2
     for name in ("results.md", "results.json", "curves.png", "accuracy.png", "predictions/none.tsv",
                  "predictions/dot.tsv", "predictions/dot.predict.tsv", "pretrain-dot/checkpoint/model.safetensors",
                  "finetune-dot/checkpoint/model.safetensors", "finetune-none/metrics.jsonl"):

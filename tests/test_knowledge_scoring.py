@@ -128,3 +128,19 @@ def test_phase_config_follows_the_assignment_token_schedule():
     ft = _phase_config(full, batch=256, lr=6e-4, epochs=10, n_examples=500, n_corpus=2000, seed=0,
                        device="cpu", progress=False)
     assert ft["decay_steps"] == math.ceil(200 * 2000 * 128 / (256 * 128))
+
+
+def test_a_pad_the_model_writes_ends_its_answer(monkeypatch):
+    # Pads were deleted from the completion, so "Pa□ris⁇" scored as the right answer "Paris".
+    import attnlab.inference.generate as generation
+    from attnlab.data.knowledge import KnowledgeVocab
+    from attnlab.experiments.knowledge import KnowledgeScale, Variant, answer_questions, model_config
+    from attnlab.models.gpt import GPT
+
+    question = "Where was Al born?"
+    vocab = KnowledgeVocab.from_texts(question + "Paris")
+    model = GPT(model_config(KnowledgeScale(n_layers=1, n_heads=1, d_model=8, block_size=32, dropout=0.0),
+                             vocab.vocab_size, Variant("dot", True))).eval()
+    written = vocab.encode("Pa") + [vocab.pad_id] + vocab.encode("ris") + [vocab.mask_id]
+    monkeypatch.setattr(generation, "generate", lambda *args, **kwargs: [written])
+    assert answer_questions(model, vocab, [question]) == ["Pa"]
