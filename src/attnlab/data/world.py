@@ -2,7 +2,8 @@
 
 Every person has a unique made-up name, a birthplace, a different town where they live or work (and one
 where they studied: never the birthplace, now and then the town they live in), a profession and a birth year.
-Each person gets a one-line biography in one of several phrasings, in the style of the CS224n 2021 a5 corpus, for example::
+Each person gets a one-line biography in one of several phrasings, in the style of the CS224n 2021 a5
+corpus, for example::
 
     Amara Velt. Amara Velt is a painter born in Tovriss . She later worked in Quendal .
 
