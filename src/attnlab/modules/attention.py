@@ -147,6 +147,8 @@ def attention(
     if mask is not None and mask.dtype != torch.bool and not mask.is_floating_point():
         raise ConfigError(f"attention mask must be boolean (True = may attend) or float (added to the scores), "
                           f"got {mask.dtype}; for a 0/1 mask of real tokens pass mask.bool()")
+    if mask is not None and mask.dim() < 4:  # broadcasting's leading ones, so every path reads it alike
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
     t, s = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if causal and t == 1:
@@ -155,7 +157,8 @@ def attention(
     may_hide_rows = mask is not None or (causal and t > s)
 
     if ((_half_on_cpu(q) or _onednn_fp32(q)) and k.dtype == v.dtype == q.dtype and bias is None
-            and not need_weights and (t == s or not causal) and t and s and _blockable(mask, q, s)
+            and not need_weights and (t == s or not causal) and t and s and q.shape[:-2].numel()
+            and _blockable(mask, q, s)
             and not torch.compiler.is_compiling()):
         # Blocked paths, unless keeping every probability for the backward would take more memory than
         # KEPT_PROBABILITY_BYTES at a length torch's flash kernel (memory linear in T) also serves well.
@@ -173,8 +176,9 @@ def attention(
         return _explicit_attention(q, k, v, mask=mask, bias=bias, causal=causal, dropout=dropout, scale=scale,
                                    need_weights=need_weights, may_hide_rows=may_hide_rows)
 
-    # Fold causality, the boolean mask and the additive bias into one attn_mask for the fused kernel.
-    attn_mask = mask
+    # Fold causality, the boolean mask and the additive bias into one attn_mask for the fused kernel, which takes
+    # a float mask only in the queries' dtype (the other paths cast it).
+    attn_mask = mask if mask is None or mask.dtype == torch.bool else mask.to(q.dtype)
     if causal and (mask is not None or bias is not None or t != s):
         cm = causal_mask(t, s, device=q.device)
         attn_mask = cm if attn_mask is None else _and_masks(attn_mask, cm)
@@ -403,15 +407,20 @@ def _workspace(slot: int, n: int, dtype: torch.dtype, device: torch.device) -> T
     key = (slot, dtype, device)
     buf = buffers.get(key)
     if buf is None or buf.numel() < n:
-        buf = buffers[key] = torch.empty(n, dtype=dtype, device=device)
+        # Never an inference tensor (one made under torch.inference_mode), which no later call outside it
+        # could write: a bf16 training step after an evaluation in inference mode failed so.
+        with torch.inference_mode(False):
+            buf = buffers[key] = torch.empty(n, dtype=dtype, device=device)
     return buf[:n]
 
 
 @functools.lru_cache(maxsize=16)
 def _causal_additive(t: int, s: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """(T, S): 0 where query i may see key j (bottom-right aligned, as `causal_mask`), -inf elsewhere.
-    Built once per shape, dtype and device: every layer of every step reuses it (never written to)."""
-    return _as_additive(causal_mask(t, s, device=device), dtype)
+    Built once per shape, dtype and device: every layer of every step reuses it (never written to), so never
+    as an inference tensor, which autograd outside inference mode could not use."""
+    with torch.inference_mode(False):
+        return _as_additive(causal_mask(t, s, device=device), dtype)
 
 
 def _as_additive(mask: Tensor, dtype: torch.dtype) -> Tensor:

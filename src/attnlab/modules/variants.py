@@ -172,7 +172,9 @@ def bilinear_from_dot(dot: DotScores) -> BilinearScores:
     kv_dim = dot.k_proj.in_features
     dh = d_model // h
     has_bias = dot.q_proj.bias is not None
-    out = BilinearScores(d_model=d_model, n_heads=h, kv_dim=kv_dim, bias=has_bias)
+    weight = dot.q_proj.weight
+    # The dot layer's dtype and device: built in the defaults, a float64 layer's product was rounded to float32.
+    out = BilinearScores(d_model=d_model, n_heads=h, kv_dim=kv_dim, bias=has_bias).to(weight.device, weight.dtype)
     wq = dot.q_proj.weight.view(h, dh, d_model)
     wk = dot.k_proj.weight.view(h, dh, kv_dim)
     out.weight.copy_(torch.einsum("hed,hef->hdf", wq, wk) / math.sqrt(dh))
