@@ -125,3 +125,14 @@ def test_wordpiece_keeps_special_tokens_in_text_whole():
                                   min_frequency=1)
     ids = wp.encode("fox <mask> dog")
     assert wp.mask_id in ids and len(ids) == 3
+
+
+def test_the_embedded_texts_are_held_out_from_a_line_start():
+    # A file's held-out part begins at a line start; the pydoc texts were cut at a character offset, inside a word.
+    from attnlab.data.corpus import pydoc_corpus
+    from attnlab.training.recipe import DataConfig, _lm_text_parts
+
+    train, held_out = _lm_text_parts(DataConfig(val_fraction=0.1))
+    train_text, held_text = "".join(train()), "".join(held_out())
+    assert train_text + held_text == pydoc_corpus() and train_text.endswith("\n")
+    assert abs(len(held_text) - 0.1 * len(pydoc_corpus())) < 200

@@ -678,9 +678,12 @@ def _lm_text_parts(d: DataConfig) -> tuple[Callable[[], Iterable[str]], Callable
     from attnlab.data.corpus import pydoc_corpus
     from attnlab.data.text_files import check_text, iter_text_blocks, line_split_offset
 
-    if not d.path:  # the embedded corpus: 400 KB, in memory
+    if not d.path:  # the embedded corpus: 400 KB, in memory; cut at a line start, as a file is
         text = pydoc_corpus()
         cut = int(len(text) * (1 - d.val_fraction))
+        if 0 < cut < len(text):
+            line_end = text.find("\n", cut)
+            cut = line_end + 1 if line_end >= 0 else cut
         return (lambda: [text[:cut]]), ((lambda: [text[cut:]]) if cut < len(text) else None)
     path = check_text(d.path)
     if d.eval_path:
