@@ -218,3 +218,35 @@ def test_a_resumed_runs_summary_gives_the_rate_of_its_own_steps(tmp_path, monkey
     tokens = after["tokens_seen"] - before["tokens_seen"]
     seconds = after["train_seconds"] - before["train_seconds"]
     assert summary["start_step"] == 2 and summary["tokens_per_s"] == pytest.approx(tokens / seconds)
+
+
+@pytest.mark.parametrize("interrupted_step", [2, 4])
+def test_ctrl_c_during_the_optimizer_step_keeps_the_steps_records(tmp_path, interrupted_step):
+    # Deferred only around the update and its count, the interrupt then came before the step's records: a resume
+    # logged no loss for it, counted none of its tokens and, at an evaluation step, never evaluated it.
+    def run(name: str, interrupt_at: int | None) -> dict:
+        def trainer(resume: bool = False) -> Trainer:
+            return Trainer(tiny_model(), _config(eval_every=2), ToySource(), eval_source=ToySource(),
+                           eval_counts=token_accuracy_counts, out_dir=tmp_path / name, resume=resume)
+
+        first, calls = trainer(), {"n": 0}
+
+        def ctrl_c(optimizer, args, kwargs):
+            calls["n"] += 1
+            if calls["n"] == interrupt_at:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        first.optimizer.register_step_post_hook(ctrl_c)
+        try:
+            return first.fit()
+        except TrainingInterrupted:
+            return trainer(resume=True).fit()
+
+    reference, resumed = run("reference", None), run("resumed", interrupted_step)
+    for key in ("final_eval", "best"):
+        assert resumed[key] == reference[key]
+    records = [_records(tmp_path / name) for name in ("reference", "resumed")]
+    assert records[0] and [{k: v for k, v in r.items() if k not in ("elapsed", "tokens_per_s")} for r in records[1]] \
+        == [{k: v for k, v in r.items() if k not in ("elapsed", "tokens_per_s")} for r in records[0]]
+    states = [read_trainer_state(tmp_path / name / "checkpoint") for name in ("reference", "resumed")]
+    assert states[1]["tokens_seen"] == states[0]["tokens_seen"]

@@ -187,19 +187,28 @@ def _interrupts_deferred() -> Iterator[None]:
     would have met. Around an optimizer step and the step counter's increment: interrupted between the two, a
     checkpoint held weights already updated by a step it counted as not done (a resume applied it twice), and a
     fused or foreach AdamW can be stopped between its parameter groups."""
-    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+    signums = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.getsignal(signum) for signum in signums}
+    # Signals reach the main thread only; a handler installed outside Python (None) could not be put back.
+    if threading.current_thread() is not threading.main_thread() or None in previous.values():
         yield
         return
     held: list[int] = []
-    signums = (signal.SIGINT, signal.SIGTERM)
-    previous = {signum: signal.getsignal(signum) for signum in signums}
     for signum in signums:
         signal.signal(signum, lambda received, frame: held.append(received))
     try:
         yield
     finally:
-        for signum in signums:
-            signal.signal(signum, previous[signum])
+        # Both put back with the two signals blocked: one arriving between the two would otherwise raise there and
+        # leave the other's holder installed, dropping that signal from then on.
+        blocks = hasattr(signal, "pthread_sigmask")
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, signums) if blocks else None
+        try:
+            for signum in signums:
+                signal.signal(signum, previous[signum])
+        finally:
+            if blocks:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     for signum in held[:1]:
         handler = previous[signum]
         if callable(handler):
@@ -456,6 +465,7 @@ class Trainer:
         self._bad_evals = 0
         self._stale_best = False  # a best/ left by the run this from-scratch run replaces (see _save)
         self._in_step = False
+        self._eval_due = False  # the step just counted owes an evaluation not yet begun
         self._rng_at_step_start: tuple | None = None
         # Between a step and the end of its evaluation: what best/ and early stopping stood at before it. A run
         # stopped there saves that, marked pending, and its resumption evaluates the step again.
@@ -652,7 +662,7 @@ class Trainer:
             "best": self.best,
             "best_eval_loss": self._best_eval_loss,
             "evals_without_improvement": self._bad_evals,
-            "eval_pending": self._eval_pending is not None,
+            "eval_pending": self._eval_pending is not None or self._eval_due,
             "log_window": self._window.to_dict(),
             "rng": rng,
             "world_size": self.world.size,
@@ -941,31 +951,35 @@ class Trainer:
                 self._in_step = True
                 t = time.perf_counter()
                 loss_sum, n_targets, n_tokens, grad_norm = self._train_step(self.step)
-                with _interrupts_deferred():  # the update and its count together, or neither
+                # The update, its count and its records together, or none of them: a Ctrl-C in here takes effect
+                # at the end of the block, and an evaluation the step owes is then saved as pending.
+                with _interrupts_deferred():
                     self.optimizer.step()
                     self.step += 1
                     self._in_step = False
-                last = self.step == cfg.steps
-                logs = self.step % cfg.log_every == 0 or last
-                evaluates = has_eval and (last or bool(cfg.eval_every and self.step % cfg.eval_every == 0))
-                if logs or evaluates:
-                    # A GPU runs steps behind the host: the window's time (tokens/s) must hold its steps' work,
-                    # not leave it to the log's or the evaluation's wait. Not every step: the next batch is
-                    # prepared while the device works.
-                    synchronize(self.device)
-                seconds = time.perf_counter() - t
-                self._totals.tokens += n_tokens
-                self._totals.train_seconds += seconds
-                window.add(loss_sum, n_targets, n_tokens, seconds)
-                window.grad_norm = grad_norm
-                progress.update()
-                if self._checks_each_step or evaluates or self._saves_at(False):  # before it reaches a checkpoint
-                    self._window_loss(window)
-                if logs:
-                    self._log_train(window, progress)
-                    window = self._window = _Window()
+                    last = self.step == cfg.steps
+                    logs = self.step % cfg.log_every == 0 or last
+                    evaluates = has_eval and (last or bool(cfg.eval_every and self.step % cfg.eval_every == 0))
+                    if logs or evaluates:
+                        # A GPU runs steps behind the host: the window's time (tokens/s) must hold its steps'
+                        # work, not leave it to the log's or the evaluation's wait. Not every step: the next batch
+                        # is prepared while the device works.
+                        synchronize(self.device)
+                    seconds = time.perf_counter() - t
+                    self._totals.tokens += n_tokens
+                    self._totals.train_seconds += seconds
+                    window.add(loss_sum, n_targets, n_tokens, seconds)
+                    window.grad_norm = grad_norm
+                    progress.update()
+                    if self._checks_each_step or evaluates or self._saves_at(False):  # before a checkpoint has it
+                        self._window_loss(window)
+                    if logs:
+                        self._log_train(window, progress)
+                        window = self._window = _Window()
+                    self._eval_due = evaluates
                 if evaluates:
                     stopped_early = self._evaluate_step(progress)
+                    self._eval_due = False
                     if stopped_early and window.steps:  # logged before the save, which keeps the window
                         self._log_train(window, progress)
                         window = self._window = _Window()
