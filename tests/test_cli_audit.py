@@ -123,3 +123,26 @@ def test_a_blank_evaluation_file_drops_the_configs_own():
 
     run = load_run_config(ROOT / "configs" / "encoder-classify.toml", ['data.eval_path=""'])
     assert run.data.eval_path is None and run.data.path == "train.tsv"
+
+
+def test_yaml_reads_numbers_as_toml_does_and_empty_sections(tmp_path):
+    # PyYAML's YAML 1.1 read 3e-4 as a string ("train.lr: expected a number, got '3e-4'"), and a section with
+    # nothing under it as None ("data = None is not a table of settings").
+    from attnlab.training.recipe import load_run_config
+
+    config = tmp_path / "run.yaml"
+    config.write_text("model:\n  preset: gpt-char-tiny\n  position: sinusoidal\n  position_options: {base: 5e5}\n"
+                      "data:\n  # nothing to change\ntrain:\n  lr: 3e-4\n  steps: 10\n  betas: [0.9, 0.95]\n"
+                      "  out_dir: runs/x\n", encoding="utf-8")
+    run = load_run_config(config)
+    assert run.train.lr == 3e-4 and run.train.steps == 10 and isinstance(run.train.steps, int)
+    assert run.model["position_options"] == {"base": 5e5} and run.data.task == "lm"
+
+
+def test_an_mlm_run_may_state_its_vocabulary_size():
+    # Whether BERT predicts the next sentence is read before the tokenizer exists, from a config built with a
+    # placeholder vocabulary of 1: a stated model.vocab_size, even the right one, was refused against it.
+    from attnlab.training.recipe import _predicts_next_sentence, load_run_config
+
+    run = load_run_config(ROOT / "configs" / "bert-mlm.toml", ["model.vocab_size=4000"])
+    assert _predicts_next_sentence(run)

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import itertools
 import json
+import re
 import sys
 import warnings
 from collections.abc import Callable, Iterable
@@ -213,6 +215,26 @@ def parse_value(raw: str) -> Any:
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
+@functools.lru_cache(maxsize=1)
+def _yaml_loader() -> type:
+    """PyYAML's safe loader reading numbers as YAML 1.2 does: 3e-4 and 5e5 are floats (YAML 1.1, PyYAML's
+    default, wants a dot and a signed exponent, 3.0e-4, and read "3e-4" as a string)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+
+                      |[-+]?(?:[0-9][0-9_]*)\.[0-9_]*
+                      |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                      |[-+]?\.(?:inf|Inf|INF)
+                      |\.(?:nan|NaN|NAN))$""", re.X),
+        list("-+0123456789."))
+    return Loader
+
+
 def _read_config_file(p: Path) -> Any:
     """A config file's contents: YAML for a .yaml or .yml file (PyYAML's safe loader: plain data, no objects),
     else TOML."""
@@ -224,7 +246,7 @@ def _read_config_file(p: Path) -> Any:
         import yaml
 
         try:
-            raw = yaml.safe_load(text)
+            raw = yaml.load(text, Loader=_yaml_loader())
         except yaml.YAMLError as e:
             where = getattr(e, "problem_mark", None)
             at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
@@ -235,7 +257,7 @@ def _read_config_file(p: Path) -> Any:
         if not isinstance(raw, dict) or not all(isinstance(k, str) for k in raw):
             raise ConfigError(f"{p}: a YAML config is a mapping of sections (model:, data:, train:) to their "
                               "settings, as the TOML files in configs/ are tables")
-        return raw
+        return {k: {} if v is None else v for k, v in raw.items()}  # "data:" with nothing under it: no settings
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -828,7 +850,8 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
 def _predicts_next_sentence(run: RunConfig) -> bool:
     """Whether the BERT of an mlm run has the next-sentence head. Read before the vocabulary is trained, so
     from a model config built with a placeholder vocabulary size."""
-    return bool(model_config(run.model, vocab_size=1).nsp)
+    placeholder = {} if "vocab_size" in run.model else {"vocab_size": 1}  # a given size is checked later, not here
+    return bool(model_config(run.model, **placeholder).nsp)
 
 
 def sentence_pair_source(documents, tokenizer, config, data: DataConfig, batch_size: int, seed: int):
