@@ -478,3 +478,24 @@ def test_a_damaged_run_json_does_not_block_a_checkpoint_that_has_its_data(capsys
     code, out, err = run_cli(capsys, "evaluate", str(lm_copy), "-d", str(text), "--json", "--device", "cpu")
     assert code == 0, err
     assert json.loads(out)["loss"] > 0
+
+
+def test_a_bare_bert_checkpoint_cuts_long_pairs_to_its_positions(capsys, tmp_path):
+    # The masked-LM evaluation of a checkpoint without data.max_length cut pairs to 128 tokens: "sequence of 128
+    # tokens is longer than the model allows (24)".
+    run = tmp_path / "run"
+    _train(str(ROOT / "configs" / "bert-mlm.toml"), "--set", "model.max_len=24", "--set", "data.max_length=24",
+           "--set", "data.vocab_size=300", "--set", "model.d_model=16", "--set", "model.n_layers=1", "--set",
+           "model.d_ff=16", "--set", "train.steps=1", "--set", "train.eval_every=0", "--set",
+           f"train.out_dir={_q(run)}", *TINY)
+    bare = tmp_path / "bare"
+    shutil.copytree(run / "checkpoint", bare)
+    (bare / "trainer_state.json").unlink()
+    documents = tmp_path / "docs.txt"
+    sentence = " ".join(["the class of the object is a type"] * 10)
+    documents.write_text("\n\n".join(f"{sentence} {i}.\n{sentence} again.\n{sentence} more." for i in range(4)),
+                         encoding="utf-8")
+    with pytest.warns(UserWarning, match="cut to what the model's positions hold"):
+        code, out, err = run_cli(capsys, "evaluate", str(bare), "-d", str(documents), "--json", "--device", "cpu")
+    assert code == 0, err
+    assert json.loads(out)["sentence_pairs"] > 0

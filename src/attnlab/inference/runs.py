@@ -407,15 +407,19 @@ def _token_loss_metrics(model: nn.Module, batches) -> dict[str, float]:
 def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> dict[str, float]:
     """BERT pre-training objectives on a text of documents (blank-line separated, a sentence per line),
     masked and paired with a fixed seed: the same numbers every time."""
+    from attnlab.data.sources import cut_advice
     from attnlab.data.text_files import read_text, split_documents
     from attnlab.training.recipe import DataConfig, pretraining_counts, sentence_pair_source
 
     model, tok = run.model, run.tokenizer
     known = set(DataConfig.field_names())
     settings = DataConfig.from_dict({k: v for k, v in run.data.items() if k in known}, where="data")
+    max_length, guessed = _scoring_length(run)  # a bare checkpoint: what its positions hold, not 128
+    settings = settings.replace(max_length=max(max_length, 5))  # [CLS] A [SEP] B [SEP] needs 5
     documents = split_documents(read_text(data))  # read_text's errors name the file already
     try:
-        source = sentence_pair_source(documents, tok, model.config, settings, batch_size, 0)
+        with cut_advice(guessed) if guessed else contextlib.nullcontext():
+            source = sentence_pair_source(documents, tok, model.config, settings, batch_size, 0)
     except DataError as e:  # no sentence pairs in the file, too few documents...: name the file
         raise DataError(f"{data}: {e}") from None
     batches = progress_bar(source.iter_batches(batch_size), math.ceil(len(source.pairs) / batch_size), "evaluate")
