@@ -431,19 +431,33 @@ def test_what_a_checkpoints_run_did_with_batch_lengths(extra, sorted_):
 def test_a_classifier_checkpoint_without_its_class_names(capsys, tmp_path, cls_run):
     # Copied without trainer_state.json (and away from run.json), the classifier took the evaluation file's own
     # labels, sorted, for its classes: a file of class-1 examples alone scored as class 0, 100 % for a 0 % model.
+    # The weights file now carries the class names; one written before that (no names anywhere) takes numeric
+    # labels as the output numbers, with a warning, and refuses others.
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
     bare = tmp_path / "bare"
     shutil.copytree(cls_run / "checkpoint", bare)
     (bare / "trainer_state.json").unlink()
     ones = tmp_path / "ones.tsv"
     ones.write_text("sentence\tlabel\n" + "great movie great\t1\nfine movie fine\t1\n", encoding="utf-8")
+    other = tmp_path / "other.tsv"
+    other.write_text("sentence\tlabel\ngreat movie great\tpos\nbad movie bad\tneg\n", encoding="utf-8")
     scores = {}
     for folder in (cls_run, bare):
         code, out, err = run_cli(capsys, "evaluate", str(folder), "-d", str(ones), "--json", "--device", "cpu")
         assert code == 0, err
         scores[folder] = json.loads(out)["accuracy"]
-    assert scores[bare] == scores[cls_run]  # labels that are the class numbers map to them
-    other = tmp_path / "other.tsv"
-    other.write_text("sentence\tlabel\ngreat movie great\tpos\nbad movie bad\tneg\n", encoding="utf-8")
+    assert scores[bare] == scores[cls_run]
+    assert "were not in the training data (known: ['0', '1'])" in one_line_error(
+        capsys, "evaluate", str(bare), "-d", str(other), "--device", "cpu")
+    with safe_open(str(bare / "model.safetensors"), framework="pt") as f:  # as written before the names
+        tensors, metadata = {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata())
+    metadata.pop("labels")
+    save_file(tensors, str(bare / "model.safetensors"), metadata=metadata)
+    with pytest.warns(UserWarning, match="keeps no class names: label i of .* is scored as output i"):
+        code, out, err = run_cli(capsys, "evaluate", str(bare), "-d", str(ones), "--json", "--device", "cpu")
+    assert code == 0 and json.loads(out)["accuracy"] == scores[cls_run]
     line = one_line_error(capsys, "evaluate", str(bare), "-d", str(other), "--device", "cpu")
     assert "keeps no class names" in line and "class numbers 0 to 1" in line
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
         load_model,
         read_config,
         read_trainer_state,
+        saved_labels,
     )
 
     path = Path(path)
@@ -100,6 +102,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
         labels = list(extra.get("labels") or [])
     except (CheckpointError, AttributeError, TypeError, ValueError):
         data, labels = {}, []
+    labels = labels or saved_labels(folder) or []  # the weights file's own copy (trainer_state.json left behind)
     config = model.config
     classifier = "classification" in (getattr(config, "head", None), getattr(config, "heads", None))
     for candidate in (path / "run.json", folder.parent / "run.json"):
@@ -468,6 +471,9 @@ def _numbered_classes(run: LoadedRun, found: list[str], data: str | Path) -> lis
     n = int(getattr(run.model.config, "n_classes", 0) or 0)
     numbers = [str(i) for i in range(n)]
     if n and set(found) <= set(numbers):
+        warnings.warn(f"{run.folder} keeps no class names: label i of {data} is scored as output i (right for a "
+                      "converted checkpoint; a model trained on labels other than 0 to n - 1 needs its run folder)",
+                      stacklevel=3)
         return numbers
     raise DataError(f"{run.folder} keeps no class names (its trainer_state.json and run.json are missing), so the "
                     f"labels of {data} ({found[:5]}) cannot be matched to its {n} outputs; evaluate the run folder "

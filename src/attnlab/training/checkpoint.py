@@ -476,8 +476,11 @@ def save_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
     tmp.mkdir()
     try:
         tensors, aliases = _unique_tensors(model.state_dict())
-        save_file(tensors, str(tmp / MODEL_FILE),
-                  metadata={"format_version": str(FORMAT_VERSION), "aliases": json.dumps(aliases)})
+        metadata = {"format_version": str(FORMAT_VERSION), "aliases": json.dumps(aliases)}
+        labels = ((trainer_state or {}).get("extra_state") or {}).get("labels")
+        if labels:  # a classifier's class names travel with its weights (trainer_state.json may be left behind)
+            metadata["labels"] = json.dumps(list(labels))
+        save_file(tensors, str(tmp / MODEL_FILE), metadata=metadata)
         ordinary_permissions(tmp / MODEL_FILE)
         fsync_path(tmp / MODEL_FILE)
         _write_json(tmp / CONFIG_FILE, config)
@@ -522,6 +525,18 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(config, dict) or "family" not in config:
         raise CheckpointError(f"{folder / CONFIG_FILE} has no model family; use another checkpoint")
     return config
+
+
+def saved_labels(path: str | os.PathLike[str]) -> list[str] | None:
+    """The class names a classifier's weights file carries (None: none, or an unreadable entry)."""
+    folder = find_checkpoint(path)
+    try:
+        with safe_open(str(folder / MODEL_FILE), framework="pt") as f:
+            raw = (f.metadata() or {}).get("labels")
+        labels = json.loads(raw) if raw else None
+    except Exception:  # a damaged header is load_model's to report; here it only means no names
+        return None
+    return [str(x) for x in labels] if isinstance(labels, list) and labels else None
 
 
 def read_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
