@@ -102,8 +102,8 @@ def test_every_shipped_config_written_as_yaml_gives_the_same_run(tmp_path):
 @pytest.mark.parametrize("item, needle", [
     ("train.lr=1" + "0" * 400, "train.lr: 100000000000... is too large for a number"),  # OverflowError
     ("model.block_size=99999999999999999999", "does not fit in 64 bits; give an integer from -2**63 to 2**63 - 1"),
-    ("train.out_dir=2024-01-01", "write it in quotes, \"2024-01-01\" (on the command line: --set "
-                                 "train.out_dir='\"2024-01-01\"')"),
+    ("train.out_dir=2024-01-01", "write it in double quotes (on the command line: --set train.out_dir='\"...\"')"),
+    ("train.out_dir=1.10", "expected a string, got 1.1; write it in double quotes"),
     ("model.attention_options.window=4", "--set 'model.attention_options={window = 4}'"),
 ])
 def test_odd_set_values_get_one_line_with_the_fix(capsys, files, item, needle):

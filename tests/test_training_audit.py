@@ -250,3 +250,28 @@ def test_ctrl_c_during_the_optimizer_step_keeps_the_steps_records(tmp_path, inte
         == [{k: v for k, v in r.items() if k not in ("elapsed", "tokens_per_s")} for r in records[0]]
     states = [read_trainer_state(tmp_path / name / "checkpoint") for name in ("reference", "resumed")]
     assert states[1]["tokens_seen"] == states[0]["tokens_seen"]
+
+
+def test_resuming_with_the_old_schedule_written_out_is_not_a_change(tmp_path):
+    # The longer-run warning advises --set train.decay_steps=<old steps>; doing so warned "changed settings".
+    Trainer(tiny_model(), _config(steps=4), ToySource(), out_dir=tmp_path).fit()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Trainer(tiny_model(), _config(steps=8, decay_steps=4), ToySource(), out_dir=tmp_path, resume=True).fit()
+
+
+def test_optimizer_state_grouped_by_another_decay_rule_is_named_so(tmp_path):
+    # A bilinear run saved before its key bias left the decayed group: "the checkpoint belongs to another model".
+    from attnlab.errors import CheckpointError
+    from attnlab.training.checkpoint import load_checkpoint_into, save_checkpoint
+
+    model = tiny_model()
+    params = list(model.parameters())
+    old = torch.optim.AdamW([{"params": params[:2]}, {"params": params[2:]}])
+    model(**ToySource().batch(0)).loss.backward()
+    old.step()
+    save_checkpoint(tmp_path / "checkpoint", model, old)
+    new = torch.optim.AdamW([{"params": params[:1]}, {"params": params[1:]}])
+    with pytest.raises(CheckpointError, match="groups the optimizer's .* parameters for weight decay as .*start a new "
+                                              "run from its weights with --set model.init_from"):
+        load_checkpoint_into(tmp_path / "checkpoint", model, new)

@@ -73,9 +73,9 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
             raise ConfigError(f"{name}: {str(value)[:12]}... is too large for a number") from None
     if annotation is str:
         if not isinstance(value, str):
-            quoted = isinstance(value, (int, float, datetime.date, datetime.time))  # what TOML read unquoted
-            hint = f"; write it in quotes, \"{value}\" (on the command line: --set {name}='\"{value}\"')" \
-                if quoted else ""
+            # What TOML read unquoted as another type; not echoed back (1.10 came back as "1.1", 0x1F as "31").
+            quoted = isinstance(value, (int, float, datetime.date, datetime.time))
+            hint = f"; write it in double quotes (on the command line: --set {name}='\"...\"')" if quoted else ""
             raise ConfigError(f"{name}: expected a string, got {value!r}{hint}")
         return value
     return value

@@ -193,7 +193,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set model.position=rotary")
     key, raw = item.split("=", 1)
     path = key.strip().split(".")
-    if len(path) > 2 and all(path):  # an option table's key: TOML's inline table sets it
+    if len(path) > 2 and all(path) and path[1].endswith("_options"):  # a key of a table: TOML's inline table
         raise ConfigError(f"--set {item!r}: the key must be section.name; set a table's entries as an inline "
                           f"table, --set '{path[0]}.{path[1]}={{{'.'.join(path[2:])} = {raw.strip()}}}'")
     if len(path) != 2 or not all(path):

@@ -755,6 +755,9 @@ class Trainer:
                               "the run is finished)")
         changed = [k for k in _RESUME_SENSITIVE if k in saved_config
                    and _as_json(saved_config[k]) != _as_json(getattr(self.config, k))]
+        if ("decay_steps" in changed and saved_config.get("decay_steps") is None
+                and self.config.decay_steps == saved_config.get("steps")):
+            changed.remove("decay_steps")  # the old schedule written out, as the longer-run warning advises
         if changed and self.world.is_main:
             warnings.warn(f"resuming with changed settings ({', '.join(changed)}): the run will not "
                           "reproduce an uninterrupted one", stacklevel=3)
