@@ -341,7 +341,9 @@ def _check_resumed_vocabulary(phases: list[Path], vocab) -> None:
                               f"{folder.name} was trained with {len(before)} "
                               f"({change or 'another order'}); "
                               "resume with the same --corpus and --train files (or, for the "
-                              "synthetic world, the same --seed and n_people), or start without --resume")
+                              "synthetic world, the same --seed and n_people), or start without --resume (a "
+                              "run from files begun before the vocabulary held the corpus's line end, "
+                              "'\\n', must start again)")
 
 
 # What a finished or interrupted phase must share with this run for --resume to continue it.
