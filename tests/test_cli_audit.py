@@ -133,10 +133,11 @@ def test_yaml_reads_numbers_as_toml_does_and_empty_sections(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("model:\n  preset: gpt-char-tiny\n  position: sinusoidal\n  position_options: {base: 5e5}\n"
                       "data:\n  # nothing to change\ntrain:\n  lr: 3e-4\n  steps: 10\n  betas: [0.9, 0.95]\n"
-                      "  out_dir: runs/x\n", encoding="utf-8")
+                      "  out_dir: ._\n", encoding="utf-8")
     run = load_run_config(config)
     assert run.train.lr == 3e-4 and run.train.steps == 10 and isinstance(run.train.steps, int)
     assert run.model["position_options"] == {"base": 5e5} and run.data.task == "lm"
+    assert run.train.out_dir == "._"  # a dot and an underscore: a name, not a number (it failed as float('.'))
 
 
 def test_an_mlm_run_may_state_its_vocabulary_size():

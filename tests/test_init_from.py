@@ -180,3 +180,12 @@ def test_a_classifier_head_is_kept_only_for_the_same_classes(files, bert_run):
     ours, saved = other.model.state_dict(), load_model(first).state_dict()
     assert not torch.equal(ours["classifier.weight"], head)
     assert all(torch.equal(v, saved[k]) for k, v in ours.items() if not k.startswith("classifier."))
+    # The same from a copy of the checkpoint without trainer_state.json: the weights file names its classes.
+    import shutil
+
+    bare = files / "cls-bare"
+    shutil.copytree(first / "checkpoint", bare)
+    (bare / "trainer_state.json").unlink()
+    from_bare = prepare(_classify(files, bare, f"data.path={_q(renamed)}", f"data.eval_path={_q(renamed)}",
+                                  f"train.out_dir={_q(files / 'cls-from-bare')}"))
+    assert not torch.equal(from_bare.model.state_dict()["classifier.weight"], head)

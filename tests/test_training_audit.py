@@ -275,3 +275,80 @@ def test_optimizer_state_grouped_by_another_decay_rule_is_named_so(tmp_path):
     with pytest.raises(CheckpointError, match="groups the optimizer's .* parameters for weight decay as .*start a new "
                                               "run from its weights with --set model.init_from"):
         load_checkpoint_into(tmp_path / "checkpoint", model, new)
+
+
+def _interrupted_and_resumed(tmp_path, name: str, settings: dict, interrupt) -> tuple[dict, list[dict], dict]:
+    """(summary, metrics records, saved state) of a run stopped by `interrupt(trainer)` and resumed."""
+    def trainer(resume: bool = False) -> Trainer:
+        return Trainer(tiny_model(), _config(**settings), ToySource(), eval_source=ToySource(),
+                       eval_counts=token_accuracy_counts, out_dir=tmp_path / name, resume=resume)
+
+    first = trainer()
+    if interrupt is not None:
+        interrupt(first)
+    try:
+        summary = first.fit()
+    except TrainingInterrupted:
+        summary = trainer(resume=True).fit()
+    records = [{k: v for k, v in r.items() if k not in ("elapsed", "tokens_per_s")} for r in _records(tmp_path / name)]
+    return summary, records, read_trainer_state(tmp_path / name / "checkpoint")
+
+
+def test_ctrl_c_while_an_evaluation_is_shown_does_not_count_it_twice(tmp_path, monkeypatch):
+    # Recorded (metrics line, best/, early-stopping count) but saved as still owed: the resume evaluated the step
+    # again and counted it a second time towards early stopping, stopping a step early.
+    import attnlab.training.trainer as trainer_module
+
+    settings = dict(steps=12, eval_every=1, log_every=4, early_stopping_patience=2, lr=0.3)
+    reference = _interrupted_and_resumed(tmp_path, "reference", settings, None)
+    shown = trainer_module.Progress.write
+    once = {"done": False}
+
+    def write(self, text):
+        shown(self, text)
+        if text.startswith("step 6: eval") and not once["done"]:
+            once["done"] = True
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(trainer_module.Progress, "write", write)
+    resumed = _interrupted_and_resumed(tmp_path, "resumed", settings, None)
+    assert once["done"] and resumed[0]["steps"] == reference[0]["steps"] and resumed[1] == reference[1]
+    assert resumed[2]["evals_without_improvement"] == reference[2]["evals_without_improvement"]
+
+
+def test_an_early_stop_on_resume_logs_before_it_saves_with_the_steps_rate(tmp_path):
+    # The resumed evaluation that stopped the run saved the unlogged steps in the checkpoint, then logged them with
+    # train.lr (no step had set the rate yet) instead of the last step's rate.
+    settings = dict(steps=12, eval_every=1, log_every=4, early_stopping_patience=2, lr=0.3)
+    reference = _interrupted_and_resumed(tmp_path, "reference", settings, None)
+    calls = {"n": 0}
+
+    def at_step_7(trainer):
+        def ctrl_c(optimizer, args, kwargs):
+            calls["n"] += 1
+            if calls["n"] == 7:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        trainer.optimizer.register_step_post_hook(ctrl_c)
+
+    resumed = _interrupted_and_resumed(tmp_path, "resumed", settings, at_step_7)
+    assert reference[0]["stopped_early"] and reference[0]["steps"] == 7
+    assert resumed[1] == reference[1] and resumed[2]["log_window"] is None
+
+
+def test_a_run_resumed_at_its_end_reports_its_last_losses(tmp_path):
+    # A resume that trains no step reported final_train_loss None (the last loss was not saved).
+    calls = {"n": 0}
+
+    def at_last_step(trainer):
+        def ctrl_c(optimizer, args, kwargs):
+            calls["n"] += 1
+            if calls["n"] == 4:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        trainer.optimizer.register_step_post_hook(ctrl_c)
+
+    reference = _interrupted_and_resumed(tmp_path, "reference", dict(eval_every=2), None)
+    resumed = _interrupted_and_resumed(tmp_path, "resumed", dict(eval_every=2), at_last_step)
+    for key in ("final_train_loss", "final_eval", "best"):
+        assert resumed[0][key] == reference[0][key] and reference[0][key] is not None

@@ -369,9 +369,10 @@ def _load_optimizer_state(folder: Path, optimizer: torch.optim.Optimizer) -> Non
     if saved_sizes != sizes:
         if sum(saved_sizes) == sum(sizes):  # the same parameters, grouped for weight decay by another rule
             raise CheckpointError(f"{path} groups the optimizer's {sum(sizes)} parameters for weight decay as "
-                                  f"{saved_sizes}, this version of attnlab as {sizes} (bilinear attention's key bias "
-                                  "is no longer decayed); its optimizer state cannot be resumed: start a new run "
-                                  "from its weights with --set model.init_from=<run folder>")
+                                  f"{saved_sizes}, this optimizer as {sizes} (the rule changed since it was saved: "
+                                  "bilinear attention's key bias is no longer decayed); its optimizer state cannot be "
+                                  "resumed: start a new run from its weights with --set model.init_from=<run folder> "
+                                  "(and without model.preset)")
         raise CheckpointError(f"{path} holds optimizer state for parameter groups of sizes {saved_sizes} "
                               f"but the optimizer has {sizes}; the checkpoint belongs to another model")
     params = [p for g in current for p in g["params"]]

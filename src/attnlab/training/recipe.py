@@ -228,7 +228,7 @@ def _yaml_loader() -> type:
         "tag:yaml.org,2002:float",
         re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+
                       |[-+]?(?:[0-9][0-9_]*)\.[0-9_]*
-                      |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                      |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
                       |[-+]?\.(?:inf|Inf|INF)
                       |\.(?:nan|NaN|NAN))$""", re.X),
         list("-+0123456789."))
@@ -247,6 +247,8 @@ def _read_config_file(p: Path) -> Any:
 
         try:
             raw = yaml.load(text, Loader=_yaml_loader())
+        except ValueError as e:  # a value its resolvers took for a number and could not read as one
+            raise ConfigError(f"{p}: invalid YAML: {e}; quote the value") from None
         except yaml.YAMLError as e:
             where = getattr(e, "problem_mark", None)
             at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
@@ -492,14 +494,17 @@ def _build(run: RunConfig, config: Config, *, labels: list[str] | None = None):
 
 def _saved_labels(path: str | Path) -> list[str] | None:
     """The class names a classifier checkpoint was trained with, in output order (None: none saved)."""
-    from attnlab.training.checkpoint import find_checkpoint, read_trainer_state
+    from attnlab.training.checkpoint import find_checkpoint, read_trainer_state, saved_labels
 
     try:
         extra = read_trainer_state(find_checkpoint(path)).get("extra_state")
-    except CheckpointError:  # a checkpoint without a trainer state (saved by hand): nothing known
-        return None
+    except CheckpointError:  # no trainer state (copied without it): the weights file's own copy, if any
+        try:
+            return saved_labels(path)
+        except CheckpointError:
+            return None
     labels = extra.get("labels") if isinstance(extra, dict) else None
-    return list(labels) if isinstance(labels, list) and labels else None
+    return list(labels) if isinstance(labels, list) and labels else saved_labels(path)
 
 
 def init_from_pretrained(model, path: str | Path, *, new_heads: bool = False) -> dict[str, list[str]]:

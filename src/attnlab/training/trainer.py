@@ -667,6 +667,8 @@ class Trainer:
             "rng": rng,
             "world_size": self.world.size,
             "tokens_seen": self._totals.tokens,
+            "last_train_loss": self._totals.last_loss,  # a resume that trains no step still reports them
+            "last_eval": self._totals.last_eval,
             "train_seconds": self._totals.train_seconds,
             "elapsed": self._elapsed(),
             "trainer_config": self.config.to_dict(),
@@ -738,6 +740,11 @@ class Trainer:
             window = state.get("log_window")
             self.extra_state = dict(state.get("extra_state") or {})
             self._totals.tokens = int(state.get("tokens_seen", 0))
+            last_loss = state.get("last_train_loss")
+            self._totals.last_loss = float(last_loss) if isinstance(last_loss, (int, float)) else None
+            last_eval = state.get("last_eval")
+            self._totals.last_eval = {k: float(v) for k, v in last_eval.items() if isinstance(v, (int, float))} \
+                if isinstance(last_eval, dict) else {}
             self._totals.train_seconds = float(state.get("train_seconds", 0.0))
             self._totals.elapsed_before = float(state.get("elapsed", 0.0))
             rng = list(state.get("rng") or [])
@@ -780,6 +787,8 @@ class Trainer:
         if saved_world != self.world.size and self.world.is_main:
             warnings.warn(f"resuming a {saved_world}-process run with {self.world.size} process(es)",
                           stacklevel=3)
+        if self.step:  # the rate of the last step taken: what a log record written before the next step shows
+            set_lr(self.optimizer, lr_at(self.step - 1, self.config))
 
     def _check_resumed_schedule(self, saved_config: dict[str, Any]) -> None:
         """A cosine or linear decay ends at train.steps unless train.decay_steps is set: a resume with more steps
@@ -857,6 +866,7 @@ class Trainer:
         training should stop. Until recorded, a Ctrl-C saves the state from before it (see `_interrupted`)."""
         self._eval_pending = (copy.deepcopy(self.best), self._best_eval_loss, self._bad_evals,
                               self._totals.last_eval)
+        self._eval_due = False  # owed no more: pending from here until recorded, then done
         metrics = self.evaluate()
         stopped_early = self._record_eval(metrics, self._elapsed())
         self._eval_pending = None
@@ -946,6 +956,9 @@ class Trainer:
         try:
             if self._resume_eval and has_eval and not stopped_early:  # stopped inside this step's evaluation
                 stopped_early = self._evaluate_step(progress)
+                if stopped_early and window.steps:  # logged before the save, as in the loop
+                    self._log_train(window, progress)
+                    window = self._window = _Window()
                 if self._saves_at(stopped_early):
                     self.save()
                     saved_at = self.step
@@ -982,7 +995,6 @@ class Trainer:
                     self._eval_due = evaluates
                 if evaluates:
                     stopped_early = self._evaluate_step(progress)
-                    self._eval_due = False
                     if stopped_early and window.steps:  # logged before the save, which keeps the window
                         self._log_train(window, progress)
                         window = self._window = _Window()
