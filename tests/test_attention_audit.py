@@ -87,3 +87,17 @@ def test_bilinear_from_dot_keeps_a_float64_layer_exact():
     b = merged.queries(x, None) @ merged.keys(y, None).transpose(-1, -2)
     centred = (a - a.mean(-1, keepdim=True)) - (b - b.mean(-1, keepdim=True))
     assert float(centred.abs().max()) < 1e-12
+
+
+# ---------------------------------------------------------------------- A5 (tests/test_attention_audit.py)
+def test_the_cached_causal_mask_is_never_an_inference_tensor():
+    # Cached for every later call: made under torch.inference_mode (an evaluation), it would be an inference
+    # tensor, which autograd outside inference mode may not save for a backward.
+    attention_module._causal_additive.cache_clear()
+    try:
+        with torch.inference_mode():
+            mask = attention_module._causal_additive(5, 5, torch.bfloat16, torch.device("cpu"))
+        assert not mask.is_inference()
+        assert attention_module._causal_additive(5, 5, torch.bfloat16, torch.device("cpu")) is mask  # the cached one
+    finally:
+        attention_module._causal_additive.cache_clear()

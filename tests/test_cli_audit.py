@@ -147,3 +147,47 @@ def test_an_mlm_run_may_state_its_vocabulary_size():
 
     run = load_run_config(ROOT / "configs" / "bert-mlm.toml", ["model.vocab_size=4000"])
     assert _predicts_next_sentence(run)
+
+
+# ------------------------------------------------------------------------------------------------------ M2-M4
+@pytest.mark.parametrize("family", ["gpt", "bert", "encoder", "transformer"])
+@pytest.mark.parametrize("table, key", [("attention_options", "n_heads"), ("position_options", "max_len")])
+def test_every_family_refuses_options_the_model_gives(family, table, key):
+    # Only the GPT path was tested (its preset); BERT, the encoder and the Transformer check their tables too.
+    import importlib
+
+    from attnlab.errors import ConfigError
+
+    module = importlib.import_module(f"attnlab.models.{family}")
+    config_cls = {"gpt": "GPTConfig", "bert": "BertConfig", "encoder": "EncoderConfig",
+                  "transformer": "TransformerConfig"}[family]
+    with pytest.raises(ConfigError, match=f"model.{table} sets '{key}'.*drop it from model.{table}"):
+        getattr(module, config_cls)(**{table: {key: 1}})
+
+
+# --------------------------------------------------------------------------------------------------------- R14
+def test_an_empty_yaml_config_is_called_empty(capsys, tmp_path):
+    # As an empty TOML file is: "is empty (no settings)", not "a YAML config is a mapping of sections".
+    config = tmp_path / "run.yaml"
+    config.write_text("# settings to come\n", encoding="utf-8")
+    assert "is empty (no settings)" in one_line_error(capsys, "train", str(config))
+
+
+# --------------------------------------------------------------------------------------------------------- R15
+@pytest.mark.parametrize("value", ["0x_", "0b_"])
+def test_a_yaml_value_that_is_no_number_after_all_says_to_quote_it(capsys, tmp_path, value):
+    # PyYAML's resolver takes 0x_ for an integer, then int('', 16) fails: a ValueError traceback.
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model:\n  preset: gpt-char-tiny\ntrain:\n  out_dir: {value}\n", encoding="utf-8")
+    line = one_line_error(capsys, "train", str(config))
+    assert "run.yaml: invalid YAML:" in line and "quote the value" in line
+
+
+# --------------------------------------------------------------------------------------------------------- R16
+def test_a_yml_config_is_read_as_yaml(tmp_path):
+    from attnlab.training.recipe import load_run_config
+
+    config = tmp_path / "run.yml"
+    config.write_text("model:\n  preset: gpt-char-tiny\ntrain:\n  lr: 3e-4\n  steps: 10\n", encoding="utf-8")
+    run = load_run_config(config)
+    assert run.model["preset"] == "gpt-char-tiny" and run.train.lr == 3e-4 and run.train.steps == 10

@@ -344,3 +344,17 @@ def test_knowledge_help_names_every_scale_setting():
     from attnlab.experiments.knowledge import KnowledgeScale
 
     assert KNOWLEDGE_SETTINGS == tuple(KnowledgeScale.field_names())
+
+
+# P2, P4
+def test_params_refuses_a_run_description_without_its_data_section(capsys, lm_run, tmp_path):
+    run = json.loads((lm_run / "run.json").read_text(encoding="utf-8"))
+    # A run.json is a run's description by its name alone, its [model] table naming the family or not.
+    named = tmp_path / "copy" / "run.json"
+    named.parent.mkdir()
+    named.write_text(json.dumps({"model": {"family": "gpt", "d_model": 16}, "train": run["train"]}), encoding="utf-8")
+    assert "describes a run, not a model" in one_line_error(capsys, "params", str(named))
+    # Under another name, a {"model": ...} table without a family (a preset) is a run's too, not "not a model config".
+    other = tmp_path / "saved.json"
+    other.write_text(json.dumps({"model": {"preset": "gpt-char-tiny"}, "train": run["train"]}), encoding="utf-8")
+    assert "describes a run, not a model" in one_line_error(capsys, "params", str(other))

@@ -189,3 +189,28 @@ def test_a_classifier_head_is_kept_only_for_the_same_classes(files, bert_run):
     from_bare = prepare(_classify(files, bare, f"data.path={_q(renamed)}", f"data.eval_path={_q(renamed)}",
                                   f"train.out_dir={_q(files / 'cls-from-bare')}"))
     assert not torch.equal(from_bare.model.state_dict()["classifier.weight"], head)
+
+
+# --------------------------------------------------------------------------- R10 (tests/test_init_from.py)
+def test_a_trainer_state_without_class_names_defers_to_the_weights_file(files, bert_run):
+    # A trainer_state.json that names no classes (written by hand, or by a tool that kept only the step) is no
+    # proof of none: the weights file's names decide, so a head for neg/pos is not kept for bad/good.
+    first = files / "cls-r10"
+    train_run(_classify(files, bert_run, f"train.out_dir={_q(first)}"))
+    head = load_model(first).state_dict()["classifier.weight"]
+    copy = files / "cls-r10-copy"
+    import shutil
+
+    shutil.copytree(first / "checkpoint", copy)
+    state_file = copy / "trainer_state.json"
+    state = json.loads(state_file.read_text(encoding="utf-8"))
+    assert state["extra_state"].pop("labels") == ["neg", "pos"]
+    state_file.write_text(json.dumps(state), encoding="utf-8")
+    renamed = files / "renamed-r10.tsv"
+    renamed.write_text((files / "cls.tsv").read_text(encoding="utf-8").replace("\tneg", "\tbad")
+                       .replace("\tpos", "\tgood"), encoding="utf-8")
+    same = prepare(_classify(files, copy, f"train.out_dir={_q(files / 'cls-r10-same')}"))
+    assert torch.equal(same.model.state_dict()["classifier.weight"], head)  # the same classes: the head is kept
+    other = prepare(_classify(files, copy, f"data.path={_q(renamed)}", f"data.eval_path={_q(renamed)}",
+                              f"train.out_dir={_q(files / 'cls-r10-other')}"))
+    assert not torch.equal(other.model.state_dict()["classifier.weight"], head)

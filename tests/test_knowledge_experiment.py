@@ -318,3 +318,54 @@ def test_the_table_says_which_settings_differ_from_the_scale():
     assert changed == {"n_people": 40, "pretrain_epochs": 16}
     assert scale_label("quick", changed) == "quick with n_people=40, pretrain_epochs=16"
     assert scale_label("quick", changed_settings("quick", scale_settings("quick"))) == "quick"
+
+
+# --------------------------------------------------------- N2, N11, N12 (tests/test_knowledge_experiment.py)
+def test_a_run_names_the_settings_set_changed_everywhere(tmp_path):
+    # scale_label and changed_settings were tested alone: the header, results.json and results.md must use them.
+    from attnlab.experiments.knowledge import changed_settings
+
+    files = write_files(tmp_path)
+    out, lines = tmp_path / "out", []
+    summary = run_knowledge(out, variants="none", corpus=files["corpus"], train=files["train"],
+                            eval_path=files["eval"], device="cpu", overrides=TINY, progress=False, echo=lines.append)
+    expected = changed_settings("quick", scale_settings("quick", TINY))
+    assert expected and summary["changed_settings"] == expected
+    assert json.loads((out / "results.json").read_text(encoding="utf-8"))["changed_settings"] == expected
+    assert (out / "results.md").read_text(encoding="utf-8").startswith("Knowledge access (scale quick with n_layers=1")
+    assert any(line.startswith("knowledge access, scale quick with n_layers=1") for line in lines)
+
+
+# ------------------------------------------------------------ N8, N9, N10 (tests/test_knowledge_experiment.py)
+def test_a_continued_phase_counts_the_time_spent_before(tmp_path, monkeypatch):
+    # A phase interrupted and continued by --resume counts its checkpoint's elapsed time, as a skipped one does;
+    # its row and the total count it too. (Only skipped phases were tested, and rows only against their phases.)
+    from attnlab.training import TrainingInterrupted
+    from attnlab.training.trainer import Trainer
+
+    files = write_files(tmp_path)
+    out = tmp_path / "out"
+    args = dict(corpus=files["corpus"], train=files["train"], eval_path=files["eval"], device="cpu",
+                overrides={**TINY, "finetune_epochs_scratch": 4}, progress=False, echo=lambda *_: None)
+    step, calls = Trainer._train_step, {"n": 0}
+
+    def interrupted_at_the_second_step(self, n):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return step(self, n)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "_train_step", interrupted_at_the_second_step)
+        with pytest.raises(TrainingInterrupted):
+            run_knowledge(out, variants="none", **args)
+    state_file = out / "finetune-none" / "checkpoint" / "trainer_state.json"
+    state = json.loads(state_file.read_text(encoding="utf-8"))
+    assert state["step"] == 1
+    state["elapsed"] = 1000.0  # a phase that had run for a while: far more than this test takes
+    state_file.write_text(json.dumps(state), encoding="utf-8")
+    summary = run_knowledge(out, variants="none", resume=True, **args)
+    row = summary["variants"][0]
+    assert row["finetune"]["earlier_s"] == 1000.0 and not row["finetune"].get("skipped")
+    assert row["finetune"]["wall_time_s"] > 1000.0
+    assert row["wall_time_s"] > row["finetune"]["wall_time_s"] and summary["wall_time_s"] > row["wall_time_s"]

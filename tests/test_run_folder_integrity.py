@@ -513,3 +513,34 @@ def test_a_bare_bert_checkpoint_cuts_long_pairs_to_its_positions(capsys, tmp_pat
         code, out, err = run_cli(capsys, "evaluate", str(bare), "-d", str(documents), "--json", "--device", "cpu")
     assert code == 0, err
     assert json.loads(out)["sentence_pairs"] > 0
+
+
+# ---------------------------------------------------------------- U4 (tests/test_run_folder_integrity.py)
+def test_a_bare_translation_checkpoint_cuts_as_its_training_did(capsys, tmp_path):
+    # Without data.max_length, a translation's sentences are cut to the model's positions less two (training
+    # sized them as data.max_length + 2, past 16, for bos and eos): the bare checkpoint scores a file as its run
+    # folder does.
+    src, tgt = tmp_path / "train.src", tmp_path / "train.tgt"
+    src.write_text("a b c\nb c a\n" * 4, encoding="utf-8")
+    tgt.write_text("c b a\na c b\n" * 4, encoding="utf-8")
+    run = tmp_path / "run"
+    _train(str(ROOT / "configs" / "translate.toml"), "--set", f"data.src_path={_q(src)}", "--set",
+           f"data.tgt_path={_q(tgt)}", "--set", "data.tokenizer=word", "--set", "data.vocab_size=100",
+           "--set", "data.max_length=20", "--set", "model.position=learned",
+           "--set", "model.d_model=16", "--set", "model.d_ff=16", "--set", "model.n_heads=2",
+           "--set", "model.n_encoder_layers=1", "--set", "model.n_decoder_layers=1", "--set", "train.steps=1",
+           "--set", "train.batch_size=4", "--set", f"train.out_dir={_q(run)}", *TINY)
+    bare = tmp_path / "bare"
+    shutil.copytree(run / "checkpoint", bare)
+    (bare / "trainer_state.json").unlink()
+    long_src, long_tgt = tmp_path / "long.src", tmp_path / "long.tgt"
+    long_src.write_text(" ".join(["a b c"] * 9) + "\nb c a\n", encoding="utf-8")
+    long_tgt.write_text(" ".join(["c b a"] * 9) + "\na c b\n", encoding="utf-8")
+    losses = {}
+    for folder in (run, bare):
+        with pytest.warns(UserWarning, match="cut"):
+            code, out, err = run_cli(capsys, "evaluate", str(folder), "-d", str(long_src), "--target", str(long_tgt),
+                                     "--json", "--device", "cpu")
+        assert code == 0, err
+        losses[folder] = json.loads(out)["loss"]
+    assert losses[bare] == pytest.approx(losses[run], abs=1e-6)

@@ -15,6 +15,17 @@ from training_helpers import ToySource, bert_nsp_run, tiny_model, token_accuracy
 from attnlab.training import Trainer, TrainerConfig, TrainingDiverged, TrainingInterrupted, read_trainer_state
 
 
+@pytest.fixture(autouse=True)
+def _ctrl_c_raises():
+    """Python's own SIGINT handler for each test: a runner started in the background (`&`, nohup) ignores SIGINT,
+    and the tests that send themselves a Ctrl-C would then see nothing happen."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def _config(**changes) -> TrainerConfig:
     settings = dict(steps=4, batch_size=8, lr=1e-2, warmup_steps=1, precision="fp32", device="cpu", progress=False,
                     log_every=1)
@@ -352,3 +363,96 @@ def test_a_run_resumed_at_its_end_reports_its_last_losses(tmp_path):
     resumed = _interrupted_and_resumed(tmp_path, "resumed", dict(eval_every=2), at_last_step)
     for key in ("final_train_loss", "final_eval", "best"):
         assert resumed[0][key] == reference[0][key] and reference[0][key] is not None
+
+
+# ---------------------------------------------------------------------------------------------------------- T1
+def test_a_resume_with_compile_switched_is_warned_about(tmp_path):
+    # train.compile joined the settings a resume warns about: a compiled and an eager run do not give the same
+    # numbers. The state is edited as a compiled run would have saved it (compiling on this CPU takes minutes).
+    Trainer(tiny_model(), _config(steps=2, decay_steps=4), ToySource(), out_dir=tmp_path).fit()
+    state_file = tmp_path / "checkpoint" / "trainer_state.json"
+    state = json.loads(state_file.read_text(encoding="utf-8"))
+    assert state["trainer_config"]["compile"] is False
+    state["trainer_config"]["compile"] = True
+    state_file.write_text(json.dumps(state), encoding="utf-8")
+    with pytest.warns(UserWarning, match=r"changed settings \(compile\)"):
+        Trainer(tiny_model(), _config(steps=4, decay_steps=4), ToySource(), out_dir=tmp_path, resume=True).fit()
+
+
+# ---------------------------------------------------------------------------------------------------------- T5
+def test_training_outside_the_main_thread(tmp_path):
+    # Handlers can be set in the main thread only (signal.signal raises ValueError elsewhere): the deferral of
+    # Ctrl-C around the optimizer step must step aside there, not stop a notebook's or a server's worker thread.
+    import threading
+
+    result, errors = {}, []
+
+    def train():
+        try:
+            result.update(Trainer(tiny_model(), _config(), ToySource(), out_dir=tmp_path).fit())
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    worker = threading.Thread(target=train)
+    worker.start()
+    worker.join()
+    assert not errors and result["steps"] == 4
+
+
+# ---------------------------------------------------------------------------------------------------------- T6
+def test_a_handler_installed_outside_python_is_left_alone(tmp_path, monkeypatch):
+    # signal.getsignal gives None for a handler a C library installed: it cannot be put back (signal.signal(.., None)
+    # is a TypeError), so the step runs undeferred and the handler stays.
+    real = signal.getsignal
+    before = real(signal.SIGTERM)
+    monkeypatch.setattr(signal, "getsignal", lambda signum: None if signum == signal.SIGTERM else real(signum))
+    summary = Trainer(tiny_model(), _config(), ToySource(), out_dir=tmp_path).fit()
+    assert summary["steps"] == 4 and real(signal.SIGTERM) is before
+    assert real(signal.SIGINT) is signal.default_int_handler
+
+
+# --------------------------------------------------------------------------------------------------------- T15
+def test_another_best_mode_on_resume_starts_tracking_again(tmp_path):
+    # The same metric in the other direction: the saved best (the lowest loss) means nothing to a max run.
+    kw = dict(eval_every=1, log_every=1, decay_steps=4)
+    Trainer(tiny_model(), _config(steps=2, **kw), ToySource(), eval_source=ToySource(),
+            eval_counts=token_accuracy_counts, out_dir=tmp_path).fit()
+    with pytest.warns(UserWarning, match=r"best_metric 'loss' \(min\) → 'loss' \(max\): best/ and early stopping "
+                                         r"start again"):
+        summary = Trainer(tiny_model(), _config(steps=4, best_mode="max", **kw), ToySource(),
+                          eval_source=ToySource(), eval_counts=token_accuracy_counts, out_dir=tmp_path,
+                          resume=True).fit()
+    assert summary["best"]["step"] >= 3  # chosen among the resumed run's evaluations
+
+
+# --------------------------------------------------------------------------------------------------------- T22
+def test_a_diverged_run_draws_its_curve(tmp_path):
+    # The curve up to the last log record is where it went wrong: it was drawn only at the end or on Ctrl-C.
+    model = tiny_model()
+    forward, calls = model.forward, {"n": 0}
+
+    def nan_at_step_3(input_ids, labels=None, attention_mask=None):
+        out = forward(input_ids, labels=labels, attention_mask=attention_mask)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            out.loss = out.loss * float("nan")
+        return out
+
+    model.forward = nan_at_step_3
+    with pytest.raises(TrainingDiverged, match="at step 3"):
+        Trainer(model, _config(steps=20), ToySource(), out_dir=tmp_path).fit()
+    assert (tmp_path / "loss.png").is_file()
+
+
+# --------------------------------------------------------------------------------------------------------- T23
+def test_resuming_a_finished_run_reports_its_last_evaluation(tmp_path):
+    # A resume that trains no step must report the saved last loss and evaluation (final_eval came back {}).
+    def trainer(resume: bool = False) -> Trainer:
+        return Trainer(tiny_model(), _config(eval_every=2), ToySource(), eval_source=ToySource(),
+                       eval_counts=token_accuracy_counts, out_dir=tmp_path, resume=resume)
+
+    first = trainer().fit()
+    again = trainer(resume=True).fit()
+    assert again["steps"] == first["steps"] == 4 and again["start_step"] == 4
+    for key in ("final_train_loss", "final_eval", "best"):
+        assert again[key] == first[key] and first[key]
