@@ -89,7 +89,6 @@ def test_bilinear_from_dot_keeps_a_float64_layer_exact():
     assert float(centred.abs().max()) < 1e-12
 
 
-# ---------------------------------------------------------------------- A5 (tests/test_attention_audit.py)
 def test_the_cached_causal_mask_is_never_an_inference_tensor():
     # Cached for every later call: made under torch.inference_mode (an evaluation), it would be an inference
     # tensor, which autograd outside inference mode may not save for a backward.

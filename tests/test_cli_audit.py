@@ -149,7 +149,6 @@ def test_an_mlm_run_may_state_its_vocabulary_size():
     assert _predicts_next_sentence(run)
 
 
-# ------------------------------------------------------------------------------------------------------ M2-M4
 @pytest.mark.parametrize("family", ["gpt", "bert", "encoder", "transformer"])
 @pytest.mark.parametrize("table, key", [("attention_options", "n_heads"), ("position_options", "max_len")])
 def test_every_family_refuses_options_the_model_gives(family, table, key):
@@ -165,7 +164,6 @@ def test_every_family_refuses_options_the_model_gives(family, table, key):
         getattr(module, config_cls)(**{table: {key: 1}})
 
 
-# --------------------------------------------------------------------------------------------------------- R14
 def test_an_empty_yaml_config_is_called_empty(capsys, tmp_path):
     # As an empty TOML file is: "is empty (no settings)", not "a YAML config is a mapping of sections".
     config = tmp_path / "run.yaml"
@@ -173,7 +171,6 @@ def test_an_empty_yaml_config_is_called_empty(capsys, tmp_path):
     assert "is empty (no settings)" in one_line_error(capsys, "train", str(config))
 
 
-# --------------------------------------------------------------------------------------------------------- R15
 @pytest.mark.parametrize("value", ["0x_", "0b_"])
 def test_a_yaml_value_that_is_no_number_after_all_says_to_quote_it(capsys, tmp_path, value):
     # PyYAML's resolver takes 0x_ for an integer, then int('', 16) fails: a ValueError traceback.
@@ -183,7 +180,6 @@ def test_a_yaml_value_that_is_no_number_after_all_says_to_quote_it(capsys, tmp_p
     assert "run.yaml: invalid YAML:" in line and "quote the value" in line
 
 
-# --------------------------------------------------------------------------------------------------------- R16
 def test_a_yml_config_is_read_as_yaml(tmp_path):
     from attnlab.training.recipe import load_run_config
 

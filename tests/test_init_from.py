@@ -191,7 +191,6 @@ def test_a_classifier_head_is_kept_only_for_the_same_classes(files, bert_run):
     assert not torch.equal(from_bare.model.state_dict()["classifier.weight"], head)
 
 
-# --------------------------------------------------------------------------- R10 (tests/test_init_from.py)
 def test_a_trainer_state_without_class_names_defers_to_the_weights_file(files, bert_run):
     # A trainer_state.json that names no classes (written by hand, or by a tool that kept only the step) is no
     # proof of none: the weights file's names decide, so a head for neg/pos is not kept for bad/good.

@@ -320,7 +320,6 @@ def test_the_table_says_which_settings_differ_from_the_scale():
     assert scale_label("quick", changed_settings("quick", scale_settings("quick"))) == "quick"
 
 
-# --------------------------------------------------------- N2, N11, N12 (tests/test_knowledge_experiment.py)
 def test_a_run_names_the_settings_set_changed_everywhere(tmp_path):
     # scale_label and changed_settings were tested alone: the header, results.json and results.md must use them.
     from attnlab.experiments.knowledge import changed_settings
@@ -336,7 +335,6 @@ def test_a_run_names_the_settings_set_changed_everywhere(tmp_path):
     assert any(line.startswith("knowledge access, scale quick with n_layers=1") for line in lines)
 
 
-# ------------------------------------------------------------ N8, N9, N10 (tests/test_knowledge_experiment.py)
 def test_a_continued_phase_counts_the_time_spent_before(tmp_path, monkeypatch):
     # A phase interrupted and continued by --resume counts its checkpoint's elapsed time, as a skipped one does;
     # its row and the total count it too. (Only skipped phases were tested, and rows only against their phases.)

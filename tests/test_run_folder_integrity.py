@@ -515,7 +515,6 @@ def test_a_bare_bert_checkpoint_cuts_long_pairs_to_its_positions(capsys, tmp_pat
     assert json.loads(out)["sentence_pairs"] > 0
 
 
-# ---------------------------------------------------------------- U4 (tests/test_run_folder_integrity.py)
 def test_a_bare_translation_checkpoint_cuts_as_its_training_did(capsys, tmp_path):
     # Without data.max_length, a translation's sentences are cut to the model's positions less two (training
     # sized them as data.max_length + 2, past 16, for bos and eos): the bare checkpoint scores a file as its run

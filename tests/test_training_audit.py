@@ -41,20 +41,42 @@ def _records(folder) -> list[dict]:
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
 
 
-def test_a_nan_loss_stops_training_at_its_step_and_keeps_the_last_checkpoint(tmp_path):
-    # Checked at log steps only, the run trained on to step 10 and saved NaN weights over the step-4 checkpoint at
-    # step 8 (a resume then failed on them), reporting step 10.
+def _nan_loss_at_step(step: int):
+    """A tiny model whose training loss becomes NaN at its `step`-th forward pass (no evaluation runs before)."""
     model = tiny_model()
     forward, calls = model.forward, {"n": 0}
 
-    def nan_at_step_5(input_ids, labels=None, attention_mask=None):
+    def forward_with_nan(input_ids, labels=None, attention_mask=None):
         out = forward(input_ids, labels=labels, attention_mask=attention_mask)
         calls["n"] += 1
-        if calls["n"] == 5:
+        if calls["n"] == step:
             out.loss = out.loss * float("nan")
         return out
 
-    model.forward = nan_at_step_5
+    model.forward = forward_with_nan
+    return model
+
+
+def _ctrl_c_in_optimizer_step(step: int):
+    """An `interrupt` for a trainer: SIGINT from inside its `step`-th optimizer step, after the update (a step
+    post-hook runs inside optimizer.step())."""
+    def install(trainer: Trainer) -> None:
+        calls = {"n": 0}
+
+        def ctrl_c(optimizer, args, kwargs):
+            calls["n"] += 1
+            if calls["n"] == step:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        trainer.optimizer.register_step_post_hook(ctrl_c)
+
+    return install
+
+
+def test_a_nan_loss_stops_training_at_its_step_and_keeps_the_last_checkpoint(tmp_path):
+    # Checked at log steps only, the run trained on to step 10 and saved NaN weights over the step-4 checkpoint at
+    # step 8 (a resume then failed on them), reporting step 10.
+    model = _nan_loss_at_step(5)
     with pytest.raises(TrainingDiverged, match="at step 5;.*last checkpoint was kept"):
         Trainer(model, _config(steps=20, log_every=10, save_every=4), ToySource(), out_dir=tmp_path).fit()
     assert read_trainer_state(tmp_path / "checkpoint")["step"] == 4
@@ -130,14 +152,7 @@ def test_ctrl_c_during_the_optimizer_step_still_resumes_exactly(tmp_path):
     reference = Trainer(tiny_model(), _config(), ToySource(), out_dir=tmp_path / "ref")
     reference.fit()
     trainer = Trainer(tiny_model(), _config(), ToySource(), out_dir=tmp_path / "run")
-    calls = {"n": 0}
-
-    def ctrl_c_inside_step_2(optimizer, args, kwargs):  # runs inside optimizer.step(), after the update
-        calls["n"] += 1
-        if calls["n"] == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-
-    trainer.optimizer.register_step_post_hook(ctrl_c_inside_step_2)
+    _ctrl_c_in_optimizer_step(2)(trainer)
     with pytest.raises(TrainingInterrupted, match="at step 2 of 4"):
         trainer.fit()
     resumed = Trainer(tiny_model(), _config(), ToySource(), out_dir=tmp_path / "run", resume=True)
@@ -235,32 +250,13 @@ def test_a_resumed_runs_summary_gives_the_rate_of_its_own_steps(tmp_path, monkey
 def test_ctrl_c_during_the_optimizer_step_keeps_the_steps_records(tmp_path, interrupted_step):
     # Deferred only around the update and its count, the interrupt then came before the step's records: a resume
     # logged no loss for it, counted none of its tokens and, at an evaluation step, never evaluated it.
-    def run(name: str, interrupt_at: int | None) -> dict:
-        def trainer(resume: bool = False) -> Trainer:
-            return Trainer(tiny_model(), _config(eval_every=2), ToySource(), eval_source=ToySource(),
-                           eval_counts=token_accuracy_counts, out_dir=tmp_path / name, resume=resume)
-
-        first, calls = trainer(), {"n": 0}
-
-        def ctrl_c(optimizer, args, kwargs):
-            calls["n"] += 1
-            if calls["n"] == interrupt_at:
-                os.kill(os.getpid(), signal.SIGINT)
-
-        first.optimizer.register_step_post_hook(ctrl_c)
-        try:
-            return first.fit()
-        except TrainingInterrupted:
-            return trainer(resume=True).fit()
-
-    reference, resumed = run("reference", None), run("resumed", interrupted_step)
+    reference = _interrupted_and_resumed(tmp_path, "reference", dict(eval_every=2), None)
+    resumed = _interrupted_and_resumed(tmp_path, "resumed", dict(eval_every=2),
+                                       _ctrl_c_in_optimizer_step(interrupted_step))
     for key in ("final_eval", "best"):
-        assert resumed[key] == reference[key]
-    records = [_records(tmp_path / name) for name in ("reference", "resumed")]
-    assert records[0] and [{k: v for k, v in r.items() if k not in ("elapsed", "tokens_per_s")} for r in records[1]] \
-        == [{k: v for k, v in r.items() if k not in ("elapsed", "tokens_per_s")} for r in records[0]]
-    states = [read_trainer_state(tmp_path / name / "checkpoint") for name in ("reference", "resumed")]
-    assert states[1]["tokens_seen"] == states[0]["tokens_seen"]
+        assert resumed[0][key] == reference[0][key]
+    assert reference[1] and resumed[1] == reference[1]
+    assert resumed[2]["tokens_seen"] == reference[2]["tokens_seen"]
 
 
 def test_resuming_with_the_old_schedule_written_out_is_not_a_change(tmp_path):
@@ -332,40 +328,19 @@ def test_an_early_stop_on_resume_logs_before_it_saves_with_the_steps_rate(tmp_pa
     # train.lr (no step had set the rate yet) instead of the last step's rate.
     settings = dict(steps=12, eval_every=1, log_every=4, early_stopping_patience=2, lr=0.3)
     reference = _interrupted_and_resumed(tmp_path, "reference", settings, None)
-    calls = {"n": 0}
-
-    def at_step_7(trainer):
-        def ctrl_c(optimizer, args, kwargs):
-            calls["n"] += 1
-            if calls["n"] == 7:
-                os.kill(os.getpid(), signal.SIGINT)
-
-        trainer.optimizer.register_step_post_hook(ctrl_c)
-
-    resumed = _interrupted_and_resumed(tmp_path, "resumed", settings, at_step_7)
+    resumed = _interrupted_and_resumed(tmp_path, "resumed", settings, _ctrl_c_in_optimizer_step(7))
     assert reference[0]["stopped_early"] and reference[0]["steps"] == 7
     assert resumed[1] == reference[1] and resumed[2]["log_window"] is None
 
 
 def test_a_run_resumed_at_its_end_reports_its_last_losses(tmp_path):
     # A resume that trains no step reported final_train_loss None (the last loss was not saved).
-    calls = {"n": 0}
-
-    def at_last_step(trainer):
-        def ctrl_c(optimizer, args, kwargs):
-            calls["n"] += 1
-            if calls["n"] == 4:
-                os.kill(os.getpid(), signal.SIGINT)
-
-        trainer.optimizer.register_step_post_hook(ctrl_c)
-
     reference = _interrupted_and_resumed(tmp_path, "reference", dict(eval_every=2), None)
-    resumed = _interrupted_and_resumed(tmp_path, "resumed", dict(eval_every=2), at_last_step)
+    resumed = _interrupted_and_resumed(tmp_path, "resumed", dict(eval_every=2), _ctrl_c_in_optimizer_step(4))
     for key in ("final_train_loss", "final_eval", "best"):
         assert resumed[0][key] == reference[0][key] and reference[0][key] is not None
 
 
-# ---------------------------------------------------------------------------------------------------------- T1
 def test_a_resume_with_compile_switched_is_warned_about(tmp_path):
     # train.compile joined the settings a resume warns about: a compiled and an eager run do not give the same
     # numbers. The state is edited as a compiled run would have saved it (compiling on this CPU takes minutes).
@@ -379,7 +354,6 @@ def test_a_resume_with_compile_switched_is_warned_about(tmp_path):
         Trainer(tiny_model(), _config(steps=4, decay_steps=4), ToySource(), out_dir=tmp_path, resume=True).fit()
 
 
-# ---------------------------------------------------------------------------------------------------------- T5
 def test_training_outside_the_main_thread(tmp_path):
     # Handlers can be set in the main thread only (signal.signal raises ValueError elsewhere): the deferral of
     # Ctrl-C around the optimizer step must step aside there, not stop a notebook's or a server's worker thread.
@@ -399,7 +373,6 @@ def test_training_outside_the_main_thread(tmp_path):
     assert not errors and result["steps"] == 4
 
 
-# ---------------------------------------------------------------------------------------------------------- T6
 def test_a_handler_installed_outside_python_is_left_alone(tmp_path, monkeypatch):
     # signal.getsignal gives None for a handler a C library installed: it cannot be put back (signal.signal(.., None)
     # is a TypeError), so the step runs undeferred and the handler stays.
@@ -411,7 +384,6 @@ def test_a_handler_installed_outside_python_is_left_alone(tmp_path, monkeypatch)
     assert real(signal.SIGINT) is signal.default_int_handler
 
 
-# --------------------------------------------------------------------------------------------------------- T15
 def test_another_best_mode_on_resume_starts_tracking_again(tmp_path):
     # The same metric in the other direction: the saved best (the lowest loss) means nothing to a max run.
     kw = dict(eval_every=1, log_every=1, decay_steps=4)
@@ -425,26 +397,14 @@ def test_another_best_mode_on_resume_starts_tracking_again(tmp_path):
     assert summary["best"]["step"] >= 3  # chosen among the resumed run's evaluations
 
 
-# --------------------------------------------------------------------------------------------------------- T22
 def test_a_diverged_run_draws_its_curve(tmp_path):
     # The curve up to the last log record is where it went wrong: it was drawn only at the end or on Ctrl-C.
-    model = tiny_model()
-    forward, calls = model.forward, {"n": 0}
-
-    def nan_at_step_3(input_ids, labels=None, attention_mask=None):
-        out = forward(input_ids, labels=labels, attention_mask=attention_mask)
-        calls["n"] += 1
-        if calls["n"] == 3:
-            out.loss = out.loss * float("nan")
-        return out
-
-    model.forward = nan_at_step_3
+    model = _nan_loss_at_step(3)
     with pytest.raises(TrainingDiverged, match="at step 3"):
         Trainer(model, _config(steps=20), ToySource(), out_dir=tmp_path).fit()
     assert (tmp_path / "loss.png").is_file()
 
 
-# --------------------------------------------------------------------------------------------------------- T23
 def test_resuming_a_finished_run_reports_its_last_evaluation(tmp_path):
     # A resume that trains no step must report the saved last loss and evaluation (final_eval came back {}).
     def trainer(resume: bool = False) -> Trainer:
