@@ -898,6 +898,12 @@ class Trainer:
     def _checks_each_step(self) -> bool:
         return self.device.type == "cpu" and not self.world.distributed
 
+    def _log_window(self, progress: Progress) -> _Window:
+        """Log the steps since the last record (`self._window`) and start a new window, which is returned."""
+        self._log_train(self._window, progress)
+        self._window = _Window()
+        return self._window
+
     def _log_train(self, window: _Window, progress: Progress) -> None:
         loss = self._window_loss(window)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -957,8 +963,7 @@ class Trainer:
             if self._resume_eval and has_eval and not stopped_early:  # stopped inside this step's evaluation
                 stopped_early = self._evaluate_step(progress)
                 if stopped_early and window.steps:  # logged before the save, as in the loop
-                    self._log_train(window, progress)
-                    window = self._window = _Window()
+                    window = self._log_window(progress)
                 if self._saves_at(stopped_early):
                     self.save()
                     saved_at = self.step
@@ -987,17 +992,15 @@ class Trainer:
                     window.add(loss_sum, n_targets, n_tokens, seconds)
                     window.grad_norm = grad_norm
                     progress.update()
-                    if self._checks_each_step or evaluates or self._saves_at(False):  # before a checkpoint has it
+                    if logs:  # checks the loss too
+                        window = self._log_window(progress)
+                    elif self._checks_each_step or evaluates or self._saves_at(False):  # before a checkpoint has it
                         self._window_loss(window)
-                    if logs:
-                        self._log_train(window, progress)
-                        window = self._window = _Window()
                     self._eval_due = evaluates
                 if evaluates:
                     stopped_early = self._evaluate_step(progress)
                     if stopped_early and window.steps:  # logged before the save, which keeps the window
-                        self._log_train(window, progress)
-                        window = self._window = _Window()
+                        window = self._log_window(progress)
                 if self._saves_at(stopped_early):
                     self.save()
                     saved_at = self.step
