@@ -8,7 +8,6 @@ and ``best/`` (best evaluation), each checkpoint holding ``model.safetensors``, 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import warnings
@@ -167,15 +166,15 @@ def _check_translation_lengths(max_len: int, beam_size: int) -> None:
                           f"{MAX_NEW_TOKENS:,}, got {max_len}")
 
 
-def _scoring_length(run: LoadedRun, specials: int = 0) -> tuple[int, str | None]:
+def _scoring_length(run: LoadedRun, specials: int = 0) -> tuple[int, str]:
     """The length `evaluate` cuts examples to: the run's data.max_length, as training cut them; for a checkpoint
     that keeps none (copied without its trainer_state.json), 128 (data.max_length's default) or what the model's
     positions hold where less (128 made a 16-position model fail on every long example), `specials` positions
-    kept for tokens the length does not count (a translation's bos and eos). Second: the cut warning's ending
-    for a length chosen so (None: the run's own)."""
+    kept for tokens the length does not count (a translation's bos and eos). Second: the cut warning's ending,
+    for `cut_advice` (TRAINED_LENGTH for the run's own length, as `evaluate` says it anyway)."""
     saved = run.data.get("max_length")
     if isinstance(saved, int) and not isinstance(saved, bool) and saved > 0:
-        return saved, None
+        return saved, TRAINED_LENGTH
     limit = getattr(run.model, "max_len", None)
     room = limit - specials if isinstance(limit, int) and limit > specials else None
     return min(128, room) if room is not None else 128, \
@@ -417,11 +416,11 @@ def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> 
     model, tok = run.model, run.tokenizer
     known = set(DataConfig.field_names())
     settings = DataConfig.from_dict({k: v for k, v in run.data.items() if k in known}, where="data")
-    max_length, guessed = _scoring_length(run)  # a bare checkpoint: what its positions hold, not 128
+    max_length, advice = _scoring_length(run)  # a bare checkpoint: what its positions hold, not 128
     settings = settings.replace(max_length=max(max_length, 5))  # [CLS] A [SEP] B [SEP] needs 5
     documents = split_documents(read_text(data))  # read_text's errors name the file already
     try:
-        with cut_advice(guessed) if guessed else contextlib.nullcontext():
+        with cut_advice(advice):
             source = sentence_pair_source(documents, tok, model.config, settings, batch_size, 0)
     except DataError as e:  # no sentence pairs in the file, too few documents...: name the file
         raise DataError(f"{data}: {e}") from None
@@ -454,8 +453,8 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, 
         raise DataError(f"{data}: labels {unknown[:5]} were not in the training data (known: {list(labels)}); "
                         "the classifier can only score the classes it was trained on")
     prefix = [tok.cls_id] if tok.cls_id is not None else []
-    max_length, guessed = _scoring_length(run)
-    with cut_advice(guessed) if guessed else contextlib.nullcontext():
+    max_length, advice = _scoring_length(run)
+    with cut_advice(advice):
         source = ClassificationSource(examples, tok, batch_size, max_length=max_length,
                                       label_names=labels, prefix_ids=prefix, bucket_by_length=True)
     order = source.eval_indices(batch_size)
@@ -491,9 +490,9 @@ def _evaluate_translation(run: LoadedRun, data: str | Path, target: str | Path |
         raise ConfigError("a translation model is scored against --target REFERENCES (one translation per line of "
                           "--data); to translate a file without references: attnlab generate RUN --input FILE")
     tok, model = run.tokenizer, run.model
-    max_length, guessed = _scoring_length(run, specials=2)  # training sized max_len as max_length + 2
+    max_length, advice = _scoring_length(run, specials=2)  # training sized max_len as max_length + 2
     # Batches of sentences of similar length: less padding, and a greedy or beam batch ends sooner.
-    with cut_advice(guessed) if guessed else contextlib.nullcontext():
+    with cut_advice(advice):
         source = ParallelTextSource(data, target, tok, tok, batch_size, max_src_length=max_length,
                                     max_tgt_length=max_length, bucket_by_length=True)
     order = source.eval_indices(batch_size)
