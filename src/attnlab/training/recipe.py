@@ -498,13 +498,15 @@ def _saved_labels(path: str | Path) -> list[str] | None:
 
     try:
         extra = read_trainer_state(find_checkpoint(path)).get("extra_state")
-    except CheckpointError:  # no trainer state (copied without it): the weights file's own copy, if any
-        try:
-            return saved_labels(path)
-        except CheckpointError:
-            return None
+    except CheckpointError:  # no trainer state (copied without it)
+        extra = None
     labels = extra.get("labels") if isinstance(extra, dict) else None
-    return list(labels) if isinstance(labels, list) and labels else saved_labels(path)
+    if isinstance(labels, list) and labels:
+        return list(labels)
+    try:  # else the weights file's own copy, if any
+        return saved_labels(path)
+    except CheckpointError:  # no checkpoint there at all
+        return None
 
 
 def init_from_pretrained(model, path: str | Path, *, new_heads: bool = False) -> dict[str, list[str]]:
