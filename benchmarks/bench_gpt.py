@@ -68,6 +68,7 @@ class Shape:
 SHAPES = {
     "A": Shape("A", 4, 4, 128, 64, 12),
     "B": Shape("B", 6, 6, 384, 256, 8),
+    "C": Shape("C", 12, 12, 768, 1024, 8),  # GPT-2 small's body: a GPU-sized step (not in the default run)
 }
 VOCAB = 65
 
@@ -271,7 +272,8 @@ def peak_memory(kind: str, dtype: torch.dtype | None, shape: Shape, device: str 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="A,B", help="comma-separated shapes to run: A (4 layers, 128 wide, block 64, "
-                   "batch 12) and/or B (6 layers, 384 wide, block 256, batch 8)")
+                   "batch 12), B (6 layers, 384 wide, block 256, batch 8), C (12 layers, 768 wide, "
+                   "block 1024, batch 8: GPT-2 small's body, a size for a GPU)")
     p.add_argument("--repeats", type=int, default=8, help="timed steps per row (median reported)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per row before timing")
     p.add_argument("--decode-tokens", type=int, default=200, help="tokens generated per decoding row (batch 1)")
