@@ -134,7 +134,9 @@ def bert_config_from_hf(hf_config: dict[str, Any], *, heads: str = "none", nsp: 
     if hidden_size % n_heads:
         raise CheckpointError(f"{source}: hidden_size {hidden_size} is not divisible by num_attention_heads "
                               f"{n_heads}: the config.json is damaged or from another model")
-    pad_id = config_int(hf_config, "pad_token_id", source, None, minimum=0)
+    # Absent: HF's BertConfig default, 0 (the row `nn.Embedding(padding_idx=0)` keeps at zero in training);
+    # written as null: no pad row.
+    pad_id = config_int(hf_config, "pad_token_id", source, None if "pad_token_id" in hf_config else 0, minimum=0)
     if pad_id is not None and pad_id >= vocab_size:
         raise CheckpointError(f"{source}: pad_token_id {pad_id} is not below vocab_size {vocab_size}")
     try:
@@ -159,13 +161,12 @@ def _rename(key: str) -> str | None:
     if key == "cls.predictions.bias":
         return "mlm.decoder.bias"
     if key.startswith("encoder.layer."):
-        rest = key[len("encoder.layer."):]
-        index, rest = rest.split(".", 1)
-        module, leaf = rest.rsplit(".", 1)
+        index, _, rest = key[len("encoder.layer."):].partition(".")
+        module, _, leaf = rest.rpartition(".")
         if module in _LAYER_KEYS:
             return f"encoder.layers.{index}.{_LAYER_KEYS[module]}.{leaf}"
         return None
-    module, leaf = key.rsplit(".", 1)
+    module, _, leaf = key.rpartition(".")
     if module in _OTHER_KEYS:
         return f"{_OTHER_KEYS[module]}.{leaf}"
     return None
@@ -255,6 +256,13 @@ def bert_from_hf(state_dict: dict[str, Tensor], hf_config: dict[str, Any], *,
     for name, shape in expected.items():
         if ours[name].shape != shape:
             raise CheckpointError(shape_mismatch(origin[name], shape, ours[name].shape, source))
+    decoder, token = ours.get("mlm.decoder.weight"), ours.get("embeddings.token.weight")
+    if config.tie_output and decoder is not None and token is not None and not torch.equal(decoder, token):
+        # Loaded into our tied model, the decoder matrix would overwrite the word embeddings.
+        raise CheckpointError(f"{source} ties the MLM decoder to the word embeddings (tie_word_embeddings true), "
+                              f"but the checkpoint's {origin['mlm.decoder.weight']} differs from its "
+                              f"{origin['embeddings.token.weight']}; if the two are meant to be separate, set "
+                              "\"tie_word_embeddings\": false in config.json")
     return config, {k: ours[k] for k in expected}
 
 

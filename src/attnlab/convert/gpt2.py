@@ -8,6 +8,7 @@ instead of failing in the Q/K/V split or in `load_state_dict`.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -57,13 +58,21 @@ def gpt2_config(hf_config: dict, *, source: str = "config.json") -> GPTConfig:
         raise CheckpointError(f"{source}: n_embd {d} is not divisible by n_head {n_heads}: the config.json is "
                               "damaged or from another model")
     n_inner = config_int(hf_config, "n_inner", source, None)  # null: HF's 4 * n_embd
+    # Training dropouts (HF's defaults 0.1): our GPT has one rate for the embeddings and the residual branches.
+    resid = config_float(hf_config, "resid_pdrop", source, 0.1, below=1)
+    embd = config_float(hf_config, "embd_pdrop", source, 0.1, below=1)
+    if embd != resid:
+        warnings.warn(f"{source}: embd_pdrop {embd:g} differs from resid_pdrop {resid:g}; attnlab's GPT has one "
+                      f"dropout for both and takes {resid:g} (this changes training only, not the logits)",
+                      stacklevel=2)
     try:
         return GPTConfig(
             vocab_size=config_int(hf_config, "vocab_size", source),
             block_size=config_int(hf_config, "n_positions", source), d_model=d, n_heads=n_heads,
             n_layers=config_int(hf_config, "n_layer", source), d_ff=4 * d if n_inner is None else n_inner,
             activation=_ACTIVATIONS[act], layer_norm_eps=config_float(hf_config, "layer_norm_epsilon", source, 1e-5),
-            dropout=0.0, attention_dropout=0.0, position="learned", norm="pre",
+            dropout=resid, attention_dropout=config_float(hf_config, "attn_pdrop", source, 0.1, below=1),
+            position="learned", norm="pre",
             tie_embeddings=config_bool(hf_config, "tie_word_embeddings", source, True),
         )
     except ConfigError as e:  # a combination the checks above do not cover: still one line, naming the file
@@ -114,6 +123,10 @@ def gpt2_from_hf(state_dict: dict[str, Tensor], hf_config: dict, *,
         if name in sd and tuple(sd[name].shape) != shape:
             key = name if name == "lm_head.weight" else prefix + name
             raise CheckpointError(shape_mismatch(key, shape, tuple(sd[name].shape), source))
+    if config.tie_embeddings and "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], sd["wte.weight"]):
+        raise CheckpointError(f"{source} ties the output layer to the token embeddings (tie_word_embeddings true), "
+                              "but the checkpoint's lm_head.weight differs from its wte.weight; if the two are "
+                              "meant to be separate, set \"tie_word_embeddings\": false in config.json")
     d = config.d_model
     out: dict[str, Tensor] = {
         "embed.token.weight": sd["wte.weight"],

@@ -1,0 +1,73 @@
+"""Converter cases an audit found: tied configs whose files hold a separate output matrix, BERT keys without a
+dot, a config without pad_token_id, and GPT-2's training dropouts."""
+
+import warnings
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import save_file
+
+from attnlab.convert import bert_config_from_hf, bert_from_hf, gpt2_config, load_hf_bert, load_hf_gpt2
+from attnlab.errors import CheckpointError
+
+BERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+            intermediate_size=37, max_position_embeddings=64)
+GPT2 = dict(vocab_size=97, n_positions=48, n_embd=32, n_layer=1, n_head=4)
+
+
+def _save(folder, config, state):
+    config.save_pretrained(folder)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_gpt2_tied_config_with_a_separate_lm_head_is_refused(tmp_path):
+    """Tying would drop the file's lm_head (HF 5 loads it untied, HF 4 dropped it): refused, naming the fix."""
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(**GPT2)
+    state = {k: v.clone() for k, v in transformers.GPT2LMHeadModel(cfg).state_dict().items()}
+    _save(tmp_path, cfg, {**state, "lm_head.weight": torch.randn(97, 32)})
+    with pytest.raises(CheckpointError, match=r"lm_head.weight differs from its wte.weight.*tie_word_embeddings"):
+        load_hf_gpt2(tmp_path)
+    _save(tmp_path, cfg, {**state, "lm_head.weight": state["transformer.wte.weight"].clone()})
+    assert load_hf_gpt2(tmp_path).lm_head.weight is not None  # an equal copy is the tied matrix: accepted
+
+
+def test_bert_tied_config_with_a_separate_decoder_is_refused(tmp_path):
+    """Loaded into the tied model, the decoder matrix overwrote the word embeddings (the encoder changed too)."""
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(**BERT)
+    state = {k: v.clone() for k, v in transformers.BertForMaskedLM(cfg).state_dict().items()}
+    _save(tmp_path, cfg, {**state, "cls.predictions.decoder.weight": torch.randn(99, 32)})
+    with pytest.raises(CheckpointError, match=r"cls.predictions.decoder.weight differs.*tie_word_embeddings"):
+        load_hf_bert(tmp_path)
+    word = state["bert.embeddings.word_embeddings.weight"]
+    _save(tmp_path, cfg, {**state, "cls.predictions.decoder.weight": word.clone()})
+    assert torch.equal(load_hf_bert(tmp_path).embeddings.token.weight, word)
+
+
+@pytest.mark.parametrize("extra", ["logit_scale", "bert.temperature", "encoder.layer.extra"])
+def test_a_bert_key_without_a_dot_is_an_unknown_key(extra):
+    cfg = transformers.BertConfig(**BERT)
+    state = transformers.BertModel(cfg).state_dict()
+    with pytest.raises(CheckpointError, match=f"unknown keys in the BERT checkpoint: {extra}"):
+        bert_from_hf({**state, extra: torch.zeros(1)}, cfg.to_dict())
+
+
+def test_bert_pad_id_is_hfs_default_when_absent_and_none_when_null():
+    assert transformers.BertModel(transformers.BertConfig(**BERT)).embeddings.word_embeddings.padding_idx == 0
+    assert bert_config_from_hf(dict(BERT)).pad_id == 0
+    assert bert_config_from_hf({**BERT, "pad_token_id": None}).pad_id is None
+    assert bert_config_from_hf({**BERT, "pad_token_id": 3}).pad_id == 3
+
+
+def test_gpt2_training_dropouts_come_from_the_config():
+    assert (gpt2_config(GPT2).dropout, gpt2_config(GPT2).attention_dropout) == (0.1, 0.1)  # HF's defaults
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config = gpt2_config({**GPT2, "resid_pdrop": 0.05, "embd_pdrop": 0.05, "attn_pdrop": 0.2})
+    assert (config.dropout, config.attention_dropout) == (0.05, 0.2)
+    with pytest.warns(UserWarning, match="embd_pdrop 0.3 differs from resid_pdrop 0.05.*takes 0.05"):
+        assert gpt2_config({**GPT2, "resid_pdrop": 0.05, "embd_pdrop": 0.3}).dropout == 0.05
+    with pytest.raises(CheckpointError, match="attn_pdrop"):
+        gpt2_config({**GPT2, "attn_pdrop": 1.0})
