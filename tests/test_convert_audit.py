@@ -71,3 +71,24 @@ def test_gpt2_training_dropouts_come_from_the_config():
         assert gpt2_config({**GPT2, "resid_pdrop": 0.05, "embd_pdrop": 0.3}).dropout == 0.05
     with pytest.raises(CheckpointError, match="attn_pdrop"):
         gpt2_config({**GPT2, "attn_pdrop": 1.0})
+
+
+def test_a_sharded_folder_loads_as_the_whole_file(tmp_path):
+    """`save_pretrained` beyond its shard size writes model-0000i-of-0000n.safetensors and an index."""
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2)).eval()
+    hf.save_pretrained(tmp_path / "whole")
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    shards = sorted((tmp_path / "sharded").glob("model-*.safetensors"))
+    assert len(shards) > 1 and not (tmp_path / "sharded" / "model.safetensors").exists()
+    whole, sharded = load_hf_gpt2(tmp_path / "whole"), load_hf_gpt2(tmp_path / "sharded")
+    for (name, a), b in zip(whole.state_dict().items(), sharded.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+    shards[-1].unlink()
+    with pytest.raises(CheckpointError, match=f"{shards[-1].name}, named in model.safetensors.index.json, is missing"):
+        load_hf_gpt2(tmp_path / "sharded")
+    index = tmp_path / "sharded" / "model.safetensors.index.json"
+    index.write_text('{"weight_map": {"transformer.wte.weight": "../elsewhere.safetensors"}}')
+    with pytest.raises(CheckpointError, match="no valid weight_map"):
+        load_hf_gpt2(tmp_path / "sharded")

@@ -1,6 +1,6 @@
 """Reading a HF transformers model folder as `save_pretrained` writes it: `config.json` and
-`model.safetensors` (a pickled `pytorch_model.bin` is never read: unpickling runs code), and reading the
-values of its `config.json`.
+`model.safetensors`, or its shards and their index (a pickled `pytorch_model.bin` is never read: unpickling
+runs code), and reading the values of its `config.json`.
 
 A `config.json` can be edited by hand or come from another model, and the model constructors would take a
 "16" or a 16.0 as a size and fail deep inside PyTorch with a TypeError. The `config_*` readers check each
@@ -32,20 +32,51 @@ def read_hf_folder(model_dir: str | Path, what: str) -> tuple[dict[str, Any], di
 
     folder = Path(model_dir)
     config_path, weights_path = folder / "config.json", folder / "model.safetensors"
+    index_path = folder / "model.safetensors.index.json"
     if not config_path.is_file():
         raise CheckpointError(f"{folder}: no config.json")
-    if not weights_path.is_file():
+    if not weights_path.is_file() and not index_path.is_file():
         hint = " (pytorch_model.bin is not read: convert it to safetensors)" \
-            if (folder / "pytorch_model.bin").exists() else ""
+            if (folder / "pytorch_model.bin").exists() or (folder / "pytorch_model.bin.index.json").exists() else ""
         raise CheckpointError(f"{folder}: no model.safetensors{hint}")
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
-        state = load_file(str(weights_path))
+        if weights_path.is_file():
+            state = load_file(str(weights_path))
+        else:
+            state = _read_shards(index_path, load_file)
+    except CheckpointError:
+        raise
     except Exception as e:  # JSON, OS, Unicode and safetensors' own error types
         raise CheckpointError(f"cannot read {what} weights from {folder}: {e}") from None
     if not isinstance(config, dict):
         raise CheckpointError(f"{config_path} is not a JSON object")
     return config, state
+
+
+def _read_shards(index_path: Path, load_file) -> dict[str, Tensor]:
+    """The weights of a sharded folder (`model-00001-of-00002.safetensors`... and the index that maps each weight
+    to its file, as `save_pretrained` writes beyond its shard size): every listed file, each read once, each
+    weight where the index says it is."""
+    index = json.loads(index_path.read_text(encoding="utf-8"))
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or \
+            not all(isinstance(f, str) and f and Path(f).name == f for f in weight_map.values()):
+        raise CheckpointError(f"{index_path} has no valid weight_map (weight name -> a file in its folder): "
+                              "re-save the model with save_pretrained")
+    state: dict[str, Tensor] = {}
+    for file in sorted(set(weight_map.values())):
+        shard = index_path.parent / file
+        if not shard.is_file():
+            raise CheckpointError(f"{index_path.parent}: {file}, named in {index_path.name}, is missing")
+        for name, tensor in load_file(str(shard)).items():
+            if weight_map.get(name) == file:
+                state[name] = tensor
+    missing = sorted(set(weight_map) - set(state))
+    if missing:
+        raise CheckpointError(f"{index_path.parent}: the shards lack {', '.join(missing[:4])}"
+                              + (" ..." if len(missing) > 4 else "") + f", which {index_path.name} lists")
+    return state
 
 
 def _shown(value: Any) -> str:
