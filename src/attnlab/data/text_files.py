@@ -27,6 +27,11 @@ BLOCK_BYTES = 1 << 20
 # Header names recognised without being told (GLUE and common data sets), most specific first.
 TEXT_COLUMN_NAMES = ("sentence", "text", "review", "content", "document", "sentence1")
 LABEL_COLUMN_NAMES = ("label", "labels", "class", "category", "target", "sentiment")
+# The two texts of sentence-pair tasks (GLUE's RTE/WNLI/MRPC, QNLI, QQP, MNLI/SNLI). attnlab's classifiers read
+# one text, so a file with both is refused unless the text column is named: read alone, the first would train
+# silently on half of every example.
+PAIR_COLUMNS = (("sentence1", "sentence2"), ("question", "sentence"), ("question1", "question2"),
+                ("premise", "hypothesis"))
 FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
 
 
@@ -399,6 +404,7 @@ def _read_jsonl(path, text, text_column, label_column, require_labels) -> Classi
             )
         text_key, label_key = _json_key(text_key, obj, path, number), _json_key(label_key, obj, path, number)
         if text_key is None:
+            _refuse_pairs(path, obj, "field")
             text_key = next((k for k in TEXT_COLUMN_NAMES if k in obj), None)
             if text_key is None:
                 raise DataError(
@@ -493,6 +499,15 @@ def _column_index(path: Path, column: str | int, names: list[str] | None, what: 
     return names.index(column)
 
 
+def _refuse_pairs(path: Path, names, what: str) -> None:
+    """DataError where `names` (a header's, or a JSON object's keys) hold both texts of a sentence pair."""
+    for first, second in PAIR_COLUMNS:
+        if first in names and second in names:
+            raise DataError(f"data file '{path}' has two text {what}s, {first!r} and {second!r} (a sentence-pair "
+                            "task): attnlab's classifiers read one text; set data.text_column (evaluate: "
+                            "--text-column) to the one to read")
+
+
 def _read_table(path, text, fmt, text_column, label_column, header, require_labels) -> ClassificationData:
     sep = "tab-separated" if fmt == "tsv" else "comma-separated"
     flag = {"text": "set data.text_column (evaluate: --text-column)",
@@ -519,6 +534,8 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
             )
         return found
 
+    if text_column is None and lowered is not None:
+        _refuse_pairs(path, lowered, "column")
     text_idx = pick(text_column, TEXT_COLUMN_NAMES, "text", 0)
     label_default = 1 if require_labels or len(first_cells) > 1 else None
     label_idx = pick(label_column, LABEL_COLUMN_NAMES, "label", label_default)

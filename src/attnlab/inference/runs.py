@@ -378,25 +378,32 @@ def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int,
     """Loss of a language model on a text, in consecutive windows of the length it was trained on
     (`block_size`, the run's data.block_size; None: the model's own length), as training's evaluation scores
     its held-out text: the same file gets the same loss."""
-    from attnlab.data.sources import CausalLMSource
-    from attnlab.data.text_files import read_text
-    from attnlab.training.recipe import lm_window
+    import tempfile
 
-    text = read_text(data)
-    try:
-        ids = tok.encode_array(text)  # int64, 8 bytes a token (a list of ints holds ~36)
-    except UnknownToken as e:
-        line = "" if e.position is None else f" line {text.count(chr(10), 0, e.position) + 1}:"
-        raise DataError(f"{data}:{line} {e.token!r} is not in the vocabulary the model was trained with (and it "
-                        "has no unk token); remove it from the file or train on text that contains it") from None
-    if len(ids) < 2:
-        raise DataError(f"{data}: the text has fewer than two tokens; nothing to predict")
-    block = lm_window(block_size if isinstance(block_size, int) and block_size > 0 else None, model.config)
-    limit = getattr(model, "max_len", None)
-    block = min(block, limit or block, len(ids) - 1)
-    source = CausalLMSource(ids, block, batch_size)
-    n_batches = math.ceil(source.eval_windows / batch_size)
-    return _token_loss_metrics(model, progress_bar(source.iter_batches(batch_size), n_batches, "evaluate"))
+    from attnlab.data.corpus import TextStream, build_token_file
+    from attnlab.data.sources import CausalLMSource
+    from attnlab.data.text_files import check_text, iter_text_blocks
+    from attnlab.training.recipe import _first_line_with, lm_window
+
+    path = check_text(data)
+    # Streamed a block at a time into a memory-mapped token file, as training reads its text: any text the
+    # model could train on can be scored (read whole, a 100 MB text took ~2 GB).
+    with tempfile.TemporaryDirectory(prefix="attnlab-evaluate-") as scratch:
+        try:
+            ids = build_token_file(TextStream(iter_text_blocks(path)), tok, Path(scratch) / "text.bin")
+        except UnknownToken as e:
+            line = _first_line_with(str(path), e.token)
+            where = "" if line is None else f" line {line}:"
+            raise DataError(f"{data}:{where} {e.token!r} is not in the vocabulary the model was trained with (and "
+                            "it has no unk token); remove it from the file or train on text that contains it") from None
+        if len(ids) < 2:
+            raise DataError(f"{data}: the text has fewer than two tokens; nothing to predict")
+        block = lm_window(block_size if isinstance(block_size, int) and block_size > 0 else None, model.config)
+        limit = getattr(model, "max_len", None)
+        block = min(block, limit or block, len(ids) - 1)
+        source = CausalLMSource(ids, block, batch_size)
+        n_batches = math.ceil(source.eval_windows / batch_size)
+        return _token_loss_metrics(model, progress_bar(source.iter_batches(batch_size), n_batches, "evaluate"))
 
 
 def _token_loss_metrics(model: nn.Module, batches) -> dict[str, float]:

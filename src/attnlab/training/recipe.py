@@ -640,10 +640,16 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
         elif d.eval_path:  # a file given for evaluation must not be dropped without a word
             raise DataError(f"the evaluation text ({d.eval_path}) has {len(val_tokens)} tokens, fewer than one "
                             f"window of {block + 1}; give a longer data.eval_path or a smaller data.block_size")
-        else:
+        else:  # too short to score: trained on instead, as when no line starts in the tail
             warnings.warn(f"nothing held out for evaluation: the last data.val_fraction = {d.val_fraction} of "
                           f"{d.path or 'the pydoc texts'} has {len(val_tokens)} tokens, fewer than one window of "
-                          f"{block + 1}; raise data.val_fraction or give data.eval_path", stacklevel=2)
+                          f"{block + 1}, so the whole text is trained on; raise data.val_fraction or give "
+                          "data.eval_path", stacklevel=2)
+            train_tokens = encode(lambda: itertools.chain(train_part(), eval_part()),  # cut at a line start
+                                  "train.bin", d.path)
+            train_source = CausalLMSource(TokenFile(data_dir / "train.bin"), block, t.batch_size, seed=t.seed)
+            for stale in (data_dir / "val.bin", sidecar_path(data_dir / "val.bin")):
+                stale.unlink(missing_ok=True)
     return Prepared(model, tokenizer, train_source, eval_source,
                     info={"train_tokens": len(train_tokens), "block_size": block})
 
@@ -848,8 +854,14 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
         raise ConfigError("model.type_vocab_size = 1, but the sentence pairs have two segments (0 for A, 1 for B); "
                           "set it to 2, or to 0 for no segment embeddings")
     train_source = sentence_pair_source(documents, tokenizer, config, d, t.batch_size, t.seed)
-    eval_source = sentence_pair_source(eval_documents, tokenizer, config, d, t.batch_size, t.seed) \
-        if eval_documents else None
+    eval_source = None
+    if eval_documents:
+        try:
+            eval_source = sentence_pair_source(eval_documents, tokenizer, config, d, t.batch_size, t.seed)
+        except DataError as e:  # not the training file's fault: name the file evaluated
+            where = f"{d.eval_path} (data.eval_path)" if d.eval_path else \
+                f"the held-out part of {d.path or 'the pydoc texts'}"
+            raise DataError(f"{where}: {e}") from None
     return Prepared(_build(run, config), tokenizer, train_source, eval_source, pretraining_counts,
                     info={"documents": len(documents), "sentence_pairs": len(train_source.pairs)})
 

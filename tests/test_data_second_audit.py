@@ -1,0 +1,96 @@
+"""Data cases a second audit found: a held-out tail too short to score is trained on, `evaluate` streams a
+language model's text instead of reading it whole, sentence-pair files are refused unless a text column is
+named, and an mlm evaluation file's problem names that file."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+from cli_helpers import one_line_error, run_cli
+from cli_helpers import toml_str as _q
+
+from attnlab.data import text_files
+from attnlab.data.text_files import read_classification_file
+from attnlab.errors import DataError
+from attnlab.training.recipe import load_run_config, prepare
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+TINY = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu"]
+
+
+def test_a_held_out_tail_too_short_to_score_is_trained_on(tmp_path):
+    path = tmp_path / "tail.txt"
+    path.write_text("".join(f"line {i} of the text\n" for i in range(60)) + "UNIQUE TAIL LINE\n", encoding="utf-8")
+    with pytest.warns(UserWarning, match="fewer than one window of 33, so the whole text is trained on"):
+        prep = prepare(load_run_config(None, ["model.preset=gpt-char-tiny", f"data.path={_q(path)}",
+                                              "data.val_fraction=0.03", f"train.out_dir={_q(tmp_path / 'run')}"]))
+    assert prep.eval_source is None
+    trained = prep.tokenizer.decode(prep.train_source.tokens[:].tolist())
+    assert trained == path.read_text(encoding="utf-8")
+    assert not (tmp_path / "run" / "data" / "val.bin").exists()
+
+
+def test_evaluate_streams_a_language_models_text(tmp_path, capsys, monkeypatch):
+    """The text goes through the block reader into a token file; nothing reads it whole (a 100 MB text took
+    ~2 GB that way). The loss is the one training reported for the same file."""
+    text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(200))
+    (tmp_path / "train.txt").write_text(text, encoding="utf-8")
+    (tmp_path / "eval.txt").write_text(text[:3000], encoding="utf-8")
+    out = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=3",
+                           "--set", f"data.path={_q(tmp_path / 'train.txt')}",
+                           "--set", f"data.eval_path={_q(tmp_path / 'eval.txt')}",
+                           "--set", f"train.out_dir={_q(out)}", *TINY)
+    assert code == 0, err
+    final = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "eval_loss" in line]
+
+    def whole(*args, **kwargs):
+        raise AssertionError("the text was read whole")
+
+    monkeypatch.setattr(text_files, "read_text", whole)
+    code, stdout, err = run_cli(capsys, "evaluate", str(out), "--data", str(tmp_path / "eval.txt"), "--json",
+                                "--device", "cpu")
+    assert code == 0, err
+    assert json.loads(stdout)["loss"] == pytest.approx(final[-1]["eval_loss"], abs=1e-5)
+    bad = tmp_path / "bad.txt"
+    bad.write_text("the fox\nthe dog\nthe \u2603\n", encoding="utf-8")
+    line = one_line_error(capsys, "evaluate", str(out), "--data", str(bad), "--device", "cpu")
+    assert f"{bad}: line 3: '\u2603' is not in the vocabulary" in line
+
+
+@pytest.mark.parametrize("header,first,second", [
+    ("index\tsentence1\tsentence2\tlabel", "sentence1", "sentence2"),  # RTE, WNLI, MRPC
+    ("index\tquestion\tsentence\tlabel", "question", "sentence"),  # QNLI
+    ("id\tquestion1\tquestion2\tlabel", "question1", "question2"),  # QQP
+    ("premise\thypothesis\tlabel", "premise", "hypothesis"),  # MNLI, SNLI
+])
+def test_a_sentence_pair_file_is_refused_unless_the_text_column_is_named(tmp_path, header, first, second):
+    cells = len(header.split("\t"))
+    rows = ["\t".join(["0", "It rains.", "The ground is wet.", "entailment"][-cells:]),
+            "\t".join(["1", "A man sleeps.", "Nobody sleeps.", "not_entailment"][-cells:])]
+    path = tmp_path / "pairs.tsv"
+    path.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=f"two text columns, '{first}' and '{second}'.*data.text_column"):
+        read_classification_file(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_classification_file(path, text_column=second).labels[0] == "entailment"
+    jsonl = tmp_path / "pairs.jsonl"
+    jsonl.write_text(json.dumps({first: "It rains.", second: "It is wet.", "label": "yes"}) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=f"two text fields, '{first}' and '{second}'"):
+        read_classification_file(jsonl)
+    assert read_classification_file(jsonl, text_column=first).texts == ["It rains."]
+
+
+def test_an_mlm_evaluation_files_problem_names_that_file(tmp_path, capsys):
+    train = tmp_path / "train.txt"
+    train.write_text("a b.\nc d.\n\ne f.\ng h.\n", encoding="utf-8")
+    held_out = tmp_path / "held_out.txt"
+    held_out.write_text("x.\n", encoding="utf-8")
+    line = one_line_error(capsys, "train", str(CONFIGS / "bert-mlm.toml"), "--set", f"data.path={_q(train)}",
+                          "--set", f"data.eval_path={_q(held_out)}", "--set", "data.vocab_size=60",
+                          "--set", "train.steps=1", "--set", f"train.out_dir={_q(tmp_path / 'run')}", *TINY)
+    assert f"{held_out} (data.eval_path): " in line and "sentence" in line
