@@ -34,19 +34,21 @@ def sample_next(
         # Below float32's smallest normal number the temperature is greedy in effect (each logit under the
         # largest goes to -inf), and from ~1e-46 it rounds to 0 in float32, which would divide 0 by 0.
         return logits.argmax(dim=-1)
-    logits = logits.float()
     # Shifted so that the largest is 0 before dividing: a tiny temperature then sends the others to -inf
     # (greedy in the limit) instead of overflowing every logit to ±inf (NaN probabilities). Softmax, top-k and
-    # top-p do not see the shift.
-    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    # top-p do not see the shift. The tokens are ranked on the logits before the division, which never changes
+    # their order: a huge temperature rounds every scaled logit to 0 and would leave top-k and top-p no order.
+    shifted = logits.float() - logits.float().amax(dim=-1, keepdim=True)
+    logits = shifted / temperature
     if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        kth = torch.topk(shifted, top_k, dim=-1).values[:, -1:]
+        shifted = shifted.masked_fill(shifted < kth, float("-inf"))
+        logits = logits.masked_fill(shifted == float("-inf"), float("-inf"))
     if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1, stable=True)  # ties: vocabulary order
-        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        order = torch.sort(shifted, descending=True, dim=-1, stable=True).indices  # ties: vocabulary order
+        probs_sorted = torch.softmax(logits.gather(-1, order), dim=-1)
         # Drop a token when the tokens ranked above it already hold top_p of the mass.
-        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
+        drop_sorted = (probs_sorted.cumsum(dim=-1) - probs_sorted) >= top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
@@ -56,6 +58,18 @@ def sample_next(
 # The most tokens one call generates: the ids of every row are held for the whole sequence (8 bytes a token),
 # and 10 million tokens take hours on a CPU; a larger -n is a typing mistake, not a request.
 MAX_NEW_TOKENS = 10_000_000
+
+
+# The widest beam: each source's beams are rows of the decoder's batch and cache; beyond a few dozen a wider
+# beam rarely finds a better translation, and a larger width is a typing mistake, not a request.
+MAX_BEAM_SIZE = 1000
+
+
+def check_beam_size(beam_size: object) -> None:
+    """ConfigError unless `beam_size` is a whole number in [1, MAX_BEAM_SIZE]."""
+    if not _whole(beam_size) or not 1 <= beam_size <= MAX_BEAM_SIZE:
+        raise ConfigError(f"beam_size (--beam-size) must be a whole number from 1 to {MAX_BEAM_SIZE:,}, "
+                          f"got {beam_size!r}")
 
 
 def _check_options(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
@@ -81,7 +95,10 @@ def _prompt_rows(prompt: Tensor | Iterable[Iterable[int]]) -> list[list[int]]:
             raise ConfigError(f"prompt must be {shape}; got a tensor of shape {tuple(prompt.shape)} and {prompt.dtype}")
         rows = prompt.tolist()
     else:
-        if isinstance(prompt, str) or any(isinstance(p, str | int) or not isinstance(p, Iterable) for p in prompt):
+        if isinstance(prompt, str):
+            raise ConfigError(f"prompt must be {shape}; encode text with the run's tokenizer first")
+        prompt = list(prompt)  # read once: a generator of prompts would be spent by the check below
+        if any(isinstance(p, str | int) or not isinstance(p, Iterable) for p in prompt):
             raise ConfigError(f"prompt must be {shape}; encode text with the run's tokenizer first")
         try:
             rows = [[operator.index(i) for i in p] for p in prompt]  # ints, NumPy or 0-d tensor integers
@@ -150,6 +167,9 @@ def generate(
     if outside:  # an embedding lookup would fail with an IndexError from deep inside the model
         raise ConfigError(f"prompt token id {outside[0]} is outside the model's vocabulary (0 to {vocab - 1}); "
                           "encode the prompt with the model's tokenizer")
+    if not _whole(pad_id) or (vocab is not None and not 0 <= pad_id < vocab):  # fed to the model as padding
+        raise ConfigError(f"pad_id {pad_id!r} is not a token id of the model's vocabulary (0 to "
+                          f"{'...' if vocab is None else vocab - 1}); give the tokenizer's pad id, or 0")
     b, longest = len(rows), max(len(r) for r in rows)
     total = longest + max_new_tokens
     ids = torch.full((b, total), pad_id, dtype=torch.long, device=device)
@@ -317,8 +337,7 @@ def beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = Non
     Returns the best target ids of each source (without bos and eos). pad and bos are never emitted: each step's
     log-probabilities are over the other tokens (see `_never_emitted`).
     """
-    if beam_size < 1:
-        raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
+    check_beam_size(beam_size)
     if not 0 <= length_penalty < math.inf:  # the early stop bounds a live beam's best score assuming α ≥ 0
         raise ConfigError(f"length_penalty must be a finite number >= 0, got {length_penalty}")
     _check_max_len(max_len)

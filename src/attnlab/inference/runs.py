@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from attnlab.errors import CheckpointError, ConfigError, DataError, UnknownToken
+from attnlab.inference.generate import check_beam_size
 from attnlab.training.logging import progress_bar
 from attnlab.training.recipe import evaluate_batches
 
@@ -157,8 +158,7 @@ def translate_file(run: LoadedRun, path: str | Path, *, beam_size: int = 1, max_
 
 
 def _check_translation_lengths(max_len: int, beam_size: int) -> None:
-    if beam_size < 1:
-        raise ConfigError(f"--beam-size must be at least 1, got {beam_size}")
+    check_beam_size(beam_size)
     from attnlab.inference.generate import MAX_NEW_TOKENS
 
     if not 1 <= max_len <= MAX_NEW_TOKENS:
@@ -275,8 +275,7 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
     tok, model = run.tokenizer, run.model
     if not prompts:
         raise ConfigError("give at least one prompt")
-    if beam_size < 1:
-        raise ConfigError(f"--beam-size must be at least 1, got {beam_size}")
+    check_beam_size(beam_size)
     # Options left at None were not given; temperature and seed always have a value here, so are not checked.
     check_decoding_options(run.family, greedy=greedy, top_k=top_k, top_p=top_p)
     encoded = [_encode_prompt(tok, prompt) for prompt in prompts]
@@ -334,8 +333,7 @@ def evaluate_file(run: LoadedRun, data: str | Path, *, target: str | Path | None
 
     if batch_size < 1:
         raise ConfigError(f"batch_size (--batch-size) must be positive, got {batch_size}")
-    if beam_size < 1:
-        raise ConfigError(f"--beam-size must be at least 1, got {beam_size}")
+    check_beam_size(beam_size)
     if precision not in PRECISIONS:
         raise ConfigError(f"precision (--precision): unknown value {precision!r}; choose one of: "
                           f"{', '.join(PRECISIONS)}")

@@ -1,0 +1,69 @@
+"""Generation cases a second audit found: beam widths beyond any use, temperatures beyond float32, prompts given
+as a generator, and a pad id outside the vocabulary."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from cli_helpers import one_line_error, run_cli
+
+from attnlab.errors import ConfigError
+from attnlab.inference.generate import MAX_BEAM_SIZE, beam_search, generate, sample_next
+from attnlab.models.registry import build_model, get_preset
+
+
+@pytest.mark.parametrize("width", [0, 2.5, True, MAX_BEAM_SIZE + 1, 10**20])
+def test_a_beam_width_beyond_use_is_refused(width):
+    model = build_model(get_preset("seq2seq-tiny")[1]).eval()
+    with pytest.raises(ConfigError, match=r"beam_size \(--beam-size\) must be a whole number from 1 to 1,000"):
+        beam_search(model, torch.randint(3, 60, (1, 4)), beam_size=width, max_len=3)
+
+
+def test_the_command_line_refuses_a_huge_beam_in_one_line(tmp_path, capsys):
+    src, tgt = tmp_path / "s.txt", tmp_path / "t.txt"
+    src.write_text("a b c\nd e\nb a\n" * 10, encoding="utf-8")
+    tgt.write_text("C B A\nE D\nA B\n" * 10, encoding="utf-8")
+    out = tmp_path / "run"
+    sets = {"model.preset": "seq2seq-tiny", "data.task": "translation", "data.src_path": str(src),
+            "data.tgt_path": str(tgt), "data.tokenizer": "word", "train.steps": 1, "train.warmup_steps": 0,
+            "train.progress": False, "train.device": "cpu", "train.eval_every": 0, "train.out_dir": str(out)}
+    code, _, err = run_cli(capsys, "train", *[a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")])
+    assert code == 0, err
+    huge = "99999999999999999999"
+    line = one_line_error(capsys, "generate", str(out), "-p", "a b", "-n", "3", "--beam-size", huge)
+    assert "--beam-size" in line and huge in line
+    line = one_line_error(capsys, "evaluate", str(out), "--data", str(src), "--target", str(tgt),
+                          "--beam-size", huge)
+    assert "--beam-size" in line
+
+
+@pytest.mark.parametrize("temperature", [1.0, 1e30, 1e39, 1e300])
+def test_top_k_and_top_p_keep_their_order_at_any_temperature(temperature):
+    logits = torch.tensor([[0.0, 5.0, 1.0, 2.0]])
+    draws = {int(sample_next(logits, temperature=temperature, top_k=1, generator=torch.Generator().manual_seed(s)))
+             for s in range(30)}
+    assert draws == {1}
+    draws = {int(sample_next(logits, temperature=temperature, top_p=0.1, generator=torch.Generator().manual_seed(s)))
+             for s in range(30)}
+    assert draws == {1}
+    # top_k = 2 at a huge temperature: the two best tokens, equally likely
+    draws = [int(sample_next(logits, temperature=temperature, top_k=2, generator=torch.Generator().manual_seed(s)))
+             for s in range(200)]
+    assert set(draws) == {1, 3} if temperature > 1e6 else set(draws) <= {1, 3}
+
+
+def test_prompts_from_a_generator_are_read_once():
+    model = build_model(get_preset("gpt-char-tiny")[1]).eval()
+    expected = generate(model, [[1, 2, 3], [4, 5]], 4, greedy=True)
+    assert generate(model, (p for p in [[1, 2, 3], [4, 5]]), 4, greedy=True) == expected
+    assert generate(model, iter([iter([1, 2, 3]), (4, 5)]), 4, greedy=True) == expected
+
+
+@pytest.mark.parametrize("pad_id", [-1, 65, 2.0])
+def test_a_pad_id_outside_the_vocabulary_is_refused(pad_id):
+    model = build_model(get_preset("gpt-char-tiny")[1]).eval()
+    for fast in (True, False):
+        with pytest.raises(ConfigError, match=f"pad_id {pad_id!r} is not a token id of the model's vocabulary"):
+            generate(model, [[1, 2, 3], [4]], 2, greedy=True, pad_id=pad_id, fast=fast)
