@@ -176,7 +176,7 @@ def test_translation_train_generate_evaluate(tmp_path, capsys, monkeypatch):
         assert stdout.strip() == "d b e a c\n\ne d c b a"
     code, _, err = run_cli(capsys, "evaluate", str(out), "--data", str(src), "--target", str(tgt), "--beam-size", "0",
                            "--device", "cpu")
-    assert code == 2 and "--beam-size must be at least 1" in err
+    assert code == 2 and "beam_size (--beam-size) must be a whole number from 1 to 1,000, got 0" in err
 
     import sacrebleu
 
