@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 from cli_helpers import run_cli
-from training_helpers import ToySource, tiny_model
+from training_helpers import stopped_and_resumed
 
 from attnlab.inference.fast_decode import FastGPTDecoder
 from attnlab.inference.generate import beam_search, generate, greedy_translate
@@ -202,15 +202,7 @@ def test_auto_precision_is_bf16_on_a_gpu_that_has_it():
 
 @pytest.mark.parametrize("precision", ["fp32", "auto"])
 def test_resume_on_the_gpu_is_exact(tmp_path, precision):
-    cfg = _config(precision=precision)
-    full = Trainer(tiny_model(dropout=0.3), cfg, ToySource(), eval_source=ToySource(), out_dir=tmp_path / "a")
-    full.fit()
-    first = Trainer(tiny_model(dropout=0.3), cfg.replace(steps=3, save_every=3), ToySource(),
-                    eval_source=ToySource(), out_dir=tmp_path / "b")
-    first.fit()
-    second = Trainer(tiny_model(dropout=0.3, seed=123), cfg, ToySource(), eval_source=ToySource(),
-                     out_dir=tmp_path / "b", resume=True)
-    assert second.fit()["start_step"] == 3
+    full, second = stopped_and_resumed(_config(precision=precision), tmp_path)
     for k, v in full.model.state_dict().items():
         assert v.device.type == "cuda"
         assert torch.equal(second.model.state_dict()[k], v), k

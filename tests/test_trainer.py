@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from training_helpers import ToySource, tiny_model, token_accuracy_counts
+from training_helpers import ToySource, stopped_and_resumed, tiny_model, token_accuracy_counts
 
 from attnlab.errors import ConfigError, DataError
 from attnlab.training import (
@@ -264,15 +264,7 @@ def test_best_mode_follows_the_metric(tmp_path):
 def test_resume_is_bit_identical(tmp_path):
     # noam does not depend on `steps`, so stopping with steps=3 and resuming with steps=6 changes nothing
     cfg = config(steps=6, schedule="noam", warmup_steps=2, micro_batch_size=4, eval_every=2)
-    full = Trainer(tiny_model(dropout=0.3), cfg, ToySource(), eval_source=ToySource(), out_dir=tmp_path / "a")
-    full.fit()
-
-    first = Trainer(tiny_model(dropout=0.3), cfg.replace(steps=3, save_every=3), ToySource(),
-                    eval_source=ToySource(), out_dir=tmp_path / "b")
-    first.fit()
-    second = Trainer(tiny_model(dropout=0.3, seed=123), cfg, ToySource(), eval_source=ToySource(),
-                     out_dir=tmp_path / "b", resume=True)
-    assert second.fit()["start_step"] == 3
+    full, second = stopped_and_resumed(cfg, tmp_path)
     for k, v in full.model.state_dict().items():
         assert torch.equal(second.model.state_dict()[k], v), k
     # the resumed log continues the first one

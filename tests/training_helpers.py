@@ -112,6 +112,22 @@ class ToySource:
             yield {k: v[lo:lo + batch_size] for k, v in rows.items()}
 
 
+def stopped_and_resumed(cfg, tmp_path, stop: int = 3):
+    """(the uninterrupted run's Trainer, the Trainer of the same run stopped at step `stop` and resumed from
+    its checkpoint by a model built from another seed): for exact-resume tests, which compare their weights."""
+    from attnlab.training import Trainer
+
+    full = Trainer(tiny_model(dropout=0.3), cfg, ToySource(), eval_source=ToySource(), out_dir=tmp_path / "a")
+    full.fit()
+    first = Trainer(tiny_model(dropout=0.3), cfg.replace(steps=stop, save_every=stop), ToySource(),
+                    eval_source=ToySource(), out_dir=tmp_path / "b")
+    first.fit()
+    second = Trainer(tiny_model(dropout=0.3, seed=123), cfg, ToySource(), eval_source=ToySource(),
+                     out_dir=tmp_path / "b", resume=True)
+    assert second.fit()["start_step"] == stop
+    return full, second
+
+
 def ddp_trainer_config(**changes):
     from attnlab.training import TrainerConfig
 
