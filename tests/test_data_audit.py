@@ -89,13 +89,18 @@ def test_utf16_text_is_refused_by_train_in_one_line(tmp_path, capsys):
 def test_an_unknown_header_read_with_numbered_columns_is_warned_about(tmp_path):
     from attnlab.data.text_files import read_classification_file
 
-    path = tmp_path / "qqp.tsv"
-    path.write_text("id\tquestion1\tquestion2\tis_duplicate\n0\tHow?\tWhy?\t1\n1\tWhat?\tWho?\t0\n2\tA?\tB?\t1\n",
+    path = tmp_path / "unknown.tsv"
+    path.write_text("id\tquery\tpassage\tis_relevant\n0\tHow?\tWhy?\t1\n1\tWhat?\tWho?\t0\n2\tA?\tB?\t1\n",
                     encoding="utf-8")
-    with pytest.warns(UserWarning, match="line 1: the label 'is_duplicate' is the only one that is not a number"):
+    with pytest.warns(UserWarning, match="line 1: the label 'is_relevant' is the only one that is not a number"):
         read_classification_file(path, 1, 3)
-    by_name = read_classification_file(path, "question1", "is_duplicate")  # the header, read as one
+    by_name = read_classification_file(path, "query", "is_relevant")  # the header, read as one
     assert by_name.labels == ["1", "0", "1"]
+    # QQP's header (question1, question2: a sentence pair) is recognised as one, numbered columns or not
+    qqp = tmp_path / "qqp.tsv"
+    qqp.write_text(path.read_text(encoding="utf-8").replace("query\tpassage\tis_relevant",
+                                                            "question1\tquestion2\tis_duplicate"), encoding="utf-8")
+    assert read_classification_file(qqp, 1, 3).labels == ["1", "0", "1"]
 
 
 def test_a_json_array_is_told_apart_from_json_lines(tmp_path):

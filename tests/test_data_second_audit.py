@@ -60,6 +60,16 @@ def test_evaluate_streams_a_language_models_text(tmp_path, capsys, monkeypatch):
     line = one_line_error(capsys, "evaluate", str(out), "--data", str(bad), "--device", "cpu")
     assert f"{bad}: line 3: '\u2603' is not in the vocabulary" in line
 
+    from attnlab.data import corpus
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(corpus, "build_token_file", full_disk)  # a full temporary folder names TMPDIR, not the run
+    line = one_line_error(capsys, "evaluate", str(out), "--data", str(tmp_path / "eval.txt"), "--device", "cpu")
+    assert "cannot write the text's tokens to the temporary folder" in line and "No space left" in line
+    assert "MiB are needed): set TMPDIR to a folder on a disk with room" in line and "out_dir" not in line
+
 
 @pytest.mark.parametrize("header,first,second", [
     ("index\tsentence1\tsentence2\tlabel", "sentence1", "sentence2"),  # RTE, WNLI, MRPC
@@ -94,3 +104,18 @@ def test_an_mlm_evaluation_files_problem_names_that_file(tmp_path, capsys):
                           "--set", f"data.eval_path={_q(held_out)}", "--set", "data.vocab_size=60",
                           "--set", "train.steps=1", "--set", f"train.out_dir={_q(tmp_path / 'run')}", *TINY)
     assert f"{held_out} (data.eval_path): " in line and "sentence" in line
+
+
+@pytest.mark.parametrize("header,first,second", [
+    ("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate", "question1", "question2"),  # GLUE's own QQP
+    ("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", "#1 string", "#2 string"),  # GLUE's own MRPC
+])
+def test_glues_own_pair_files_are_recognised_and_refused(tmp_path, header, first, second):
+    """Their headers hold no name of a single-text file: read as data, the first column (an id) became the
+    text and the next one the label."""
+    cells = header.split("\t")
+    row = ["0", "1", "2", "How?", "Why?", "0"][: len(cells)] if "id" in cells else ["1", "7", "8", "A b.", "C d."]
+    path = tmp_path / "pairs.tsv"
+    path.write_text(header + "\n" + "\t".join(row) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=f"two text columns, '{first}' and '{second}'"):
+        read_classification_file(path)

@@ -27,11 +27,12 @@ BLOCK_BYTES = 1 << 20
 # Header names recognised without being told (GLUE and common data sets), most specific first.
 TEXT_COLUMN_NAMES = ("sentence", "text", "review", "content", "document", "sentence1")
 LABEL_COLUMN_NAMES = ("label", "labels", "class", "category", "target", "sentiment")
-# The two texts of sentence-pair tasks (GLUE's RTE/WNLI/MRPC, QNLI, QQP, MNLI/SNLI). attnlab's classifiers read
-# one text, so a file with both is refused unless the text column is named: read alone, the first would train
-# silently on half of every example.
+# The two texts of sentence-pair tasks, as headers name them (GLUE's RTE/WNLI/MRPC, QNLI, QQP and MNLI/SNLI as
+# Hugging Face datasets exports them; GLUE's own QQP and MRPC files). attnlab's classifiers read one text, so a
+# file with both is refused unless the text column is named: read alone, the first would train silently on
+# half of every example.
 PAIR_COLUMNS = (("sentence1", "sentence2"), ("question", "sentence"), ("question1", "question2"),
-                ("premise", "hypothesis"))
+                ("premise", "hypothesis"), ("#1 string", "#2 string"))
 FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
 
 
@@ -473,7 +474,8 @@ def _same_columns(path: Path, column: str) -> DataError:
 
 def _is_header(cells: list[str]) -> bool:
     names = {c.strip().lower() for c in cells}
-    return bool(names & set(TEXT_COLUMN_NAMES)) or bool(names & set(LABEL_COLUMN_NAMES))
+    return bool(names & set(TEXT_COLUMN_NAMES)) or bool(names & set(LABEL_COLUMN_NAMES)) or \
+        any(first in names and second in names for first, second in PAIR_COLUMNS)
 
 
 def _column_index(path: Path, column: str | int, names: list[str] | None, what: str) -> int:

@@ -378,7 +378,7 @@ def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int,
     its held-out text: the same file gets the same loss."""
     import tempfile
 
-    from attnlab.data.corpus import TextStream, build_token_file
+    from attnlab.data.corpus import TextStream, build_token_file, token_dtype
     from attnlab.data.sources import CausalLMSource
     from attnlab.data.text_files import check_text, iter_text_blocks
     from attnlab.training.recipe import _first_line_with, lm_window
@@ -389,6 +389,11 @@ def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int,
     with tempfile.TemporaryDirectory(prefix="attnlab-evaluate-") as scratch:
         try:
             ids = build_token_file(TextStream(iter_text_blocks(path)), tok, Path(scratch) / "text.bin")
+        except OSError as e:  # a full or read-only temporary folder: not the text's fault, and not the run's
+            bound = path.stat().st_size * token_dtype(tok.vocab_size).itemsize / 2**20  # a token per byte at most
+            raise DataError(f"cannot write the text's tokens to the temporary folder {tempfile.gettempdir()} "
+                            f"({e.strerror or e}; up to {bound:,.0f} MiB are needed): set TMPDIR to a folder on a "
+                            "disk with room") from None
         except UnknownToken as e:
             line = _first_line_with(str(path), e.token)
             where = "" if line is None else f" line {line}:"
