@@ -1,16 +1,22 @@
 """On a CUDA GPU, attnlab computes what it computes on the CPU.
 
 Skipped where torch sees no GPU (CI has none). On a machine with one, run `python -m pytest tests/test_cuda.py`:
-the fused attention kernels against the explicit path and a float64 reference, every family's fp32 logits and
-gradients against the same weights on the CPU, the KV cache and the fast decoder, beam search, bf16 autocast
-training, exact resume, and the command line end to end. fp32 stays fp32 on the GPU (TF32 matrix products are
-off, torch's default), so fp32 results agree with the CPU's to rounding.
+the fused attention kernels against the explicit path and a float64 reference, every family's fp32 logits, loss
+and gradients against the same weights on the CPU, the model's KV cache, the fast decoder, batching and beam
+search giving the CPU's tokens, bf16 autocast training, exact resume, and the command line end to end. fp32
+stays fp32 on the GPU (TF32 matrix products are off, torch's default), so fp32 results agree with the CPU's to
+rounding.
+
+`ATTNLAB_TEST_DEVICE=cpu python -m pytest tests/test_cuda.py` runs the same comparisons with the CPU in the
+GPU's place: a check of the tests themselves on a machine without a GPU (every comparison then holds trivially
+or to rounding; only a GPU tests the GPU).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 
 import pytest
 import torch
@@ -25,8 +31,8 @@ from attnlab.modules.positions import compatible_pairs
 from attnlab.training import Trainer
 from attnlab.training.device import resolve_precision
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
-CUDA = torch.device("cuda")
+CUDA = torch.device(os.environ.get("ATTNLAB_TEST_DEVICE", "cuda"))  # "cpu": check the tests without a GPU
+pytestmark = pytest.mark.skipif(CUDA.type == "cuda" and not torch.cuda.is_available(), reason="no CUDA GPU")
 
 
 def _perturbed(model, std=0.1):
@@ -45,6 +51,16 @@ def _both(config):
 
 def _close_tensors(a, b, tol):
     torch.testing.assert_close(a.detach().cpu().double(), b.detach().cpu().double(), atol=tol, rtol=tol)
+
+
+def _same_gradients(cpu, gpu, tol=1e-4):
+    """Every parameter that has a gradient on one device has it, equal to rounding, on the other."""
+    grads = [(name, a.grad, b.grad) for (name, a), b in zip(cpu.named_parameters(), gpu.parameters(), strict=True)]
+    assert any(a is not None for _, a, _ in grads)
+    for name, a, b in grads:
+        assert (a is None) == (b is None), name
+        if a is not None:
+            _close_tensors(b, a, tol)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -69,7 +85,7 @@ def test_fused_attention_equals_the_explicit_path_and_float64(dtype, tol, case):
         options["bias"] = torch.randn(1, 4, t, s, generator=g)
 
     def run(device, dt, need_weights):
-        leaves = [x.to(device, dt).requires_grad_() for x in (q, k, v)]
+        leaves = [x.detach().clone().to(device, dt).requires_grad_() for x in (q, k, v)]  # fresh leaves each run
         moved = {n: (o.to(device) if isinstance(o, torch.Tensor) else o) for n, o in options.items()}
         out, _ = attention(*leaves, need_weights=need_weights, **moved)
         out.backward(grad.to(device, dt))
@@ -102,9 +118,7 @@ def test_gpt_logits_loss_and_gradients_match_the_cpu(variant, position):
         out.loss.backward()
     _close_tensors(outs[1].logits, outs[0].logits, 1e-4)
     _close_tensors(outs[1].loss, outs[0].loss, 1e-5)
-    for (_name, a), b in zip(cpu.named_parameters(), gpu.parameters()):
-        if a.grad is not None:
-            _close_tensors(b.grad, a.grad, 1e-4)
+    _same_gradients(cpu, gpu)
 
 
 @pytest.mark.parametrize("head", ["lm", "classification"])
@@ -119,6 +133,9 @@ def test_encoder_matches_the_cpu(head):
     b = gpu(ids.to(CUDA), attention_mask=keep.to(CUDA), labels=labels.to(CUDA))
     _close_tensors(b.logits, a.logits, 1e-4)
     _close_tensors(b.loss, a.loss, 1e-5)
+    a.loss.backward()
+    b.loss.backward()
+    _same_gradients(cpu, gpu)
 
 
 def test_bert_matches_the_cpu():
@@ -132,6 +149,9 @@ def test_bert_matches_the_cpu():
     b = gpu(ids.to(CUDA), attention_mask=keep.to(CUDA), labels=ids.to(CUDA), next_sentence_label=nsp.to(CUDA))
     _close_tensors(b.logits, a.logits, 1e-4)
     _close_tensors(b.loss, a.loss, 1e-5)
+    a.loss.backward()
+    b.loss.backward()
+    _same_gradients(cpu, gpu)
 
 
 def test_seq2seq_matches_the_cpu_and_beam_search_gives_its_tokens():
@@ -144,6 +164,11 @@ def test_seq2seq_matches_the_cpu_and_beam_search_gives_its_tokens():
     a = cpu(src, tgt, keep, labels=tgt)
     b = gpu(src.to(CUDA), tgt.to(CUDA), keep.to(CUDA), labels=tgt.to(CUDA))
     _close_tensors(b.logits, a.logits, 1e-4)
+    a.loss.backward()
+    b.loss.backward()
+    _same_gradients(cpu, gpu)
+    cpu.zero_grad()
+    gpu.zero_grad()
     for decode in (lambda m, d: greedy_translate(m, src.to(d), keep.to(d), max_len=12),
                    lambda m, d: beam_search(m, src.to(d), keep.to(d), beam_size=3, max_len=12)):
         assert decode(gpu, CUDA) == decode(cpu, "cpu")
@@ -164,11 +189,17 @@ def test_cache_fast_decoder_and_batching_give_the_cpu_tokens(position):
 
     prompts = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11]]
     expected = generate(cpu, prompts, 24, greedy=True)
-    assert generate(gpu, prompts, 24, greedy=True) == expected  # batched, left-padded, cached
+    assert generate(gpu, prompts, 24, greedy=True) == expected  # batched, left-padded, the fast decoder
+    assert generate(gpu, prompts, 24, greedy=True, fast=False) == expected  # the model's own KV cache
     assert generate(gpu, prompts, 24, greedy=True, use_cache=False) == expected
     assert [generate(gpu, [p], 24, greedy=True)[0] for p in prompts] == expected  # one at a time
+    # Sampling's filters on the GPU: top-k 1 and a tiny top-p leave the best token alone (the devices' random
+    # streams differ, so sampled tokens are compared through filters that leave one token).
+    for fast in (True, False):
+        assert generate(gpu, prompts, 24, temperature=0.9, top_k=1, seed=3, fast=fast) == expected
+        assert generate(gpu, prompts, 24, temperature=0.9, top_p=1e-6, seed=3, fast=fast) == expected
     sampled = generate(gpu, prompts[:1], 24, temperature=0.9, top_k=10, top_p=0.9, seed=3)
-    assert sampled == generate(gpu, prompts[:1], 24, temperature=0.9, top_k=10, top_p=0.9, seed=3)
+    assert sampled == generate(gpu, prompts[:1], 24, temperature=0.9, top_k=10, top_p=0.9, seed=3)  # a seed
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -190,11 +221,12 @@ def _config(**changes):
     from attnlab.training import TrainerConfig
 
     settings = dict(steps=6, batch_size=8, micro_batch_size=4, lr=1e-2, warmup_steps=2, schedule="noam",
-                    precision="fp32", device="cuda", progress=False, log_every=1, eval_every=2)
+                    precision="fp32", device=str(CUDA), progress=False, log_every=1, eval_every=2)
     settings.update(changes)
     return TrainerConfig(**settings)
 
 
+@pytest.mark.skipif(CUDA.type != "cuda", reason="a question for a GPU")
 def test_auto_precision_is_bf16_on_a_gpu_that_has_it():
     expected = torch.bfloat16 if torch.cuda.is_bf16_supported() else None
     assert resolve_precision("auto", "cuda") is expected
@@ -204,7 +236,7 @@ def test_auto_precision_is_bf16_on_a_gpu_that_has_it():
 def test_resume_on_the_gpu_is_exact(tmp_path, precision):
     full, second = stopped_and_resumed(_config(precision=precision), tmp_path)
     for k, v in full.model.state_dict().items():
-        assert v.device.type == "cuda"
+        assert v.device.type == CUDA.type
         assert torch.equal(second.model.state_dict()[k], v), k
 
 
@@ -213,21 +245,21 @@ def test_gpt_training_on_the_gpu_follows_the_cpu_in_fp32(tmp_path):
     from training_helpers import packed_run
 
     ends = {}
-    for device in ("cpu", "cuda"):
+    for device in ("cpu", str(CUDA)):
         model, source = packed_run(pack=True)
         trainer = Trainer(model, _config(device=device, steps=6, eval_every=0, lr=3e-3), source,
                           out_dir=tmp_path / device)
         trainer.fit()
         ends[device] = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
     for k, v in ends["cpu"].items():
-        _close_tensors(ends["cuda"][k], v, 1e-4)
+        _close_tensors(ends[str(CUDA)][k], v, 1e-4)
 
 
 def test_the_command_line_trains_generates_and_evaluates_on_the_gpu(tmp_path, capsys):
     run = tmp_path / "run"
     code, out, err = run_cli(capsys, "train", "--set", f"train.out_dir={json.dumps(str(run))}",
-                             "--set", "train.steps=30", "--set", "train.eval_every=15", "--set", "train.device=cuda",
-                             "--set", "train.progress=false")
+                             "--set", "train.steps=30", "--set", "train.eval_every=15",
+                             "--set", f"train.device={json.dumps(str(CUDA))}", "--set", "train.progress=false")
     assert code == 0, err
     state = json.loads((run / "checkpoint" / "trainer_state.json").read_text())
     assert state["step"] == 30
@@ -235,10 +267,20 @@ def test_the_command_line_trains_generates_and_evaluates_on_the_gpu(tmp_path, ca
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in records if "loss" in r)
     for dtype in ("fp32", "bf16", "fp16"):
         code, out, err = run_cli(capsys, "generate", str(run), "--prompt", "The ", "-n", "40", "--greedy",
-                                 "--device", "cuda", "--dtype", dtype)
+                                 "--device", str(CUDA), "--dtype", dtype)
         assert code == 0 and out.startswith("The "), err
-    code, gpu_out, err = run_cli(capsys, "generate", str(run), "--prompt", "The ", "-n", "40", "--greedy",
-                                 "--device", "cuda")
-    code, cpu_out, err = run_cli(capsys, "generate", str(run), "--prompt", "The ", "-n", "40", "--greedy",
-                                 "--device", "cpu")
-    assert gpu_out == cpu_out
+    outs = {}
+    for device in (str(CUDA), "cpu"):
+        code, outs[device, "generate"], err = run_cli(capsys, "generate", str(run), "--prompt", "The ", "-n", "40",
+                                                      "--greedy", "--device", device)
+        assert code == 0, err
+        # evaluate streams the text through a temporary token file, then scores it on the device
+        text = tmp_path / "held_out.txt"
+        text.write_text("The Python language reference describes the syntax of the language.\n" * 20,
+                        encoding="utf-8")
+        code, scored, err = run_cli(capsys, "evaluate", str(run), "--data", str(text), "--json", "--device", device)
+        assert code == 0, err
+        outs[device, "evaluate"] = json.loads(scored)
+    assert outs[str(CUDA), "generate"] == outs["cpu", "generate"]
+    assert outs[str(CUDA), "evaluate"]["tokens"] == outs["cpu", "evaluate"]["tokens"]
+    assert abs(outs[str(CUDA), "evaluate"]["loss"] - outs["cpu", "evaluate"]["loss"]) < 1e-4
