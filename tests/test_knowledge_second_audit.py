@@ -1,0 +1,21 @@
+"""The knowledge experiment's prediction files keep one row per question when a prediction holds a line end
+or a tab (the corpus's line end is in the vocabulary, and an undertrained model writes it)."""
+
+from __future__ import annotations
+
+from attnlab.experiments.knowledge import _write_predictions
+
+
+def test_a_prediction_with_a_line_end_or_a_tab_keeps_its_row(tmp_path):
+    questions = ["Where was A born?", "Where was B born?", "Where was C born?"]
+    predictions = ["Ly\non", "Os\tlo", "Rome"]
+    path = tmp_path / "dot.tsv"
+    _write_predictions(path, [1, 2, 4], questions, predictions, ["Lyon", "Os\tlo".replace("\t", ""), "Rome"])
+    rows = path.read_text(encoding="utf-8").splitlines()
+    assert rows[0] == "line\tquestion\tprediction\tanswer\tcorrect"
+    assert rows[1:] == ["1\tWhere was A born?\tLy\\non\tLyon\t0", "2\tWhere was B born?\tOs\\tlo\tOslo\t0",
+                        "4\tWhere was C born?\tRome\tRome\t1"]
+    _write_predictions(path, [1, 2, 4], questions, ["A\r\nB", "", "Rome"], None)
+    rows = path.read_text(encoding="utf-8").splitlines()
+    assert rows[1:] == ["1\tWhere was A born?\tA\\r\\nB", "2\tWhere was B born?\t", "4\tWhere was C born?\tRome"]
+    assert all(len(r.split("\t")) == 3 for r in rows)
