@@ -65,6 +65,19 @@ def test_evaluate_streams_a_language_models_text(tmp_path, capsys, monkeypatch):
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
+    real_blocks, calls = text_files.iter_text_blocks, []
+
+    def failing_read(path, *args, **kwargs):  # the check reads the text's start; the tokens' reading then fails
+        calls.append(path)
+        yield from real_blocks(path, *args, **kwargs) if len(calls) == 1 else ()
+        if len(calls) > 1:
+            raise OSError(5, "Input/output error", str(path))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(text_files, "iter_text_blocks", failing_read)
+        line = one_line_error(capsys, "evaluate", str(out), "--data", str(tmp_path / "eval.txt"), "--device", "cpu")
+    assert line.endswith(f"cannot read data file '{tmp_path / 'eval.txt'}': Input/output error")
+
     monkeypatch.setattr(corpus, "build_token_file", full_disk)  # a full temporary folder names TMPDIR, not the run
     line = one_line_error(capsys, "evaluate", str(out), "--data", str(tmp_path / "eval.txt"), "--device", "cpu")
     assert "cannot write the text's tokens to the temporary folder" in line and "No space left" in line
@@ -108,7 +121,7 @@ def test_an_mlm_evaluation_files_problem_names_that_file(tmp_path, capsys):
 
 @pytest.mark.parametrize("header,first,second", [
     ("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate", "question1", "question2"),  # GLUE's own QQP
-    ("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", "#1 string", "#2 string"),  # GLUE's own MRPC
+    ("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", "#1 String", "#2 String"),  # GLUE's own MRPC
 ])
 def test_glues_own_pair_files_are_recognised_and_refused(tmp_path, header, first, second):
     """Their headers hold no name of a single-text file: read as data, the first column (an id) became the
@@ -119,3 +132,5 @@ def test_glues_own_pair_files_are_recognised_and_refused(tmp_path, header, first
     path.write_text(header + "\n" + "\t".join(row) + "\n", encoding="utf-8")
     with pytest.raises(DataError, match=f"two text columns, '{first}' and '{second}'"):
         read_classification_file(path)
+    # the fix the message names works as written: the column as the file spells it; the label column is known
+    assert read_classification_file(path, text_column=first).texts == [row[cells.index(first)]]

@@ -26,7 +26,8 @@ BLOCK_BYTES = 1 << 20
 
 # Header names recognised without being told (GLUE and common data sets), most specific first.
 TEXT_COLUMN_NAMES = ("sentence", "text", "review", "content", "document", "sentence1")
-LABEL_COLUMN_NAMES = ("label", "labels", "class", "category", "target", "sentiment")
+LABEL_COLUMN_NAMES = ("label", "labels", "class", "category", "target", "sentiment",
+                      "is_duplicate", "quality")  # the last two: GLUE's own QQP and MRPC files
 # The two texts of sentence-pair tasks, as headers name them (GLUE's RTE/WNLI/MRPC, QNLI, QQP and MNLI/SNLI as
 # Hugging Face datasets exports them; GLUE's own QQP and MRPC files). attnlab's classifiers read one text, so a
 # file with both is refused unless the text column is named: read alone, the first would train silently on
@@ -502,12 +503,14 @@ def _column_index(path: Path, column: str | int, names: list[str] | None, what: 
 
 
 def _refuse_pairs(path: Path, names, what: str) -> None:
-    """DataError where `names` (a header's, or a JSON object's keys) hold both texts of a sentence pair."""
+    """DataError where `names` (a header's, or a JSON object's keys) hold both texts of a sentence pair, named
+    as the file spells them (a named column is matched as written)."""
+    spelled = {str(n).strip().lower(): str(n).strip() for n in names}
     for first, second in PAIR_COLUMNS:
-        if first in names and second in names:
-            raise DataError(f"data file '{path}' has two text {what}s, {first!r} and {second!r} (a sentence-pair "
-                            "task): attnlab's classifiers read one text; set data.text_column (evaluate: "
-                            "--text-column) to the one to read")
+        if first in spelled and second in spelled:
+            raise DataError(f"data file '{path}' has two text {what}s, {spelled[first]!r} and {spelled[second]!r} "
+                            "(a sentence-pair task): attnlab's classifiers read one text; set data.text_column "
+                            "(evaluate: --text-column) to the one to read")
 
 
 def _read_table(path, text, fmt, text_column, label_column, header, require_labels) -> ClassificationData:
@@ -537,7 +540,7 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
         return found
 
     if text_column is None and lowered is not None:
-        _refuse_pairs(path, lowered, "column")
+        _refuse_pairs(path, names, "column")
     text_idx = pick(text_column, TEXT_COLUMN_NAMES, "text", 0)
     label_default = 1 if require_labels or len(first_cells) > 1 else None
     label_idx = pick(label_column, LABEL_COLUMN_NAMES, "label", label_default)

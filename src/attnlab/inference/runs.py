@@ -384,11 +384,18 @@ def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int,
     from attnlab.training.recipe import _first_line_with, lm_window
 
     path = check_text(data)
+
+    def blocks():  # a read error of the text names the text, not the temporary folder below
+        try:
+            yield from iter_text_blocks(path)
+        except OSError as e:
+            raise DataError(f"cannot read data file '{path}': {e.strerror or e}") from None
+
     # Streamed a block at a time into a memory-mapped token file, as training reads its text: any text the
     # model could train on can be scored (read whole, a 100 MB text took ~2 GB).
     with tempfile.TemporaryDirectory(prefix="attnlab-evaluate-") as scratch:
         try:
-            ids = build_token_file(TextStream(iter_text_blocks(path)), tok, Path(scratch) / "text.bin")
+            ids = build_token_file(TextStream(blocks()), tok, Path(scratch) / "text.bin")
         except OSError as e:  # a full or read-only temporary folder: not the text's fault, and not the run's
             bound = path.stat().st_size * token_dtype(tok.vocab_size).itemsize / 2**20  # a token per byte at most
             raise DataError(f"cannot write the text's tokens to the temporary folder {tempfile.gettempdir()} "
