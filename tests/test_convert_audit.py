@@ -92,3 +92,10 @@ def test_a_sharded_folder_loads_as_the_whole_file(tmp_path):
     index.write_text('{"weight_map": {"transformer.wte.weight": "../elsewhere.safetensors"}}')
     with pytest.raises(CheckpointError, match="no valid weight_map"):
         load_hf_gpt2(tmp_path / "sharded")
+
+
+def test_a_token_classifier_is_named_as_such_not_as_a_missing_pooler():
+    cfg = transformers.BertConfig(**BERT, num_labels=3)
+    hf_config = {k: v for k, v in cfg.to_dict().items() if k != "architectures"}  # a state dict and a bare config
+    with pytest.raises(CheckpointError, match="a classifier but no pooler .*BertForTokenClassification"):
+        bert_from_hf(transformers.BertForTokenClassification(cfg).state_dict(), hf_config)

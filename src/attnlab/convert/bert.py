@@ -244,6 +244,12 @@ def bert_from_hf(state_dict: dict[str, Tensor], hf_config: dict[str, Any], *,
 
     with torch.device("meta"):  # only the names and shapes are needed: allocate nothing
         expected = {k: v.shape for k, v in BertModel(config).state_dict().items()}
+    if heads == "classification" and not has_pooler:
+        # BertForTokenClassification has a classifier over every token and no pooler; a sequence classifier
+        # reads the pooled [CLS] state, so a missing pooler means another head.
+        raise CheckpointError("the checkpoint has a classifier but no pooler (pooler.dense), as "
+                              "BertForTokenClassification saves it: attnlab's BERT converts sequence classifiers "
+                              f"(one label per text, over the pooled [CLS] state); supported: {_SUPPORTED}")
     missing = sorted(set(expected) - set(ours))
     if missing:
         raise CheckpointError(f"the BERT checkpoint lacks: {', '.join(missing[:8])}"
