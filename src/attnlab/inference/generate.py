@@ -38,12 +38,13 @@ def sample_next(
     # (greedy in the limit) instead of overflowing every logit to ±inf (NaN probabilities). Softmax, top-k and
     # top-p do not see the shift. The tokens are ranked on the logits before the division, which never changes
     # their order: a huge temperature rounds every scaled logit to 0 and would leave top-k and top-p no order.
-    shifted = logits.float() - logits.float().amax(dim=-1, keepdim=True)
+    logits = logits.float()
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
     logits = shifted / temperature
     if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(shifted, top_k, dim=-1).values[:, -1:]
-        shifted = shifted.masked_fill(shifted < kth, float("-inf"))
-        logits = logits.masked_fill(shifted == float("-inf"), float("-inf"))
+        below = shifted < torch.topk(shifted, top_k, dim=-1).values[:, -1:]
+        shifted = shifted.masked_fill(below, float("-inf"))
+        logits = logits.masked_fill(below, float("-inf"))
     if top_p is not None and top_p < 1.0:
         order = torch.sort(shifted, descending=True, dim=-1, stable=True).indices  # ties: vocabulary order
         probs_sorted = torch.softmax(logits.gather(-1, order), dim=-1)
