@@ -630,9 +630,6 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
                         f"{block + 1}; give a longer text or a smaller data.block_size")
     train_source = CausalLMSource(TokenFile(data_dir / "train.bin"), block, t.batch_size, seed=t.seed)
     eval_source = None
-    if not eval_part:  # nothing held out: no token file of an earlier run's held-out text left to mislead
-        for stale in (data_dir / "val.bin", sidecar_path(data_dir / "val.bin")):
-            stale.unlink(missing_ok=True)
     if eval_part:
         val_tokens = encode(eval_part, "val.bin", d.eval_path or d.path)
         if len(val_tokens) >= block + 1:  # one window of block + 1 tokens is enough to score
@@ -648,8 +645,9 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
             train_tokens = encode(lambda: itertools.chain(train_part(), eval_part()),  # cut at a line start
                                   "train.bin", d.path)
             train_source = CausalLMSource(TokenFile(data_dir / "train.bin"), block, t.batch_size, seed=t.seed)
-            for stale in (data_dir / "val.bin", sidecar_path(data_dir / "val.bin")):
-                stale.unlink(missing_ok=True)
+    if eval_source is None:  # nothing held out: no token file of an earlier run's held-out text left to mislead
+        for stale in (data_dir / "val.bin", sidecar_path(data_dir / "val.bin")):
+            stale.unlink(missing_ok=True)
     return Prepared(model, tokenizer, train_source, eval_source,
                     info={"train_tokens": len(train_tokens), "block_size": block})
 
