@@ -53,6 +53,21 @@ def _close_tensors(a, b, tol):
     torch.testing.assert_close(a.detach().cpu().double(), b.detach().cpu().double(), atol=tol, rtol=tol)
 
 
+def _same_forward_and_backward(cpu, gpu, *args, **kwargs):
+    """The two models on the same inputs (tensors moved to the GPU for `gpu`): logits and loss agree to rounding,
+    and so do the gradients of the loss."""
+    def moved(x):
+        return x.to(CUDA) if isinstance(x, torch.Tensor) else x
+
+    a = cpu(*args, **kwargs)
+    b = gpu(*map(moved, args), **{k: moved(v) for k, v in kwargs.items()})
+    _close_tensors(b.logits, a.logits, 1e-4)
+    _close_tensors(b.loss, a.loss, 1e-5)
+    a.loss.backward()
+    b.loss.backward()
+    _same_gradients(cpu, gpu)
+
+
 def _same_gradients(cpu, gpu, tol=1e-4):
     """Every parameter that has a gradient on one device has it, equal to rounding, on the other."""
     grads = [(name, a.grad, b.grad) for (name, a), b in zip(cpu.named_parameters(), gpu.parameters(), strict=True)]
@@ -113,12 +128,7 @@ def test_gpt_logits_loss_and_gradients_match_the_cpu(variant, position):
     ids = torch.randint(0, 65, (3, 24), generator=torch.Generator().manual_seed(2))
     keep = torch.ones(3, 24, dtype=torch.long)
     keep[1, :5] = 0  # left padding
-    outs = [m(ids.to(d), labels=ids.to(d), attention_mask=keep.to(d)) for m, d in ((cpu, "cpu"), (gpu, CUDA))]
-    for out in outs:
-        out.loss.backward()
-    _close_tensors(outs[1].logits, outs[0].logits, 1e-4)
-    _close_tensors(outs[1].loss, outs[0].loss, 1e-5)
-    _same_gradients(cpu, gpu)
+    _same_forward_and_backward(cpu, gpu, ids, labels=ids, attention_mask=keep)
 
 
 @pytest.mark.parametrize("head", ["lm", "classification"])
@@ -129,13 +139,7 @@ def test_encoder_matches_the_cpu(head):
     keep = torch.ones(3, 16, dtype=torch.long)
     keep[2, 11:] = 0
     labels = ids if head == "lm" else torch.tensor([0, 1, 1])
-    a = cpu(ids, attention_mask=keep, labels=labels)
-    b = gpu(ids.to(CUDA), attention_mask=keep.to(CUDA), labels=labels.to(CUDA))
-    _close_tensors(b.logits, a.logits, 1e-4)
-    _close_tensors(b.loss, a.loss, 1e-5)
-    a.loss.backward()
-    b.loss.backward()
-    _same_gradients(cpu, gpu)
+    _same_forward_and_backward(cpu, gpu, ids, attention_mask=keep, labels=labels)
 
 
 def test_bert_matches_the_cpu():
@@ -145,13 +149,7 @@ def test_bert_matches_the_cpu():
     keep = torch.ones(3, 16, dtype=torch.long)
     keep[0, 12:] = 0
     nsp = torch.tensor([0, 1, 0])
-    a = cpu(ids, attention_mask=keep, labels=ids, next_sentence_label=nsp)
-    b = gpu(ids.to(CUDA), attention_mask=keep.to(CUDA), labels=ids.to(CUDA), next_sentence_label=nsp.to(CUDA))
-    _close_tensors(b.logits, a.logits, 1e-4)
-    _close_tensors(b.loss, a.loss, 1e-5)
-    a.loss.backward()
-    b.loss.backward()
-    _same_gradients(cpu, gpu)
+    _same_forward_and_backward(cpu, gpu, ids, attention_mask=keep, labels=ids, next_sentence_label=nsp)
 
 
 def test_seq2seq_matches_the_cpu_and_beam_search_gives_its_tokens():
@@ -161,14 +159,7 @@ def test_seq2seq_matches_the_cpu_and_beam_search_gives_its_tokens():
     src, tgt = torch.randint(4, 64, (3, 9), generator=g), torch.randint(4, 64, (3, 7), generator=g)
     keep = torch.ones(3, 9, dtype=torch.long)
     keep[1, 6:] = 0
-    a = cpu(src, tgt, keep, labels=tgt)
-    b = gpu(src.to(CUDA), tgt.to(CUDA), keep.to(CUDA), labels=tgt.to(CUDA))
-    _close_tensors(b.logits, a.logits, 1e-4)
-    a.loss.backward()
-    b.loss.backward()
-    _same_gradients(cpu, gpu)
-    cpu.zero_grad()
-    gpu.zero_grad()
+    _same_forward_and_backward(cpu, gpu, src, tgt, keep, labels=tgt)
     for decode in (lambda m, d: greedy_translate(m, src.to(d), keep.to(d), max_len=12),
                    lambda m, d: beam_search(m, src.to(d), keep.to(d), beam_size=3, max_len=12)):
         assert decode(gpu, CUDA) == decode(cpu, "cpu")
