@@ -19,3 +19,11 @@ def test_a_prediction_with_a_line_end_or_a_tab_keeps_its_row(tmp_path):
     rows = path.read_text(encoding="utf-8").splitlines()
     assert rows[1:] == ["1\tWhere was A born?\tA\\r\\nB", "2\tWhere was B born?\t", "4\tWhere was C born?\tRome"]
     assert all(len(r.split("\t")) == 3 for r in rows)
+
+
+def test_a_backslash_in_a_prediction_is_doubled_so_an_escape_reads_one_way(tmp_path):
+    # "a\\nb" (a backslash, then n) must not be written like "a\nb" (a line end)
+    path = tmp_path / "dot.tsv"
+    _write_predictions(path, [1, 2], ["Where was A born?", "Where was B born?"], ["a\\nb", "a\nb"], None)
+    rows = path.read_text(encoding="utf-8").splitlines()
+    assert rows[1:] == ["1\tWhere was A born?\ta\\\\nb", "2\tWhere was B born?\ta\\nb"]

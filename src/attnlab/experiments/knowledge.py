@@ -647,7 +647,7 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     return summary
 
 
-_ESCAPED = str.maketrans({"\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_ESCAPED = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
 def _write_predictions(path: Path, line_numbers: list[int], questions: list[str], predictions: list[str],
@@ -657,7 +657,8 @@ def _write_predictions(path: Path, line_numbers: list[int], questions: list[str]
 
     A prediction can hold a line end or a tab (a corpus's line end is in the vocabulary, and an undertrained
     model writes it): they are written as the two characters \\n, \\r and \\t, so that each question keeps
-    one row of its columns (the 1 or 0 is for the prediction as generated)."""
+    one row of its columns, and a backslash as two, so that a written \\n is always a line end (the 1 or 0 is
+    for the prediction as generated)."""
     lines = []
     for i, (n, q, p) in enumerate(zip(line_numbers, questions, predictions, strict=True)):
         shown = p.translate(_ESCAPED)
