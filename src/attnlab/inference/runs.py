@@ -62,11 +62,11 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
     from attnlab.data.tokenizers import load_tokenizer
     from attnlab.training.checkpoint import (
         checkpoint_present,
+        class_names,
         find_checkpoint,
         load_model,
         read_config,
         read_trainer_state,
-        saved_labels,
     )
 
     path = Path(path)
@@ -99,10 +99,9 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
     try:
         extra = read_trainer_state(folder).get("extra_state") or {}
         data = dict(extra.get("data") or {})
-        labels = list(extra.get("labels") or [])
     except (CheckpointError, AttributeError, TypeError, ValueError):
-        data, labels = {}, []
-    labels = labels or saved_labels(folder) or []  # the weights file's own copy (trainer_state.json left behind)
+        data = {}
+    labels = class_names(folder) or []
     config = model.config
     classifier = "classification" in (getattr(config, "head", None), getattr(config, "heads", None))
     for candidate in (path / "run.json", folder.parent / "run.json"):

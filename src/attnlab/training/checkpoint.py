@@ -545,6 +545,22 @@ def saved_labels(path: str | os.PathLike[str]) -> list[str] | None:
     return [str(x) for x in labels] if isinstance(labels, list) and labels else None
 
 
+def class_names(path: str | os.PathLike[str]) -> list[str] | None:
+    """The class names a classifier checkpoint was trained with, in output order: trainer_state.json's, else
+    the weights file's own copy (a checkpoint copied without its trainer state). None: neither has them."""
+    try:
+        extra = read_trainer_state(path).get("extra_state")
+    except CheckpointError:  # no or unreadable trainer state
+        extra = None
+    labels = extra.get("labels") if isinstance(extra, dict) else None
+    if isinstance(labels, list) and labels:
+        return [str(x) for x in labels]
+    try:
+        return saved_labels(path)
+    except CheckpointError:  # no checkpoint there at all
+        return None
+
+
 def read_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The contents of the checkpoint's ``trainer_state.json``."""
     folder = find_checkpoint(path)

@@ -487,26 +487,11 @@ def _build(run: RunConfig, config: Config, *, labels: list[str] | None = None):
         raise ConfigError(f"data.max_length {run.data.max_length} is longer than the model's {limit} positions; "
                           "lower data.max_length or raise model.max_len")
     if "init_from" in run.model:
-        other_classes = labels is not None and _saved_labels(run.model["init_from"]) not in (None, labels)
+        from attnlab.training.checkpoint import class_names
+
+        other_classes = labels is not None and class_names(run.model["init_from"]) not in (None, labels)
         init_from_pretrained(model, run.model["init_from"], new_heads=other_classes)
     return model
-
-
-def _saved_labels(path: str | Path) -> list[str] | None:
-    """The class names a classifier checkpoint was trained with, in output order (None: none saved)."""
-    from attnlab.training.checkpoint import find_checkpoint, read_trainer_state, saved_labels
-
-    try:
-        extra = read_trainer_state(find_checkpoint(path)).get("extra_state")
-    except CheckpointError:  # no trainer state (copied without it)
-        extra = None
-    labels = extra.get("labels") if isinstance(extra, dict) else None
-    if isinstance(labels, list) and labels:
-        return list(labels)
-    try:  # else the weights file's own copy, if any
-        return saved_labels(path)
-    except CheckpointError:  # no checkpoint there at all
-        return None
 
 
 def init_from_pretrained(model, path: str | Path, *, new_heads: bool = False) -> dict[str, list[str]]:
@@ -792,7 +777,9 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
 
 
 def _check_resumed_labels(checkpoint: Path, labels: list[str], path: str | None) -> None:
-    saved = _saved_labels(checkpoint)
+    from attnlab.training.checkpoint import class_names
+
+    saved = class_names(checkpoint)
     if saved is not None and saved != list(labels):
         raise ConfigError(f"--resume: {path} has the classes {list(labels)[:8]}, the run was trained on "
                           f"{saved[:8]}; resume with the run's data file, or start without --resume "
