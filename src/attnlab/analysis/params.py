@@ -824,7 +824,7 @@ def load_config(name: str) -> tuple[str, Config]:
                               f"({', '.join(preset_names())}) or a run folder")
         try:
             data = json.loads(file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise ConfigError(f"{file}: not a readable JSON config ({e}); give a run or checkpoint folder written "
                               "by attnlab, or a preset name (attnlab params --list)") from None
         if isinstance(data, dict) and "family" not in data and isinstance(data.get("model"), dict):

@@ -185,7 +185,7 @@ class TokenFile:
             self.dtype = np.dtype(meta["dtype"])
             self.length = int(meta["length"])
             self.vocab_size = int(meta["vocab_size"])
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
             raise DataError(
                 f"token file sidecar '{meta_path}' is corrupt ({e!r}); rebuild the token file"
             ) from None

@@ -144,7 +144,7 @@ class KnowledgeVocab:
             data = json.loads(text)
             chars = data["chars"]
             ok = data.get("kind") == "char" and isinstance(chars, list)
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
             ok = False
         if not ok:
             raise DataError(

@@ -396,6 +396,8 @@ def _read_jsonl(path, text, text_column, label_column, require_labels) -> Classi
             continue
         try:
             obj = json.loads(line)
+        except RecursionError:
+            raise DataError(f"data file '{path}' line {number}: JSON nested too deeply to read; fix the line") from None
         except json.JSONDecodeError as e:
             hint = array if not texts and line.lstrip().startswith("[") else "; fix the line"
             raise DataError(f"data file '{path}' line {number}: not valid JSON ({e.msg}){hint}") from None

@@ -777,7 +777,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
         raise DataError(f"tokenizer file '{path}' does not exist; check the path")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested too deep
         raise DataError(
             f"tokenizer file '{path}' is not valid JSON ({e}); save the tokenizer again"
         ) from None

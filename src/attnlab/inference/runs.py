@@ -113,7 +113,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
             saved = json.loads(candidate.read_text(encoding="utf-8"))
             data = data or dict(saved.get("data", {}))
             labels = labels or list(saved.get("labels") or [])
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, RecursionError):
             raise CheckpointError(f"{candidate} is not a valid run description; re-run training or "
                                   "remove the file") from None
         break
@@ -139,6 +139,7 @@ def translate_lines(run: LoadedRun, lines: Sequence[str], *, beam_size: int = 1,
     tok = run.tokenizer
     encoded = []
     for number, line in enumerate(lines, start=1):
+        _check_utf8(line, f"{name} line {number}")
         try:
             encoded.append(tok.encode(line) if line.strip() else [])
         except UnknownToken as e:
@@ -223,7 +224,18 @@ def translate_ids(run: LoadedRun, sources: Sequence[Sequence[int]], *, beam_size
     return texts
 
 
+def _check_utf8(text: str, what: str) -> None:
+    """Refuse text holding bytes that were not UTF-8 (kept by Python as lone surrogates, as a command-line
+    argument's are): the subword tokenizers fail on them with a TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataError(f"{what} is not valid UTF-8 text (at character {e.start + 1}); give it as UTF-8, "
+                        "e.g. from a UTF-8 terminal or file") from None
+
+
 def _encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    _check_utf8(prompt, "the prompt")
     try:
         ids = tokenizer.encode(prompt)
     except UnknownToken as e:  # the tokenizer's own words told the user to retrain it or "add an unk"
@@ -302,12 +314,16 @@ def _continuation(tok, prompt: str, prompt_ids: list[int], new_ids: list[int]) -
     """The text `new_ids` add after `prompt`: decoded with the prompt and the prompt's text cut off, as word
     and WordPiece tokenizers put the space between two words only when they decode both (alone, the first
     new word would be glued to the prompt's last), and byte-level BPE may finish a character the prompt began.
-    Where the prompt ends in whitespace its decoding dropped, that space is not given twice."""
+    Where the prompt ends in whitespace its decoding dropped, that space is not given twice. The prompt's
+    special tokens (an unknown word's unk) are decoded with it: dropped, the word boundary after them went too
+    ("Zebra" gave "Zebraquick"); the new tokens' specials are left out of the text."""
+    specials = set(tok.special_ids)
+    new_ids = [i for i in new_ids if i not in specials]
     if not new_ids:
         return ""
-    head = tok.decode(list(prompt_ids), skip_special_tokens=True)
-    full = tok.decode(list(prompt_ids) + list(new_ids), skip_special_tokens=True)
-    text = full[len(head):] if full.startswith(head) else tok.decode(list(new_ids), skip_special_tokens=True)
+    head = tok.decode(list(prompt_ids))
+    full = tok.decode(list(prompt_ids) + new_ids)
+    text = full[len(head):] if full.startswith(head) else tok.decode(new_ids)
     if prompt[-1:].isspace() and not head[-1:].isspace():
         text = text.removeprefix(" ")
     return text

@@ -86,7 +86,7 @@ def _read_json(path: Path) -> Any:
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deep
         raise CheckpointError(f"{path} is corrupt ({_one_line(e)}); use another checkpoint") from None
 
 
@@ -109,7 +109,7 @@ def _metadata_json(metadata: dict[str, str], key: str, path: Path, default: Any)
         return default
     try:
         return json.loads(metadata[key])
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, RecursionError) as e:
         raise CheckpointError(f"{path}: header entry {key!r} is corrupt ({_one_line(e)}); "
                               "use another checkpoint") from None
 

@@ -56,7 +56,7 @@ class MetricsLog:
             for line in f:
                 try:
                     record = json.loads(line.decode("utf-8"))
-                except (UnicodeDecodeError, json.JSONDecodeError):
+                except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
                     continue
                 if isinstance(record, dict) and type(record.get("step")) is int:
                     records.append(record)

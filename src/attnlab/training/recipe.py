@@ -208,7 +208,7 @@ def parse_value(raw: str) -> Any:
     raw = raw.strip()
     try:
         return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):  # RecursionError: nested thousands deep
         return raw
 
 
@@ -249,6 +249,8 @@ def _read_config_file(p: Path) -> Any:
             raw = yaml.load(text, Loader=_yaml_loader())
         except ValueError as e:  # a value its resolvers took for a number and could not read as one
             raise ConfigError(f"{p}: invalid YAML: {e}; quote the value") from None
+        except RecursionError:  # sequences or mappings nested thousands deep
+            raise ConfigError(f"{p}: invalid YAML: values nested too deeply to read; fix the file") from None
         except yaml.YAMLError as e:
             where = getattr(e, "problem_mark", None)
             at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
@@ -267,6 +269,8 @@ def _read_config_file(p: Path) -> Any:
             raise ConfigError(f"{p}: config files are TOML or YAML (.json is not read); write it as "
                               "[section] tables of key = value lines, as in configs/") from None
         raise ConfigError(f"{p}: invalid TOML: {e}") from None
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise ConfigError(f"{p}: invalid TOML: values nested too deeply to read; fix the file") from None
 
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

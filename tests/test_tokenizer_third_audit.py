@@ -1,0 +1,82 @@
+"""Tokenizer edge cases found by an audit: prompts of unknown words, prompts that are not UTF-8, and what a
+tokenizer file must hold to be loaded."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnlab.data.tokenizers import train_tokenizer
+from attnlab.errors import DataError
+from attnlab.inference.runs import _continuation, _encode_prompt
+
+TEXT = "the quick brown fox jumps over the lazy dog\n" * 50
+
+
+@pytest.mark.parametrize("kind, size", [("word", None), ("wordpiece", 60), ("bpe", 300)])
+def test_a_prompt_of_unknown_words_keeps_its_space_before_the_continuation(kind, size):
+    tok = train_tokenizer(kind, TEXT, size) if size else train_tokenizer(kind, TEXT)
+    prompt = _encode_prompt(tok, "Zebra")  # unknown to word and WordPiece: one unk ("Zebraquick" before)
+    new = tok.encode(" quick fox") + [tok.eos_id]
+    assert "Zebra" + _continuation(tok, "Zebra", prompt, new) == "Zebra quick fox"
+
+
+@pytest.mark.parametrize("kind, size", [("char", None), ("word", None), ("wordpiece", 60), ("bpe", 300)])
+def test_a_prompt_that_is_not_utf8_is_one_line_for_every_tokenizer(kind, size):
+    tok = train_tokenizer(kind, TEXT, size) if size else train_tokenizer(kind, TEXT)
+    # a command-line argument's undecodable byte 0xff reaches Python as the lone surrogate \udcff
+    with pytest.raises(DataError, match=r"the prompt is not valid UTF-8 text \(at character 5\)"):
+        _encode_prompt(tok, "the \udcff")
+
+
+def _train(out, *more: str) -> list[str]:
+    from cli_helpers import toml_str
+
+    return ["train", "--set", "model.preset=gpt-char-tiny", "--set", "model.block_size=16", "--set",
+            "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu", "--set",
+            "train.eval_every=0", "--set", f"train.out_dir={toml_str(out)}", *more]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from attnlab.cli import main
+
+    out = tmp_path_factory.mktemp("deep") / "run"
+    main(_train(out, "--set", "train.steps=1"))
+    return out
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # nested deeper than Python's recursion limit: json raises RecursionError
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "config.json", "trainer_state.json"])
+def test_a_checkpoint_json_nested_too_deeply_is_one_line(tiny_run, tmp_path, capsys, name):
+    import shutil
+
+    from cli_helpers import one_line_error
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    (run / "checkpoint" / name).write_text(DEEP, encoding="utf-8")
+    if name == "trainer_state.json":  # generate does without it; resuming needs it
+        line = one_line_error(capsys, *_train(run, "--set", "train.steps=2", "--resume"))
+    else:
+        line = one_line_error(capsys, "generate", str(run), "-p", "a", "-n", "2", "--device", "cpu")
+    assert name in line
+
+
+@pytest.mark.parametrize("suffix, opening", [(".toml", "a = "), (".yaml", "a: ")])
+def test_a_config_nested_too_deeply_is_one_line(tmp_path, capsys, suffix, opening):
+    from cli_helpers import one_line_error
+
+    config = tmp_path / f"deep{suffix}"
+    config.write_text(opening + DEEP + "\n", encoding="utf-8")
+    assert "nested too deeply" in one_line_error(capsys, "train", str(config))
+
+
+def test_a_jsonl_line_nested_too_deeply_is_one_line_naming_it(tmp_path):
+    from attnlab.data.text_files import read_classification_file
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "fine", "label": "a"}\n{"text": ' + DEEP + ', "label": "b"}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"line 2: JSON nested too deeply"):
+        read_classification_file(data, text_column="text", label_column="label")
