@@ -3,6 +3,8 @@ tokenizer file must hold to be loaded."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from attnlab.data.tokenizers import train_tokenizer
@@ -80,3 +82,70 @@ def test_a_jsonl_line_nested_too_deeply_is_one_line_naming_it(tmp_path):
     data.write_text('{"text": "fine", "label": "a"}\n{"text": ' + DEEP + ', "label": "b"}\n', encoding="utf-8")
     with pytest.raises(DataError, match=r"line 2: JSON nested too deeply"):
         read_classification_file(data, text_column="text", label_column="label")
+
+
+@pytest.fixture(scope="module")
+def translation_run(tmp_path_factory):
+    from cli_helpers import toml_str
+
+    from attnlab.cli import main
+
+    root = tmp_path_factory.mktemp("tr")
+    words = "the cat sat on a mat and a dog ran".split()
+    src = [" ".join(words[(i + j) % len(words)] for j in range(5)) for i in range(20)]
+    (root / "s.txt").write_text("\n".join(src) + "\n", encoding="utf-8")
+    (root / "t.txt").write_text("\n".join(s.upper() for s in src) + "\n", encoding="utf-8")
+    out = root / "run"
+    main(["train", "--set", 'model.family="seq2seq"', "--set", "model.d_model=16", "--set", "model.n_heads=2",
+          "--set", "model.d_ff=32", "--set", "model.n_encoder_layers=1", "--set", "model.n_decoder_layers=1",
+          "--set", 'data.task="translation"', "--set", f"data.src_path={toml_str(root / 's.txt')}",
+          "--set", f"data.tgt_path={toml_str(root / 't.txt')}", "--set", 'data.tokenizer="word"',
+          "--set", "data.max_length=8", "--set", "train.steps=1", "--set", "train.batch_size=4",
+          "--set", "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu",
+          "--set", "train.eval_every=0", "--set", f"train.out_dir={toml_str(out)}"])
+    return out
+
+
+def _swap_pad_and_eos(folder) -> None:
+    """The same vocabulary with pad and eos at each other's ids: a tokenizer of the same size, not the weights'."""
+    import json
+
+    file = folder / "checkpoint" / "tokenizer.json"
+    data = json.loads(file.read_text(encoding="utf-8"))
+    tokens = data["tokens"]
+    i, j = tokens.index("<pad>"), tokens.index("<eos>")
+    tokens[i], tokens[j] = tokens[j], tokens[i]
+    file.write_text(json.dumps(data), encoding="utf-8")
+
+
+def test_a_tokenizer_of_the_same_size_with_other_special_ids_is_refused(translation_run, tmp_path, capsys):
+    import shutil
+
+    from cli_helpers import one_line_error
+
+    run = tmp_path / "run"
+    shutil.copytree(translation_run, run)
+    _swap_pad_and_eos(run)
+    line = one_line_error(capsys, "generate", str(run), "-p", "the cat", "--device", "cpu")
+    assert "tokenizer.json does not belong to these weights (its pad token is id 6, the model's is 0)" in line
+
+
+def test_model_init_from_with_a_tokenizer_not_its_weights_is_one_line_before_the_run_starts(
+        translation_run, tmp_path, capsys):
+    import shutil
+
+    from cli_helpers import one_line_error, toml_str
+
+    pretrained = tmp_path / "pretrained"
+    shutil.copytree(translation_run, pretrained)
+    _swap_pad_and_eos(pretrained)
+    config = json.loads((translation_run / "run.json").read_text(encoding="utf-8"))
+    out = tmp_path / "ft"
+    line = one_line_error(capsys, "train", "--set", 'model.family="seq2seq"', "--set",
+                          f"model.init_from={toml_str(pretrained)}", "--set", 'data.task="translation"',
+                          "--set", f"data.src_path={toml_str(config['data']['src_path'])}",
+                          "--set", f"data.tgt_path={toml_str(config['data']['tgt_path'])}",
+                          "--set", "data.max_length=8", "--set", "train.steps=1", "--set", "train.device=cpu",
+                          "--set", f"train.out_dir={toml_str(out)}")
+    assert "does not belong to these weights" in line
+    assert not out.exists()  # refused before the run replaced anything

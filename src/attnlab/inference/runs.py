@@ -61,6 +61,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
     """
     from attnlab.data.tokenizers import load_tokenizer
     from attnlab.training.checkpoint import (
+        check_tokenizer_fits,
         checkpoint_present,
         class_names,
         find_checkpoint,
@@ -87,12 +88,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
         model = model.to(torch_dtype)
     tokenizer = load_tokenizer(folder)
     # `attnlab train` sizes the model to its tokenizer (a translation model: both sides, to its one tokenizer).
-    for name in ("vocab_size", "src_vocab_size", "tgt_vocab_size"):
-        embeddings = getattr(model.config, name, tokenizer.vocab_size)
-        if embeddings != tokenizer.vocab_size:
-            raise CheckpointError(f"{folder / 'tokenizer.json'} does not belong to these weights "
-                                  f"({tokenizer.vocab_size} tokens, {embeddings} embeddings); use the run's own "
-                                  "tokenizer.json")
+    check_tokenizer_fits(model.config, tokenizer, folder)
     # The run's data settings and class names as saved in the checkpoint itself: they travel with its weights,
     # whereas run.json may describe another run (one that replaced this one in the folder and failed before its
     # first checkpoint). run.json gives what a checkpoint written before they were saved lacks.

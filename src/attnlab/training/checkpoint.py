@@ -561,6 +561,30 @@ def class_names(path: str | os.PathLike[str]) -> list[str] | None:
         return None
 
 
+def check_tokenizer_fits(config: Any, tokenizer: Any, folder: str | os.PathLike[str]) -> None:
+    """Refuse the tokenizer.json of `folder` where it cannot be the one its weights were trained with: another
+    vocabulary size than the embeddings' (`config`: a model config or its dict), or pad, bos or eos tokens at
+    other ids than the config's (a tokenizer copied from another run of the same size).
+
+    Raises:
+        CheckpointError: naming the file and the difference.
+    """
+    def get(name: str) -> Any:
+        return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+
+    file = Path(folder) / TOKENIZER_FILE
+    for name in ("vocab_size", "src_vocab_size", "tgt_vocab_size"):
+        embeddings = get(name)
+        if embeddings is not None and embeddings != tokenizer.vocab_size:
+            raise CheckpointError(f"{file} does not belong to these weights ({tokenizer.vocab_size} tokens, "
+                                  f"{embeddings} embeddings); use the run's own tokenizer.json")
+    for name in ("pad_id", "bos_id", "eos_id"):
+        want, have = get(name), getattr(tokenizer, name, None)
+        if want is not None and have is not None and want != have:
+            raise CheckpointError(f"{file} does not belong to these weights (its {name[:-3]} token is id {have}, "
+                                  f"the model's is {want}); use the run's own tokenizer.json")
+
+
 def read_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The contents of the checkpoint's ``trainer_state.json``."""
     folder = find_checkpoint(path)

@@ -450,13 +450,13 @@ def _tokenizer(run: RunConfig, texts: Any, saved: Path | None, **options: Any):
     one saved in the checkpoint a run resumes from (`saved`), else one trained on `texts` as the [data]
     table says, the same in every process of a distributed run."""
     from attnlab.data.tokenizers import load_tokenizer, train_tokenizer
+    from attnlab.training.checkpoint import check_tokenizer_fits, find_checkpoint, read_config
 
-    if "init_from" in run.model:
-        from attnlab.training.checkpoint import find_checkpoint
-
-        return load_tokenizer(find_checkpoint(run.model["init_from"]))
-    if saved is not None:
-        return load_tokenizer(saved)
+    folder = find_checkpoint(run.model["init_from"]) if "init_from" in run.model else saved
+    if folder is not None:  # the pretrained run's, or the resumed checkpoint's: its weights' own
+        tokenizer = load_tokenizer(folder)
+        check_tokenizer_fits(read_config(folder), tokenizer, folder)
+        return tokenizer
     return _from_first_process(train_tokenizer(run.data.tokenizer, texts, run.data.vocab_size, **options),
                                run.train.device)
 
