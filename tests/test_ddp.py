@@ -147,3 +147,48 @@ def test_a_data_error_in_another_rank_names_its_rank(capsys, monkeypatch, tmp_pa
         with pytest.raises(SystemExit):
             _main([], [])
     assert capsys.readouterr().err == ""
+
+
+def test_an_error_in_one_process_ends_the_run_at_once_with_one_line_from_each(tmp_path):
+    """The failing process left the process group at exit only after a barrier its peer, blocked in the gradients'
+    all-reduce, never reached: the run hung until gloo's 30-minute timeout. Now it leaves at once, the peer's
+    collective fails, and each process says one line."""
+    import signal
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    import attnlab.training.trainer as T\n"
+        "    step = T.Trainer._train_step\n"
+        "    def failing(self, n):\n"
+        "        if n == 3:\n"
+        "            raise RuntimeError('out of memory (a test on rank 1)')\n"
+        "        return step(self, n)\n"
+        "    T.Trainer._train_step = failing\n", encoding="utf-8")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+               PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    if sys.platform.startswith("linux"):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "attnlab", "train",
+               "--set", "model.preset=gpt-char-tiny", "--set", "model.block_size=16", "--set", "train.steps=40",
+               "--set", "train.batch_size=4", "--set", "train.progress=false", "--set", "train.precision=fp32",
+               "--set", "train.device=cpu", "--set", "train.eval_every=0",
+               "--set", f"train.out_dir={json.dumps(str(tmp_path / 'run'))}"]
+    log = tmp_path / "stderr.txt"
+    with open(log, "w", encoding="utf-8") as stderr:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+        try:
+            proc.wait(timeout=180)
+        except subprocess.TimeoutExpired:  # kill torchrun, then its workers (each in a session of its own)
+            os.killpg(proc.pid, signal.SIGKILL)
+            subprocess.run(["pkill", "-9", "-f", str(tmp_path / "run")], check=False)
+            proc.wait()
+            pytest.fail("the run hung after one process failed")
+    err = log.read_text(encoding="utf-8")
+    assert proc.returncode != 0
+    assert "attnlab (rank 1): error: out of memory" in err, err[-3000:]
+    assert "attnlab: error: another process of this distributed run stopped" in err, err[-3000:]
+    assert "[rank0]" not in err and "[rank1]" not in err, err[-3000:]  # no worker's traceback

@@ -273,6 +273,20 @@ def _out_of_memory(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text
 
 
+_PEER_GONE = ("closed by peer", "reset by peer", "broken pipe", "remote worker crash")
+
+
+def _peer_gone(e: BaseException) -> bool:
+    """Whether `e` is a collective failing because another process of a torchrun run stopped (gloo: "Connection
+    closed by peer"; NCCL: torch's DistError)."""
+    if os.environ.get("WORLD_SIZE", "") in ("", "1"):
+        return False
+    import torch.distributed as dist
+
+    text = str(e).lower()
+    return isinstance(e, getattr(dist, "DistError", ())) or any(s in text for s in _PEER_GONE)
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (what Slurm, docker and systemd send to stop a job), raised where Ctrl-C raises
     KeyboardInterrupt, so that the same path saves a checkpoint."""
@@ -307,6 +321,12 @@ def main(argv: list[str] | None = None) -> None:
     with _sigterm_as_interrupt() as terminated:
         try:
             _main(argv, terminated)
+        except BaseException as e:
+            if not (isinstance(e, SystemExit) and e.code in (0, None)):
+                from attnlab.training.distributed import failed
+
+                failed()  # under torchrun: leave at exit without waiting for the other processes
+            raise
         finally:
             _forget_escaped_interrupt()
 
@@ -369,6 +389,10 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
                 same_in_every_process=code == 130 or isinstance(e, ConfigError))
         sys.exit(code)
     except (MemoryError, RuntimeError) as e:
+        if _peer_gone(e) and not _out_of_memory(e):
+            _report("attnlab: error: another process of this distributed run stopped (its own message says why); "
+                    "this one stops too")
+            sys.exit(2)
         if not _out_of_memory(e):
             raise
         _report("attnlab: error: out of memory; use a smaller model (model.d_model, model.n_layers...) or smaller "

@@ -100,13 +100,27 @@ def init_distributed(device: str = "auto") -> tuple[World, torch.device]:
     return world(), dev
 
 
+_failed = False
+
+
+def failed() -> None:
+    """Mark this process as stopping on an error: `shutdown` at exit then leaves the process group without waiting
+    for the others, which may be blocked in a collective this process will never join (waiting for them hung the
+    whole run until gloo's 30-minute timeout); they fail on it at once instead, and torchrun stops the run."""
+    global _failed
+    _failed = True
+
+
 def shutdown() -> None:
-    """Leave the process group (safe to call when there is none), after the other processes are done with it."""
+    """Leave the process group (safe to call when there is none): after a normal end, once the other processes
+    are done with it (one that exits while another still works can make gloo abort that one); after `failed`,
+    at once."""
     if dist.is_available() and dist.is_initialized():
-        try:
-            barrier()
-        except RuntimeError:  # a peer already gone: nothing left to wait for
-            pass
+        if not _failed:
+            try:
+                barrier()
+            except RuntimeError:  # a peer already gone: nothing left to wait for
+                pass
         dist.destroy_process_group()
 
 
