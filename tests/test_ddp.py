@@ -26,7 +26,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_two_processes(out: Path, *args: str) -> None:
+def run_two_processes(out: Path, *args: str, crashes: bool = False) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
     if sys.platform.startswith("linux"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -35,8 +35,8 @@ def run_two_processes(out: Path, *args: str) -> None:
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                str(helper), str(out), *args]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, (f"torchrun exited with {proc.returncode}\n--- stderr ---\n{proc.stderr[-6000:]}"
-                                  f"\n--- stdout ---\n{proc.stdout[-2000:]}")
+    assert (proc.returncode != 0) is crashes, (f"torchrun exited with {proc.returncode}\n--- stderr ---\n"
+                                               f"{proc.stderr[-6000:]}\n--- stdout ---\n{proc.stdout[-2000:]}")
 
 
 def test_two_processes_match_one(tmp_path):
@@ -99,6 +99,43 @@ def test_a_resumed_two_process_run_with_dropout_ends_as_the_uninterrupted_one(tm
     """Each process restores its own random streams (its dropout masks go on as they would have), not rank 0's."""
     run_two_processes(tmp_path / "full", "dropout-full")
     run_two_processes(tmp_path / "cut", "dropout-first")
+    run_two_processes(tmp_path / "cut", "dropout-resume")
+    full, resumed = load_model(tmp_path / "full").state_dict(), load_model(tmp_path / "cut").state_dict()
+    for name, value in full.items():
+        assert torch.equal(resumed[name], value), name
+
+
+def test_a_resumed_two_process_run_logs_the_steps_before_its_checkpoint(tmp_path):
+    """The checkpoint at step 3 falls inside the log window of steps 1-4, and the processes die at step 4: the
+    checkpoint keeps the loss of every process, so the resumed run's record at step 4 is the uninterrupted run's,
+    with two processes or one (the window was restored only for one process, and step 4's record then averaged
+    step 4 alone)."""
+    from training_helpers import log_window_config
+
+    def losses(run):
+        lines = (tmp_path / run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
+
+    run_two_processes(tmp_path / "full", "log-full")
+    run_two_processes(tmp_path / "cut", "log-crash", crashes=True)  # both die at step 4, after step 3's save
+    assert not (tmp_path / "cut" / "metrics.jsonl").read_text(encoding="utf-8").strip()
+    run_two_processes(tmp_path / "cut", "log-resume")
+    full = losses("full")
+    assert sorted(full) == [4, 6]
+    assert losses("cut") == pytest.approx(full, rel=1e-6)
+    run_two_processes(tmp_path / "one", "log-crash", crashes=True)  # the same checkpoint, resumed by one process
+    Trainer(tiny_model(), log_window_config(steps=6), ToySource(), out_dir=tmp_path / "one", resume=True).fit()
+    assert losses("one")[4] == pytest.approx(full[4], rel=1e-6)
+
+
+def test_a_two_process_run_with_dropout_interrupted_by_ctrl_c_resumes_exactly(tmp_path):
+    """Ctrl-C reaches every process anywhere in its step, so they save without gathering: the checkpoint holds
+    rank 0's random state alone. Each step seeds dropout from (seed, rank, step), so rank 1 needs none (it was
+    reseeded at resume, and its masks differed from the uninterrupted run's)."""
+    run_two_processes(tmp_path / "full", "dropout-full")
+    run_two_processes(tmp_path / "cut", "dropout-interrupted")
+    state = json.loads((tmp_path / "cut" / "checkpoint" / "trainer_state.json").read_text(encoding="utf-8"))
+    assert state["step"] == 3 and len(state["rng"]) == 1
     run_two_processes(tmp_path / "cut", "dropout-resume")
     full, resumed = load_model(tmp_path / "full").state_dict(), load_model(tmp_path / "cut").state_dict()
     for name, value in full.items():

@@ -7,6 +7,7 @@ OUT_DIR, for tests/test_ddp.py to compare with a single-process run.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -84,11 +85,13 @@ class ToySource:
     """Global batches that are a pure function of (seed, step); each row has a different number of
     ignored (-100) trailing labels, so micro-batches hold different numbers of targets."""
 
-    def __init__(self, batch_size: int = 8, seed: int = 0, n_eval: int = 10, interrupt_at: int | None = None):
+    def __init__(self, batch_size: int = 8, seed: int = 0, n_eval: int = 10, interrupt_at: int | None = None,
+                 crash_at: int | None = None):
         self.batch_size = batch_size
         self.seed = seed
         self.n_eval = n_eval
         self.interrupt_at = interrupt_at
+        self.crash_at = crash_at  # the process dies there, as if killed (kill -9, a lost node): nothing saved
         self.steps_per_epoch = None
 
     def _rows(self, generator: torch.Generator, n: int) -> dict[str, torch.Tensor]:
@@ -104,6 +107,8 @@ class ToySource:
         if self.interrupt_at is not None and step == self.interrupt_at:
             self.interrupt_at = None  # like a user pressing Ctrl-C once
             raise KeyboardInterrupt
+        if self.crash_at is not None and step == self.crash_at:
+            os._exit(3)
         return self._rows(torch.Generator().manual_seed(self.seed * 100_003 + step), self.batch_size)
 
     def iter_batches(self, batch_size: int):
@@ -136,6 +141,11 @@ def ddp_trainer_config(**changes):
                     grad_clip=1.0)
     settings.update(changes)
     return TrainerConfig(**settings)
+
+
+def log_window_config(steps: int):
+    """Logs at steps 4 and 6 (and the end), a checkpoint at step 3: inside the first log window."""
+    return ddp_trainer_config(steps=steps, schedule="noam", warmup_steps=2, log_every=4, save_every=3)
 
 
 TOWNS = ["Lyon", "Oslo", "Porto", "Quito", "Accra", "Hanoi"]
@@ -199,11 +209,27 @@ def _ddp_main(out_dir: str, layout: str = "plain") -> None:
     elif layout == "bert-nsp":
         model, config, source = bert_nsp_run()
         trainer = Trainer(model, config, source, out_dir=out_dir)
-    elif layout in ("dropout-full", "dropout-first", "dropout-resume"):  # each process draws its own masks
+    elif layout in ("dropout-full", "dropout-first", "dropout-resume", "dropout-interrupted"):
+        # each process draws its own masks; "dropout-interrupted": Ctrl-C in every process at step 3, where the
+        # processes save without gathering (rank 0's random state alone)
         steps = 3 if layout == "dropout-first" else 6  # noam does not depend on `steps`
         config = ddp_trainer_config(steps=steps, schedule="noam", warmup_steps=2, save_every=3)
+        source = ToySource(interrupt_at=3 if layout == "dropout-interrupted" else None)
         trainer = Trainer(tiny_model(dropout=0.3, seed=0 if layout != "dropout-resume" else 123), config,
-                          ToySource(), out_dir=out_dir, resume=layout == "dropout-resume")
+                          source, out_dir=out_dir, resume=layout == "dropout-resume")
+        if layout == "dropout-interrupted":
+            from attnlab.training import TrainingInterrupted
+
+            try:
+                trainer.fit()
+            except TrainingInterrupted:
+                shutdown()
+                return
+            raise AssertionError("the run was not interrupted")
+    elif layout in ("log-full", "log-crash", "log-resume"):  # a checkpoint inside a log window (steps 1-4)
+        trainer = Trainer(tiny_model(), log_window_config(steps=6), ToySource(crash_at=3 if layout == "log-crash"
+                                                                              else None),
+                          out_dir=out_dir, resume=layout == "log-resume")
     else:
         trainer = Trainer(tiny_model(), ddp_trainer_config(), ToySource(), eval_source=ToySource(),
                           eval_counts=token_accuracy_counts, out_dir=out_dir)

@@ -14,7 +14,10 @@ trainer does the rest, the same way for every objective:
 - gradient clipping, AdamW, the learning-rate schedule;
 - periodic evaluation, best checkpoint, early stopping, metrics log, progress bar, loss plot;
 - atomic checkpoints and exact resume: a resumed run ends with bit-identical weights, because the
-  data position is the step, the learning rate a function of the step, and the RNG states are saved.
+  data position is the step, the learning rate a function of the step, and each step's random draws
+  (dropout's masks) come from torch's generator seeded by (seed, process rank, step): nothing random
+  carries from one step to the next, so a run stopped anywhere (Ctrl-C under torchrun included, where the
+  processes cannot gather their states) goes on exactly.
 """
 
 from __future__ import annotations
@@ -222,6 +225,13 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def seed_step(seed: int, rank: int, step: int) -> None:
+    """Seed torch's generators (all devices) for one training step of one process: its dropout masks are then a
+    function of (seed, rank, step) alone, whatever ran before (an evaluation, an interruption and a resume)."""
+    words = np.random.SeedSequence([seed % 2**63, rank, step]).generate_state(2, dtype=np.uint32)
+    torch.manual_seed(int(words[0]) << 31 | int(words[1]) >> 1)  # 63 bits
 
 
 def count_targets(batch: dict[str, Any], key: str = "labels") -> int:
@@ -653,7 +663,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------
     # Checkpoints
 
-    def _trainer_state(self, rng: list[dict[str, Any]]) -> dict[str, Any]:
+    def _trainer_state(self, rng: list[dict[str, Any]], window: dict[str, Any] | None) -> dict[str, Any]:
         from attnlab import __version__
 
         return {
@@ -663,7 +673,7 @@ class Trainer:
             "best_eval_loss": self._best_eval_loss,
             "evals_without_improvement": self._bad_evals,
             "eval_pending": self._eval_pending is not None or self._eval_due,
-            "log_window": self._window.to_dict(),
+            "log_window": window,
             "rng": rng,
             "world_size": self.world.size,
             "tokens_seen": self._totals.tokens,
@@ -686,9 +696,15 @@ class Trainer:
                                    f"({folder} was kept as it was)")
         mine = json.dumps(ckpt.capture_rng()).encode()
         states = all_gather_bytes(mine) if gather else [mine]
+        window = self._window.to_dict()  # the same steps in every process (None in all of them, or in none)
+        if window is not None and (gather or not self.world.distributed):
+            # The statistics of every process (each holds its share of the loss): "global" lets a resume with any
+            # number of processes go on with them. An interrupted distributed run saves rank 0's share alone.
+            window["loss_sum"] = float(all_reduce_sum(self._window.loss_sum.detach().clone()))
+            window["global"] = True
         if self.world.is_main:
             ckpt.save_checkpoint(folder, self.model, self.optimizer if with_optimizer else None,
-                                 self._trainer_state([json.loads(s) for s in states]), self.tokenizer)
+                                 self._trainer_state([json.loads(s) for s in states], window), self.tokenizer)
             if self._stale_best and folder != self.out_dir / BEST_DIR:
                 # The best/ of the run this one replaces goes once this run has weights of its own to show
                 # (until then the folder still holds that run whole); `--best` never loads the other run's weights.
@@ -770,19 +786,23 @@ class Trainer:
                           "reproduce an uninterrupted one", stacklevel=3)
         self._check_resumed_schedule(saved_config)
         self._check_resumed_best(saved_config)
-        if window and saved_world == self.world.size == 1:  # one process's statistics: not a share of several
+        # The log window of every process's steps since the last record, not one process's share of it (older
+        # checkpoints: a one-process run's); rank 0 holds its loss, so that the log's all-reduce adds it once.
+        whole = isinstance(window, dict) and window.get("global") is True
+        if window and (whole or saved_world == self.world.size == 1):
             try:
                 self._window = _Window.from_dict(window, self.device)
             except (KeyError, TypeError, ValueError) as e:
                 raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed (log_window: {ckpt._one_line(e)}); "
                                       "use another checkpoint") from None
+            if not self.world.is_main:
+                self._window.loss_sum = torch.zeros_like(self._window.loss_sum)
+        # Each step seeds torch itself (seed_step); the saved states give Python's and numpy's generators, which
+        # a user's code may draw from, where the checkpoint has this process's (an interrupted distributed run
+        # saves rank 0's alone).
         if len(rng) == self.world.size:
             ckpt.restore_rng(rng[self.world.rank])
         else:
-            if self.world.is_main:
-                warnings.warn(f"the checkpoint has RNG states for {len(rng)} process(es), this run has "
-                              f"{self.world.size}: reseeding, so dropout masks differ from the original run",
-                              stacklevel=3)
             seed_everything(self.config.seed + self.world.rank + self.step)
         if saved_world != self.world.size and self.world.is_main:
             warnings.warn(f"resuming a {saved_world}-process run with {self.world.size} process(es)",
@@ -969,6 +989,7 @@ class Trainer:
                     saved_at = self.step
             while self.step < cfg.steps and not stopped_early:
                 self._rng_at_step_start = _raw_rng()
+                seed_step(cfg.seed, self.world.rank, self.step)
                 self._in_step = True
                 t = time.perf_counter()
                 loss_sum, n_targets, n_tokens, grad_norm = self._train_step(self.step)
