@@ -488,9 +488,12 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
     )
     from attnlab.models.gpt import GPT
     from attnlab.training.device import cpu_has_bf16, resolve_precision, select_device
+    from attnlab.training.distributed import env_world
     from attnlab.training.recipe import make_folder
     from attnlab.training.trainer import seed_everything
 
+    if env_world().size > 1:  # every process would write the same outputs and print the same table
+        raise ConfigError("attnlab run knowledge runs in one process; run it without torchrun")
     start = time.perf_counter()
     settings = scale_settings(scale, overrides)
     rows = parse_variants(variants)

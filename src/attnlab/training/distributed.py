@@ -95,7 +95,11 @@ def init_distributed(device: str = "auto") -> tuple[World, torch.device]:
             raise ConfigError(f"under torchrun each process takes GPU LOCAL_RANK; use device \"cuda\" or \"auto\", "
                               f"not {device!r} (CUDA_VISIBLE_DEVICES picks the GPUs)")
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+        try:
+            dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+        except ValueError as e:  # WORLD_SIZE set by hand, without the rendezvous torchrun provides (MASTER_ADDR...)
+            raise ConfigError(f"WORLD_SIZE={env.size} but the process group cannot start ({str(e).strip()}); "
+                              "launch distributed runs with torchrun, or unset WORLD_SIZE") from None
         atexit.register(shutdown)
     return world(), dev
 

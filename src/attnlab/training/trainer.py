@@ -442,10 +442,12 @@ class Trainer:
         if out_dir is None and cfg.out_dir is None:
             raise ConfigError("no output folder: give Trainer(out_dir=...) or set train.out_dir")
         self.world, self.device = init_distributed(cfg.device)
-        per_rank = cfg.micro_batch_size or cfg.batch_size // self.world.size
-        if cfg.batch_size % (per_rank * self.world.size):
+        if cfg.batch_size % self.world.size:  # every process takes an equal share of the global batch
+            raise ConfigError(f"batch_size ({cfg.batch_size}) must be a multiple of the {self.world.size} "
+                              f"processes; set train.batch_size to a multiple of {self.world.size}")
+        if cfg.micro_batch_size and cfg.batch_size % (cfg.micro_batch_size * self.world.size):
             raise ConfigError(f"batch_size ({cfg.batch_size}) must be divisible by micro_batch_size "
-                              f"({per_rank}) × processes ({self.world.size}); "
+                              f"({cfg.micro_batch_size}) × processes ({self.world.size}); "
                               "change batch_size or micro_batch_size")
         self.dtype = resolve_precision(cfg.precision, self.device)
         ckpt._model_config(model)  # fail now, not at the first checkpoint, if the model cannot be saved
