@@ -52,7 +52,9 @@ STATE_FILE = "trainer_state.json"
 FORMAT_VERSION = 1
 # Keys of an optimizer's param groups that describe the implementation on this machine (fused kernel,
 # foreach...) rather than the training state; loading keeps the current optimizer's values.
-_IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
+_IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable", "amsgrad", "maximize")
+# The state AdamW keeps for every parameter it has updated (max_exp_avg_sq too with amsgrad).
+_ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")
 # Hyperparameters the optimizer being loaded into keeps: a run resumed with another train.weight_decay, betas or
 # eps (warned about as a change) trains with the new values, as it does with a new lr (set every step).
 _SETTING_KEYS = ("lr", "weight_decay", "betas", "eps")
@@ -383,10 +385,17 @@ def _load_optimizer_state(folder: Path, optimizer: torch.optim.Optimizer) -> Non
             state[int(index)][name] = value
     except ValueError:
         raise CheckpointError(f"{path}: unexpected entry {key!r}; use another checkpoint") from None
+    required = _ADAM_STATE if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) else ()
+    if required and any(g.get("amsgrad") for g in current):
+        required += ("max_exp_avg_sq",)
     for index, values in state.items():
         if not 0 <= index < len(params):
             raise CheckpointError(f"{path}: state for parameter {index} but the optimizer has {len(params)}; "
                                   "the checkpoint belongs to another model")
+        missing = [name for name in required if name not in values]
+        if missing:  # torch's step would fail on it with a KeyError
+            raise CheckpointError(f"{path}: the optimizer state of parameter {index} lacks {missing[0]!r}; the file "
+                                  "is damaged, use another checkpoint")
         for name, value in values.items():
             if isinstance(value, torch.Tensor) and value.ndim > 0 and value.shape != params[index].shape:
                 raise CheckpointError(f"{path}: optimizer state {index}.{name} has shape {_shape(value)} "

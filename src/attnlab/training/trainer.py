@@ -227,6 +227,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _finite(value: Any) -> bool:
+    """A JSON number (not a boolean) that is finite."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def seed_step(seed: int, rank: int, step: int) -> None:
     """Seed torch's generators (all devices) for one training step of one process: its dropout masks are then a
     function of (seed, rank, step) alone, whatever ran before (an evaluation, an interruption and a resume)."""
@@ -774,6 +779,13 @@ class Trainer:
         if self.step < 0:
             raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed (step {self.step} is negative); "
                                   "use another checkpoint")
+        best = self.best
+        if not (best is None or (isinstance(best, dict) and isinstance(best.get("metric"), str)
+                                 and _finite(best.get("value")) and type(best.get("step")) is int)) \
+                or not (self._best_eval_loss is None or _finite(self._best_eval_loss)):
+            # read at the first evaluation, after steps were trained: a traceback then
+            raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed (best: {best!r:.80}, best_eval_loss: "
+                                  f"{self._best_eval_loss!r:.40}); use another checkpoint")
         if self.step > self.config.steps:  # nothing to train, and run.json would describe a shorter run
             raise ConfigError(f"cannot resume: the checkpoint is at step {self.step}, past train.steps = "
                               f"{self.config.steps}; set train.steps above {self.step} to train on (or to {self.step}: "

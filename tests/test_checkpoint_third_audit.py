@@ -1,0 +1,68 @@
+"""Checkpoint and resume defects found by an audit: each was a traceback (or a silent change) before its fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from training_helpers import ToySource, tiny_model
+
+from attnlab.errors import CheckpointError
+from attnlab.training import Trainer, TrainerConfig
+
+
+def _config(steps: int) -> TrainerConfig:
+    return TrainerConfig(steps=steps, batch_size=8, lr=1e-2, warmup_steps=1, precision="fp32", device="cpu",
+                         progress=False, log_every=1, eval_every=2)
+
+
+@pytest.fixture
+def finished(tmp_path):
+    Trainer(tiny_model(), _config(4), ToySource(), eval_source=ToySource(), out_dir=tmp_path).fit()
+    return tmp_path
+
+
+def _resume(folder):
+    return Trainer(tiny_model(), _config(6), ToySource(), eval_source=ToySource(), out_dir=folder, resume=True)
+
+
+@pytest.mark.parametrize("entry, value", [("best", "x"), ("best", {"metric": "loss"}),
+                                          ("best", {"metric": "loss", "value": "1", "step": 2}),
+                                          ("best_eval_loss", "1.5"), ("best_eval_loss", True)])
+def test_a_malformed_best_record_is_refused_before_training(finished, entry, value):
+    file = finished / "checkpoint" / "trainer_state.json"
+    state = json.loads(file.read_text(encoding="utf-8"))
+    state[entry] = value
+    file.write_text(json.dumps(state), encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"trainer_state.json is malformed \(best: "):
+        _resume(finished).fit()
+
+
+def _edit_optimizer(folder, drop: str | None = None, amsgrad: bool = False) -> None:
+    path = str(folder / "checkpoint" / "optimizer.safetensors")
+    tensors = load_file(path)
+    with safe_open(path, framework="pt") as f:
+        metadata = dict(f.metadata())
+    if drop:
+        del tensors[drop]
+    if amsgrad:
+        groups = json.loads(metadata["param_groups"])
+        for group in groups:
+            group["amsgrad"] = True
+        metadata["param_groups"] = json.dumps(groups)
+    save_file(tensors, path, metadata=metadata)
+
+
+def test_an_optimizer_state_missing_an_entry_is_refused(finished):
+    _edit_optimizer(finished, drop="0.exp_avg")  # torch's AdamW raised KeyError('exp_avg') at the first step
+    with pytest.raises(CheckpointError, match=r"optimizer state of parameter 0 lacks 'exp_avg'; the file is damaged"):
+        _resume(finished).fit()
+
+
+def test_an_optimizer_header_asking_for_amsgrad_does_not_change_the_optimizer(finished):
+    _edit_optimizer(finished, amsgrad=True)  # asked for max_exp_avg_sq at the first step (KeyError)
+    trainer = _resume(finished)
+    assert trainer.fit()["steps"] == 6
+    assert not any(g["amsgrad"] for g in trainer.optimizer.param_groups)
