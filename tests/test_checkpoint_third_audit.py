@@ -66,3 +66,11 @@ def test_an_optimizer_header_asking_for_amsgrad_does_not_change_the_optimizer(fi
     trainer = _resume(finished)
     assert trainer.fit()["steps"] == 6
     assert not any(g["amsgrad"] for g in trainer.optimizer.param_groups)
+
+
+def test_resuming_with_another_dropout_warns_as_other_changed_settings_do(finished):
+    resumed = Trainer(tiny_model(dropout=0.3), _config(6), ToySource(), eval_source=ToySource(), out_dir=finished,
+                      resume=True)
+    with pytest.warns(UserWarning, match=r"resuming with changed settings \(model\.dropout\): the run will not "
+                                         r"reproduce an uninterrupted one"):
+        resumed.fit()

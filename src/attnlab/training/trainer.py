@@ -795,6 +795,10 @@ class Trainer:
         if ("decay_steps" in changed and saved_config.get("decay_steps") is None
                 and self.config.decay_steps == saved_config.get("steps")):
             changed.remove("decay_steps")  # the old schedule written out, as the longer-run warning advises
+        # Model settings a checkpoint loads under (dropout, the longest sequence...) change the numbers too.
+        saved_model, model_now = ckpt.read_config(folder), ckpt._model_config(self.model)
+        changed += [f"model.{k}" for k in ckpt.LOADABLE_CHANGES if k in saved_model and k in model_now
+                    and json.dumps(saved_model[k], sort_keys=True) != json.dumps(model_now[k], sort_keys=True)]
         if changed and self.world.is_main:
             warnings.warn(f"resuming with changed settings ({', '.join(changed)}): the run will not "
                           "reproduce an uninterrupted one", stacklevel=3)
