@@ -146,6 +146,10 @@ def test_resume_with_fewer_steps_than_the_checkpoint_is_refused(capsys, lm_copy)
     assert (lm_copy / "run.json").read_bytes() == before  # not rewritten to describe a run of 1 step
     code, out, err = run_cli(capsys, *resume, "--set", "train.steps=2")  # a finished run, resumed: nothing to do
     assert code == 0 and "nothing to train: the checkpoint is already at train.steps = 2" in out, err
+    # ... with other settings too: run.json still describes the run as trained (it took the new lr and text)
+    code, out, err = run_cli(capsys, *resume, "--set", "train.steps=2", "--set", "train.lr=0.5")
+    assert code == 0 and "nothing to train" in out, err
+    assert (lm_copy / "run.json").read_bytes() == before
 
 
 def test_out_of_memory_while_generating_names_the_number_of_new_tokens(capsys, monkeypatch, lm_run):

@@ -958,6 +958,8 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
                       tokenizer=prep.tokenizer, out_dir=out, eval_counts=prep.eval_counts, extra_state=data_state)
 
     def describe() -> None:  # once a resumed checkpoint has proved to fit: a failed resume leaves run.json alone
+        if tokenizer_from is not None and trainer.finished:  # trains nothing: run.json keeps what the run was
+            return
         if tokenizer_from is not None:
             _warn_changed_data(tokenizer_from, data_state["data"], run.data.batches_by_length,
                                data_state["data_files"])

@@ -723,6 +723,14 @@ class Trainer:
         """Write ``out_dir/checkpoint`` now (every process must call this under DDP)."""
         return self._save(self.out_dir / CHECKPOINT_DIR)
 
+    @property
+    def finished(self) -> bool:
+        """Whether the run (as restored from its checkpoint) has no step left to train and no evaluation to redo,
+        or stopped early and stays stopped."""
+        cfg = self.config
+        stopped = bool(cfg.early_stopping_patience and self._bad_evals >= cfg.early_stopping_patience)
+        return stopped or (self.step >= cfg.steps and not self._resume_eval)
+
     @staticmethod
     def checkpoint_to_resume(out_dir: str | Path) -> Path:
         """The checkpoint folder a run in `out_dir` resumes from: ``checkpoint/``, or the ``.checkpoint.old``
