@@ -392,15 +392,16 @@ def _load_optimizer_state(folder: Path, optimizer: torch.optim.Optimizer) -> Non
         if not 0 <= index < len(params):
             raise CheckpointError(f"{path}: state for parameter {index} but the optimizer has {len(params)}; "
                                   "the checkpoint belongs to another model")
-        missing = [name for name in required if name not in values]
-        if missing:  # torch's step would fail on it with a KeyError
-            raise CheckpointError(f"{path}: the optimizer state of parameter {index} lacks {missing[0]!r}; the file "
-                                  "is damaged, use another checkpoint")
         for name, value in values.items():
             if isinstance(value, torch.Tensor) and value.ndim > 0 and value.shape != params[index].shape:
                 raise CheckpointError(f"{path}: optimizer state {index}.{name} has shape {_shape(value)} "
                                       f"but its parameter has {_shape(params[index])}; the checkpoint "
                                       "belongs to another model")
+    for index, values in state.items():  # after the checks that name another model
+        missing = [name for name in required if name not in values]
+        if missing:  # torch's step would fail on it with a KeyError
+            raise CheckpointError(f"{path}: the optimizer state of parameter {index} lacks {missing[0]!r}; the file "
+                                  "is damaged, use another checkpoint")
     for saved, group in zip(groups, current):
         for key in (*_IMPLEMENTATION_KEYS, *_SETTING_KEYS):
             if key in group:
