@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from attnlab.data.text_files import BLOCK_BYTES, iter_text_blocks, read_text
-from attnlab.data.tokenizers import Tokenizer, last_piece_cut
+from attnlab.data.tokenizers import Tokenizer, last_piece_cut, last_word_cut
 from attnlab.errors import ConfigError, DataError
 from attnlab.files import atomic_path, write_text_atomic
 
@@ -49,13 +49,16 @@ class TextStream:
 
 def _recut(pieces: Iterable[str]) -> Iterator[str]:
     """Consecutive pieces of a text as blocks cut before a line end that follows a non-space character
-    (`last_piece_cut`), so that each block encodes to its share of the whole text's ids."""
+    (`last_piece_cut`), so that each block encodes to its share of the whole text's ids. A line of megabytes
+    is cut before a space or tab that follows a non-space character (`last_word_cut`)."""
     carry = ""
     for piece in pieces:
         text = carry + piece
         cut = last_piece_cut(text)
-        if cut <= 0 and len(text) >= 4 * BLOCK_BYTES:  # no such point for megabytes: cut at the end
-            cut = len(text)
+        if cut <= 0 and len(text) >= 4 * BLOCK_BYTES:  # no line end to cut at for megabytes (text8): between words
+            cut = last_word_cut(text)
+            if cut <= 0:  # no whitespace either: cut at the end
+                cut = len(text)
         if cut > 0:
             yield text[:cut]
         carry = text[cut:] if cut > 0 else text
@@ -67,8 +70,9 @@ def _blocks(source: str | os.PathLike[str] | TextStream | Iterable[str], block_c
     """The source in blocks of about `block_chars` characters (a Path: about a megabyte, streamed).
 
     A string, a Path or a `TextStream` gives strings, cut before a line end that follows a non-space character
-    (`last_piece_cut`: the blocks encode to the ids of the whole text); an iterable of documents gives lists
-    of its items, kept whole.
+    (`last_piece_cut`), or where a line is longer than a block, before a space or tab that follows one
+    (`last_word_cut`): the blocks encode to the ids of the whole text. Only text without such a space is cut
+    between any two characters. An iterable of documents gives lists of its items, kept whole.
     """
     if isinstance(source, os.PathLike):
         yield from _recut(iter_text_blocks(source, BLOCK_BYTES))
@@ -82,6 +86,8 @@ def _blocks(source: str | os.PathLike[str] | TextStream | Iterable[str], block_c
             end = min(start + block_chars, len(source))
             if end < len(source):
                 cut = last_piece_cut(source, start, end)
+                if cut <= start:  # a line longer than the block
+                    cut = last_word_cut(source, start, end)
                 end = cut if cut > start else end
             yield source[start:end]
             start = end
@@ -116,10 +122,10 @@ def build_token_file(
     Streams: at most one block of text and its ids are in memory at a time.
 
     Args:
-        source: a string (cut into ~1 MB blocks at line ends), a path (`pathlib.Path`, streamed from
-            disk), a `TextStream` (consecutive pieces of one text: both give the ids of the whole text), or an
-            iterable of strings (lines, documents), each encoded on its own with the ids concatenated; keep
-            the newline in lines if the tokenizer should see it.
+        source: a string (cut into ~1 MB blocks at line ends, or between words), a path (`pathlib.Path`,
+            streamed from disk), a `TextStream` (consecutive pieces of one text: both give the ids of the whole
+            text), or an iterable of strings (lines, documents), each encoded on its own with the ids
+            concatenated; keep the newline in lines if the tokenizer should see it.
         tokenizer: any `Tokenizer`.
         out_path: the binary file; the folder is created.
         dtype: "uint16" or "uint32"; None picks the smallest that holds the vocabulary.

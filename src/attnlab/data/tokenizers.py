@@ -237,6 +237,26 @@ def last_piece_cut(text: str, start: int = 0, end: int | None = None) -> int:
     return -1
 
 
+# Where a text that has no such line end for megabytes (a one-line corpus like text8) is cut instead: before a
+# space or tab that follows a non-space character, where every tokenizer here ends a token too. It is only the
+# fallback, as fewer word patterns split identically there (see `WordTokenizer`). Other whitespace will not do:
+# WordPiece's normalizer deletes "\x0b", "\x0c", "\x1c" to "\x1f" and "\x85", joining the words around them.
+def last_word_cut(text: str, start: int = 0, end: int | None = None) -> int:
+    """The last point p with start < p < end before a space or tab that follows a non-space character (the text
+    cut at p encodes as it does whole), or -1."""
+    end = len(text) if end is None else end
+    found = {c: text.rfind(c, start + 1, end) for c in " \t"}  # each searched on from where it last stopped
+    while (p := max(found.values())) > start:
+        if not text[p - 1].isspace():
+            return p
+        found[text[p]] = text.rfind(text[p], start + 1, p)
+    return -1
+
+
+# Text on which a pattern that can match the empty string almost always does (see `WordTokenizer`).
+_EMPTY_MATCH_PROBE = "Ab c1_2.\t,;:!?'\"()-[]{}<>/\\|@#$%^&*+=~`\r\n é中😀"
+
+
 def _as_text_list(texts: str | Iterable[str]) -> Iterable[str]:
     return [texts] if isinstance(texts, str) else texts
 
@@ -413,10 +433,13 @@ class WordTokenizer(Tokenizer):
     """Words split on whitespace, or the matches of a regex `pattern`; decode joins them with spaces.
 
     `vocab` lists the tokens in id order and must contain every present special. Token files encode a text
-    a block of lines at a time (about a megabyte), cut before a line end that follows a non-space character:
-    a `pattern` whose matches can span such a point (`\\w+\\n` takes the newline with the word before it) may
-    split the text differently there than one `encode` of the whole text; the default pattern, and patterns
-    that start a match at a line end (`\\s+\\w+`), split identically.
+    a block of lines at a time (about a megabyte), cut before a line end that follows a non-space character;
+    a line of megabytes (a one-line corpus like text8) is cut before a space or tab that follows a non-space
+    character. The default pattern splits the pieces as one `encode` of the whole text does, and so does a
+    `pattern` whose matches never hold a non-space character followed by whitespace and look at nothing
+    outside themselves (`\\w+`, `\\w+|[^\\w\\s]+`, `\\s+\\w+`); others may split differently there (`\\w+\\s`
+    takes the newline or space with the word before it, `\\w+(?=\\s)` looks past the cut). A `pattern` must not
+    match the empty string (`\\w*`, `\\b`): an empty match is no word.
     """
 
     kind = "word"
@@ -437,12 +460,23 @@ class WordTokenizer(Tokenizer):
         for name, tok in self.specials.items():
             if tok not in self._ids:
                 raise ConfigError(f"special token {name}={tok!r} is not in the word vocabulary; add it")
+        if not isinstance(lowercase, bool):
+            raise ConfigError(f"word tokenizer lowercase must be true or false, got {lowercase!r}; "
+                              "write true or false without quotes")
         self.pattern = pattern
         self.lowercase = lowercase
         try:
             self._regex = re.compile(pattern) if pattern is not None else None
         except re.error as e:
             raise ConfigError(f"word tokenizer pattern {pattern!r} is not a valid regex: {e}") from None
+        # An empty match would be a word '' between every two: refused here on texts that show the usual
+        # culprits (`\w*`, `\s*`, `\b`), and by `split` on any text that shows another.
+        if self._regex is not None and any(m.group(0) == "" for m in self._regex.finditer(_EMPTY_MATCH_PROBE)):
+            raise self._empty_match_error()
+
+    def _empty_match_error(self) -> ConfigError:
+        return ConfigError(f"word tokenizer pattern {self.pattern!r} matches the empty string; make every match "
+                           "take at least one character (e.g. \\w+, not \\w* or \\b)")
 
     def split(self, text: str) -> list[str]:
         """The words of `text`, before the vocabulary lookup."""
@@ -450,7 +484,10 @@ class WordTokenizer(Tokenizer):
             text = text.lower()
         if self._regex is None:
             return text.split()
-        return [m.group(0) for m in self._regex.finditer(text)]
+        words = [m.group(0) for m in self._regex.finditer(text)]
+        if "" in words:
+            raise self._empty_match_error()
+        return words
 
     @classmethod
     def train(
@@ -530,7 +567,7 @@ class WordTokenizer(Tokenizer):
             data["tokens"],
             specials=SpecialTokens(**data["specials"]),
             pattern=data.get("pattern"),
-            lowercase=bool(data.get("lowercase", False)),
+            lowercase=data.get("lowercase", False),
         )
 
 
@@ -593,6 +630,17 @@ class _HFTokenizer(Tokenizer):
             raise DataError(
                 f"the embedded {cls.kind} tokenizer is corrupt ({e}); save the tokenizer again"
             ) from None
+        # HF applies its own truncation and padding settings in encode: a file that sets them (by hand, or from
+        # another program) would cut texts short or pad them. `encode` gives every id of a text and no more.
+        hf.no_truncation()
+        hf.no_padding()
+        size, ids = hf.get_vocab_size(with_added_tokens=True), set(hf.get_vocab(with_added_tokens=True).values())
+        if ids != set(range(size)):  # a gap or a shared id: encode would give ids beyond the embedding
+            missing = min(set(range(size)) - ids)
+            raise DataError(
+                f"the embedded {cls.kind} tokenizer's {size} tokens do not have the ids 0 to {size - 1} "
+                f"(none has id {missing}, the largest is {max(ids)}); save the tokenizer again"
+            )
         return cls(hf, SpecialTokens(**data["specials"]))
 
     @staticmethod
@@ -649,8 +697,9 @@ class BPETokenizer(_HFTokenizer):
 class WordPieceTokenizer(_HFTokenizer):
     """BERT's WordPiece: split on whitespace and punctuation, "##" marks a word's continuation pieces.
 
-    Decoding joins words with spaces and re-attaches punctuation, so "Hello, world!" comes back as
-    written (whitespace runs become one space).
+    Decoding joins a word's "##" pieces and puts one space between words and punctuation marks, except
+    before ".", ",", "!" and "?": "Hello, world!" comes back as written, but "It's (a) test." as
+    "It ' s ( a ) test." and "3.14" as "3. 14" (whitespace runs become one space).
     """
 
     kind = "wordpiece"
@@ -749,7 +798,13 @@ def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
     if kind not in TOKENIZERS:
         raise DataError(f"unknown tokenizer type {kind!r}; expected one of: {', '.join(TOKENIZERS.names())}")
     version = data.get("version", FORMAT_VERSION)
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise DataError(f"tokenizer format version {version!r} is not a whole number; write "
+                        f'"version": {FORMAT_VERSION} (a number, without quotes) or save the tokenizer again')
+    if version < 1:
+        raise DataError(f"tokenizer format version {version} does not exist (they start at 1); write "
+                        f'"version": {FORMAT_VERSION} or save the tokenizer again')
+    if version > FORMAT_VERSION:
         raise DataError(
             f"tokenizer format version {version!r} is newer than this attnlab reads; upgrade attnlab"
         )
