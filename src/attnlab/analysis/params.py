@@ -1,12 +1,14 @@
 """Exact parameter accounting, per component, with the closed-form formula of every row.
 
-`count_parameters(config)` works from the config alone (nothing is built, so `transformer-big` costs
-nothing): each model family contributes its rows through a small function registered under the
-family's name in `FAMILY_ACCOUNTS`; attention variants and position schemes contribute theirs through
-`VARIANT_ROWS` and `POSITION_ROWS`. A formula is written once, in the config's symbols
-(`4·(d² + d)`, `V·d`), and the count beside it is that formula evaluated, so the text and the number
-cannot disagree. `check_table(table, model)` compares every row with the modules it names in a built
-model, and the table's total with `sum(p.numel() for p in model.parameters())`.
+`count_parameters(config)` works from the config alone (no weights are made, so `transformer-big` costs
+nothing; each attention variant and position scheme is built on the meta device, as the model builds it,
+so that a config `build_model` refuses gets the same ConfigError instead of a table): each model family
+contributes its rows through a small function registered under the family's name in `FAMILY_ACCOUNTS`;
+attention variants and position schemes contribute theirs through `VARIANT_ROWS` and `POSITION_ROWS`.
+A formula is written once, in the config's symbols (`4·(d² + d)`, `V·d`), and the count beside it is
+that formula evaluated, so the text and the number cannot disagree. `check_table(table, model)` compares
+every row with the modules it names in a built model, and the table's total with
+`sum(p.numel() for p in model.parameters())`.
 
 Conventions: a matrix shared by several modules (tied embeddings) is one row, counted once, with a
 note; frozen parameters count (as `model.parameters()` counts them); buffers (sinusoid tables, masks)
@@ -20,6 +22,7 @@ import inspect
 import json
 import operator
 import re
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -313,15 +316,23 @@ def _sub(path: str | None, attr: str) -> str | None:
 
 def _attention_rows(b: TableBuilder, *, group: str, what: str, path: str | None, repeat: int | str,
                     variant: str, options: dict, bias: bool, kv: str = "d", note: str = "") -> None:
-    """Rows of one MultiHeadAttention: the variant's query/key side, then V and the output O."""
-    if variant in VARIANT_ROWS:
-        parts = VARIANT_ROWS.get(variant)(bias=bias, kv=kv, options=options)
-    else:  # a variant registered without accounting: count one built instance
-        from attnlab.modules.variants import build_variant
+    """Rows of one MultiHeadAttention: the variant's query/key side, then V and the output O.
 
-        block = b.value("n") if "n" in b.symbols else None
+    `options` are those the model gives this layer's variant (none for cross-attention, as DecoderLayer builds it).
+    """
+    import torch
+
+    from attnlab.modules.variants import build_variant
+
+    # The variant's own checks of its options (a misspelt option, a "yes" for freeze...): built with the arguments
+    # MultiHeadAttention gives it, on the meta device (no memory), so a model build_model refuses has no table.
+    block = b.value("n") if "n" in b.symbols else None
+    with torch.device("meta"):
         built = build_variant(variant, d_model=b.value("d"), n_heads=b.value("h"), kv_dim=b.value(kv),
                               bias=bias, block_size=block, **options)
+    if variant in VARIANT_ROWS:
+        parts = VARIANT_ROWS.get(variant)(bias=bias, kv=kv, options=options)
+    else:  # a variant registered without accounting: count the built instance
         b.row(group, f"{what} {variant} scores", None, repeat=repeat, modules=_at(path, "scores"),
               note="no closed form registered: counted from the module",
               count=sum(p.numel() for p in built.parameters()))
@@ -421,30 +432,33 @@ def _position_options(name: str, options: dict) -> dict:
     return out
 
 
-def _position_rows(b: TableBuilder, name: str, options: dict, stacks: list[tuple[str, str | None]], *,
+def _position_rows(b: TableBuilder, name: str, options: dict, stacks: list[tuple[str, str | None, bool]], *,
                    build_args: dict) -> None:
-    """Rows of the model's position scheme(s); `stacks` are (label, module path) of each instance."""
+    """Rows of the model's position scheme(s); `stacks` are (label, module path, causal) of each instance, which
+    the model builds with `build_args` and its own causal flag (a seq2seq target stack is causal, its source not)."""
     import torch
 
     from attnlab.modules.positions import build_position
 
-    # The scheme's own checks of its options (a negative max_distance...): no table of counts for a model that
-    # could not be built. One position: sinusoidal and rotary tables are computed on the CPU even under meta.
+    # The scheme's own checks of its options (a negative max_distance, too few buckets for a causal stack...), for
+    # every stack: no table of counts for a model that could not be built. One position: sinusoidal and rotary
+    # tables are computed on the CPU even under meta.
     with torch.device("meta"):
-        build_position(name, **{**build_args, "max_len": 1}, **options)
+        for _, _, causal in stacks:
+            build_position(name, **{**build_args, "max_len": 1, "causal": causal}, **options)
     group = "embeddings"
     if name in POSITION_ROWS:
         parts = POSITION_ROWS.get(name)(b, _position_options(name, options))
         if all(formula == "0" for _, formula, _, _ in parts):
             b.row(group, f"positions ({name})", "0", note=parts[0][3])
             return
-        for label, path in stacks:
+        for label, path, _ in stacks:
             for part, formula, attr, note in parts:
                 b.row(group, " ".join(x for x in (f"{label} positions ({name})".strip(), part) if x), formula,
                       note=note, modules=_at(path, attr))
         return
-    for label, path in stacks:
-        built = build_position(name, **build_args, **options)
+    for label, path, causal in stacks:
+        built = build_position(name, **{**build_args, "causal": causal}, **options)
         b.row(group, f"{label} positions ({name})".strip(), None, modules=_at(path),
               note="no closed form registered: counted from the module",
               count=sum(p.numel() for p in built.parameters()))
@@ -515,8 +529,8 @@ def _seq2seq(c: Any, b: TableBuilder) -> None:
               modules=["tgt_embed.token"],
               note="also the output projection; counted once" if c.tie_output else "")
     _position_rows(b, c.position, dict(c.position_options),
-                   [("source", "src_position"), ("target", "tgt_position")],
-                   build_args=dict(d_model=c.d_model, n_heads=c.n_heads, max_len=c.max_len, causal=False))
+                   [("source", "src_position", False), ("target", "tgt_position", True)],
+                   build_args=dict(d_model=c.d_model, n_heads=c.n_heads, max_len=c.max_len))
 
     _encoder_layer_rows(b, spec, group="encoder", path="encoder.layers.*", repeat="N_enc")
     if c.has_final_norm:
@@ -566,8 +580,8 @@ def _gpt(c: Any, b: TableBuilder) -> None:
     final_norm = c.norm == "pre"  # as GPT builds its stack
     b.row("embeddings", "token embedding" + (" (tied)" if tied else ""), "V·d", modules=["embed.token"],
           note="also the LM head; counted once" if tied else "")
-    _position_rows(b, c.position, dict(c.position_options), [("", "position")],
-                   build_args=dict(d_model=c.d_model, n_heads=c.n_heads, max_len=c.block_size, causal=True))
+    _position_rows(b, c.position, dict(c.position_options), [("", "position", True)],
+                   build_args=dict(d_model=c.d_model, n_heads=c.n_heads, max_len=c.block_size))
     _encoder_layer_rows(b, spec, group="blocks", path="blocks.layers.*", repeat="N", causal=True)
     if final_norm:
         b.row("blocks", "final LayerNorm", "2·d", modules=["blocks.norm"])
@@ -592,9 +606,8 @@ def _encoder(c: Any, b: TableBuilder) -> None:
     b.symbol("N", c.n_layers, "layers")
     b.symbol("V", c.vocab_size, "vocabulary")
     b.row("embeddings", "token embedding", "V·d", modules=["embed.token"])
-    _position_rows(b, c.position, dict(c.position_options), [("", "position")],
-                   build_args=dict(d_model=c.d_model, n_heads=c.n_heads, max_len=c.max_len,
-                                   causal=c.is_causal))
+    _position_rows(b, c.position, dict(c.position_options), [("", "position", c.is_causal)],
+                   build_args=dict(d_model=c.d_model, n_heads=c.n_heads, max_len=c.max_len))
     _encoder_layer_rows(b, spec, group="encoder", path="encoder.layers.*", repeat="N", causal=c.is_causal)
     if c.has_final_norm:
         b.row("encoder", "final LayerNorm", "2·d", modules=["encoder.norm"])
@@ -627,8 +640,8 @@ def _bert(c: Any, b: TableBuilder) -> None:
     tied = mlm and c.tie_output
     b.row("embeddings", "token embedding" + (" (tied)" if tied else ""), "V·d", modules=["embeddings.token"],
           note="also the MLM decoder; counted once" if tied else "")
-    _position_rows(b, c.position, dict(c.position_options), [("", "embeddings.position")],
-                   build_args=dict(d_model=c.d_model, n_heads=c.n_heads, max_len=c.max_len, causal=c.causal))
+    _position_rows(b, c.position, dict(c.position_options), [("", "embeddings.position", c.causal)],
+                   build_args=dict(d_model=c.d_model, n_heads=c.n_heads, max_len=c.max_len))
     if c.type_vocab_size:
         b.symbol("n_seg", c.type_vocab_size, "segment types (type_vocab_size)")
         b.row("embeddings", "segment embedding", "n_seg·d", modules=["embeddings.segment"])
@@ -682,16 +695,35 @@ def _counted_rows(config: Config, b: TableBuilder) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+_VASWANI = ("transformer-base", "transformer-big")  # Table 3 gives both counts, rounded to millions
+
+
+def _implied_v(table: ParamTable, ref: int) -> float:
+    """The vocabulary that would make `table` count `ref` (V + gap / d: not a whole number in general)."""
+    return table.symbols["V"].value + (ref - table.total) / table.symbols["d"].value
+
+
 def _implied_vocabulary(table: ParamTable, ref: int) -> str:
-    """Explain a gap to a published count of a model whose one vocabulary matrix is counted once."""
+    """Explain a gap to a published count of a Transformer whose one vocabulary matrix is counted once.
+
+    Vaswani et al. round both models' counts (65M, 213M); read as exact, each implies its own vocabulary, and the
+    two differ by more than the rounding allows (±0.5M is about ±977 rows at d = 512, ±488 at d = 1024), so the
+    note gives both: the gap is not the vocabulary alone.
+    """
+    from attnlab.models.registry import get_preset
+
     if "V" not in table.symbols or "d" not in table.symbols:
         return ""
     v, d = table.symbols["V"].value, table.symbols["d"].value
     gap = ref - table.total
-    implied = v + round(gap / d)
+    implied = {n: _implied_v(count_parameters(get_preset(n)[1]), REFERENCES[n].value) for n in _VASWANI}
+    each = "; ".join(f"{REFERENCES[n].shown}: V ≈ {implied[n]:,.0f}" for n in _VASWANI)
+    own = _implied_v(table, ref)
     return (f"The paper states its shared BPE vocabulary as 'about 37000 tokens' and rounds; we assume "
             f"V = {v:,} exactly, one matrix for both embeddings and the pre-softmax projection. The gap "
-            f"({gap:+,}) is {abs(gap) / d:,.0f} embedding rows of width {d}, i.e. V ≈ {implied:,}")
+            f"({gap:+,}) is ≈ {abs(gap) / d:,.1f} embedding rows of width {d}, as if V ≈ {own:,.0f}; but the "
+            f"paper's counts are rounded to millions and, even allowing for that, imply different vocabularies "
+            f"({each}), so the gap is not V alone")
 
 
 _GPT2_NOTE = ("OpenAI's released GPT-2 small has 124,439,808 parameters, as ours; its gpt-2 repository "
@@ -800,28 +832,65 @@ def check_table(table: ParamTable, model: nn.Module) -> list[str]:
     return problems
 
 
+RUN_CONFIG_SUFFIXES = (".toml", ".yaml", ".yml")  # `attnlab train` configs: no model without their data
+
+
+def _model_file(folder: Path) -> Path | None:
+    """The config.json of a checkpoint folder, or of a run folder holding checkpoint/ (or best/); None if none."""
+    return next((c for c in (folder / "config.json", folder / "checkpoint" / "config.json",
+                             folder / "best" / "config.json") if c.is_file()), None)
+
+
+def _holds_model(name: str) -> bool:
+    """Whether `name`, read as a path, is a folder holding a model (one params could count as `./NAME`)."""
+    return Path(name).is_dir() and _model_file(Path(name)) is not None
+
+
 def load_config(name: str) -> tuple[str, Config]:
     """A preset name, or a run folder (or its config.json) -> (display name, config).
 
+    A name without a folder separator that is a preset's is the preset, also where a folder of that name is in the
+    working directory (a warning says so when the folder holds a model): `./NAME` names the folder.
+
     Raises:
-        ConfigError: unknown preset (the message lists them), or a folder without a usable config.json.
+        ConfigError: unknown preset (the message lists them), a path that does not exist, a run config (TOML or
+            YAML: its vocabulary comes from the data), or a folder without a usable config.json.
     """
+    display, config, _ = _load(name)
+    return display, config
+
+
+def _load(name: str) -> tuple[str, Config, Path | None]:
+    """`load_config`, and the file the config came from (None for a preset)."""
     from attnlab.models.registry import config_from_dict, get_preset, preset_names
     from attnlab.training.checkpoint import runs_inside
 
+    presets = ", ".join(preset_names())
     if not name.strip():  # Path("") is the working directory
-        raise ConfigError(f"the model name is empty; give a preset name ({', '.join(preset_names())}) or a run folder")
+        raise ConfigError(f"the model name is empty; give a preset name ({presets}) or a run folder")
     path = Path(name)
-    if path.is_dir() or path.suffix == ".json" or re.search(r"[/\\]", name):
+    bare = not re.search(r"[/\\]", name)
+    if bare and name in preset_names():
+        if _holds_model(name):
+            warnings.warn(f"{name} is a preset and also a folder here holding a model; this is the preset's count: "
+                          f"give ./{name} for the folder's", stacklevel=3)
+        return name, get_preset(name)[1], None
+    suffix = path.suffix.lower()
+    if path.is_dir() or suffix in (".json", *RUN_CONFIG_SUFFIXES) or not bare:
+        if not path.exists():
+            raise ConfigError(f"{name} does not exist: no config.json to read; give a preset name ({presets}) or a "
+                              "run folder")
+        if path.is_file() and suffix in RUN_CONFIG_SUFFIXES:
+            raise ConfigError(f"{name} is a run config: params takes a preset name (attnlab params --list) or a "
+                              f"trained run folder, not a run config (the data decide its vocabulary); "
+                              f"`attnlab train {name}` writes the run folder (its train.out_dir)")
         file = path
         if path.is_dir():  # a checkpoint folder, or a run folder holding checkpoint/ (or best/)
-            file = next((c for c in (path / "config.json", path / "checkpoint" / "config.json",
-                                     path / "best" / "config.json") if c.is_file()), path / "config.json")
+            file = _model_file(path) or path / "config.json"
         if not file.is_file() and path.is_dir() and (runs := runs_inside(path)):
             raise ConfigError(f"{name} holds no model itself but the runs {runs}; give one of them")
         if not file.is_file():
-            raise ConfigError(f"{name}: no config.json there; give a preset name "
-                              f"({', '.join(preset_names())}) or a run folder")
+            raise ConfigError(f"{name}: no config.json there; give a preset name ({presets}) or a run folder")
         try:
             data = json.loads(file.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
@@ -841,11 +910,11 @@ def load_config(name: str) -> tuple[str, Config]:
                               "config.json); give a run or checkpoint folder written by attnlab, or a preset name "
                               "(attnlab params --list)")
         try:
-            return str(path), config_from_dict(data)[1]
+            return str(path), config_from_dict(data)[1], file
         except ConfigError as e:  # name the file, as generate and evaluate do: the setting is in it
             raise ConfigError(f"{file}: {e}") from None
     try:
-        return name, get_preset(name)[1]
+        return name, get_preset(name)[1], None
     except ConfigError as e:
         raise ConfigError(f"{e} (or give a run folder containing config.json)") from None
 
@@ -870,14 +939,25 @@ def params_command(name: str | None, as_json: bool = False, list_all: bool = Fal
     """`attnlab params NAME`: print the parameter table of a preset or a run folder.
 
     Args:
-        name: a preset name, a run folder containing config.json, or None with `list_presets`.
+        name: a preset name, a run or checkpoint folder (or its config.json); None or `list`: as `list_all`. A
+            name without a `/` that is a preset's, or `list`, means that even where a folder of that name is in the
+            working directory (a warning says so when the folder holds a model): `./NAME` names the folder. A run
+            config (.toml, .yaml, .yml) is refused: its vocabulary comes from the data; give the run folder
+            `attnlab train` writes from it.
         as_json: print one JSON object (rows, total, symbols, assumptions, reference) instead.
-        list_all: print every preset with its family and parameter count.
+        list_all: print every preset with its family and parameter count; refused with a name.
 
     Raises:
-        ConfigError: unknown preset or unreadable config (the CLI prints it as one line, exit 2).
+        ConfigError: unknown preset, a path that does not exist, an unreadable config, a setting the model refuses
+            (naming the config file), or a name with `list_all` (the CLI prints it as one line, exit 2).
     """
+    if list_all and name is not None:
+        raise ConfigError(f"give a model name or --list, not both: drop --list to count {name}, or {name} to list "
+                          "every preset")
     if list_all or name in (None, "list"):
+        if name == "list" and _holds_model(name):
+            warnings.warn("list lists the presets, and is also a folder here holding a model: give ./list to count "
+                          "the folder's", stacklevel=2)
         presets = preset_counts()
         if as_json:
             print(json.dumps([{"name": n, "family": f, "total": t} for n, f, t in presets], indent=2))
@@ -888,6 +968,11 @@ def params_command(name: str | None, as_json: bool = False, list_all: bool = Fal
             count = f"{t:>13,}  {_short(t)}" if t is not None else f"{'?':>13}"
             print(f"{n.ljust(w)}  {f.ljust(wf)}  {count}")
         return
-    display, config = load_config(name)
-    table = count_parameters(config, name=display)
+    display, config, file = _load(name)
+    try:
+        table = count_parameters(config, name=display)
+    except ConfigError as e:  # a setting only building refuses (max_distance 0, an odd width...): it is in the file
+        if file is None:
+            raise
+        raise ConfigError(f"{file}: {e}") from None
     print(json.dumps(table.to_dict(), indent=2, ensure_ascii=False) if as_json else table.render())
