@@ -48,7 +48,8 @@ def _root() -> None:
 
 @app.command()
 def params(
-    name: str | None = typer.Argument(None, help="A preset name (see `--list`) or a run folder."),
+    name: str | None = typer.Argument(None, help="A preset name (see `--list`), or a run folder (`./NAME` for "
+                                       "one named like a preset)."),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON instead of a table."),
     list_all: bool = typer.Option(False, "--list", help="List every preset with its parameter count."),
 ) -> None:
