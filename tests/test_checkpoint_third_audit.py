@@ -74,3 +74,27 @@ def test_resuming_with_another_dropout_warns_as_other_changed_settings_do(finish
     with pytest.warns(UserWarning, match=r"resuming with changed settings \(model\.dropout\): the run will not "
                                          r"reproduce an uninterrupted one"):
         resumed.fit()
+
+
+class _FailingSource(ToySource):
+    """Fails at a step, as a crash would (nothing saved on the way out)."""
+
+    def __init__(self, fail_at: int):
+        super().__init__()
+        self.fail_at = fail_at
+
+    def batch(self, step):
+        if step == self.fail_at:
+            raise RuntimeError("a crash")
+        return super().batch(step)
+
+
+def test_a_replacing_run_that_crashes_after_its_first_best_leaves_no_checkpoint_of_the_old_run(finished):
+    """The new run's best/ (step 2) replaced the old run's; its first checkpoint/ would have come later: the old
+    run's checkpoint/ stayed beside the new best/, and --resume continued the old run with the new run's best."""
+    config = _config(6).replace(save_every=5, seed=7)
+    with pytest.raises(RuntimeError, match="a crash"):
+        Trainer(tiny_model(), config, _FailingSource(fail_at=3), eval_source=ToySource(), out_dir=finished).fit()
+    best = json.loads((finished / "best" / "trainer_state.json").read_text(encoding="utf-8"))
+    assert best["step"] == 2 and best["trainer_config"]["seed"] == 7  # the new run's
+    assert not (finished / "checkpoint").exists()

@@ -481,6 +481,7 @@ class Trainer:
         self._best_eval_loss: float | None = None
         self._bad_evals = 0
         self._stale_best = False  # a best/ left by the run this from-scratch run replaces (see _save)
+        self._stale_checkpoint = False  # and its checkpoint/
         self._in_step = False
         self._eval_due = False  # the step just counted owes an evaluation not yet begun
         self._rng_at_step_start: tuple | None = None
@@ -716,7 +717,11 @@ class Trainer:
                 # The best/ of the run this one replaces goes once this run has weights of its own to show
                 # (until then the folder still holds that run whole); `--best` never loads the other run's weights.
                 ckpt.remove_checkpoint(self.out_dir / BEST_DIR)
-            self._stale_best = False
+            if self._stale_checkpoint and folder == self.out_dir / BEST_DIR:
+                # Likewise its checkpoint/ once this run's best/ is written: a crash before this run's first
+                # checkpoint left best/ and checkpoint/ of two runs, and --resume continued the old one.
+                ckpt.remove_checkpoint(self.out_dir / CHECKPOINT_DIR)
+            self._stale_best = self._stale_checkpoint = False
         return folder
 
     def save(self) -> Path:
@@ -989,6 +994,7 @@ class Trainer:
         if resume:
             self._restore()
         self._stale_best = not resume and ckpt.checkpoint_present(self.out_dir / BEST_DIR)
+        self._stale_checkpoint = not resume and ckpt.checkpoint_present(self.out_dir / CHECKPOINT_DIR)
         if on_start is not None and self.world.is_main:
             on_start()
         if self.world.is_main and not resume:  # a resumed run was told at its start
