@@ -323,10 +323,12 @@ def main(argv: list[str] | None = None) -> None:
         try:
             _main(argv, terminated)
         except BaseException as e:
-            if not (isinstance(e, SystemExit) and e.code in (0, None)):
-                from attnlab.training.distributed import failed
-
-                failed()  # under torchrun: leave at exit without waiting for the other processes
+            # Under torchrun: leave at exit without waiting for the other processes. Only a command that imported
+            # the module can have joined a process group (importing it here would import torch on every refused
+            # command line).
+            distributed = sys.modules.get("attnlab.training.distributed")
+            if distributed is not None and not (isinstance(e, SystemExit) and e.code in (0, None)):
+                distributed.failed()
             raise
         finally:
             _forget_escaped_interrupt()
@@ -391,8 +393,11 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
         sys.exit(code)
     except (MemoryError, RuntimeError) as e:
         if _peer_gone(e) and not _out_of_memory(e):
-            _report("attnlab: error: another process of this distributed run stopped (its own message says why); "
-                    "this one stops too")
+            # Most likely another process stopped; but a failure of this process's own communication (an NCCL
+            # setup error) looks the same from here, so its first line is kept.
+            here = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)[:200]
+            _report("attnlab: error: another process of this distributed run stopped (its own message says why), "
+                    f"or this one could not reach it; this one stops too (here: {here})")
             sys.exit(2)
         if not _out_of_memory(e):
             raise

@@ -140,6 +140,17 @@ def check_fractions(config: object, names: typing.Iterable[str] = FRACTION_SETTI
             raise ConfigError(f"{name} must be at least 0 and below 1, got {value}")
 
 
+def finite_number(value: Any) -> bool:
+    """Whether `value` is a finite int or float (not a boolean). An integer too large for a float is not: files
+    read back (configs, trainer states, metrics) may hold one, and math.isfinite would raise on it."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float's range
+        return False
+
+
 def check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
     """`value` must be above 0 (at least 0 with `allow_zero`) and finite: NaN and infinity are refused."""
     if isinstance(value, float) and not math.isfinite(value):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import math
 import typing
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from attnlab.config import finite_number
 from attnlab.errors import ConfigError
 
 T = TypeVar("T")
@@ -89,7 +89,7 @@ def _check_option_type(what: str, key: str, value: object, hint: object) -> None
     elif hint is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif hint is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ok = finite_number(value)
     else:
         return
     if not ok:

@@ -11,12 +11,12 @@ CheckpointError naming the file, the key and the value as written in the file.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
+from attnlab.config import finite_number
 from attnlab.errors import CheckpointError
 
 REQUIRED: Any = object()  # the `default` of a key that has none
@@ -115,8 +115,7 @@ def config_float(hf_config: dict[str, Any], key: str, source: str, default: Any,
     value = hf_config.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < minimum or (below is not None and value >= below):
+    if not finite_number(value) or value < minimum or (below is not None and value >= below):
         bound = f"at least {minimum:g}" + (f" and below {below:g}" if below is not None else "")
         raise CheckpointError(f"{source}: {key} is {_shown(value)}; it must be a number {bound}, "
                               "written without quotes")

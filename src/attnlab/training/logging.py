@@ -8,12 +8,12 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from attnlab.config import finite_number
 from attnlab.files import atomic_path, write_text_atomic
 
 T = TypeVar("T")
@@ -111,8 +111,8 @@ def plot_losses(records: list[dict[str, Any]], path: str | os.PathLike[str]) -> 
 
     Uses matplotlib's Agg canvas directly (no pyplot), so no global backend state is touched.
     """
-    train = [(r["step"], r["loss"]) for r in records if "loss" in r and _finite(r["loss"])]
-    evals = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r and _finite(r["eval_loss"])]
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r and finite_number(r["loss"])]
+    evals = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r and finite_number(r["eval_loss"])]
     if not train and not evals:
         return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -135,7 +135,3 @@ def plot_losses(records: list[dict[str, Any]], path: str | os.PathLike[str]) -> 
     with atomic_path(path) as tmp:
         fig.savefig(tmp)
     return path
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)

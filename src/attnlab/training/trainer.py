@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from attnlab.config import Config, check_choice, check_positive
+from attnlab.config import Config, check_choice, check_positive, finite_number
 from attnlab.data.sources import BatchSource, evaluation_batches
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError
 from attnlab.training import checkpoint as ckpt
@@ -227,16 +227,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _finite(value: Any) -> bool:
-    """A JSON number (not a boolean) that is finite."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def seed_step(seed: int, rank: int, step: int) -> None:
     """Seed torch's generators (all devices) for one training step of one process: its dropout masks are then a
     function of (seed, rank, step) alone, whatever ran before (an evaluation, an interruption and a resume)."""
     words = np.random.SeedSequence([seed % 2**63, rank, step]).generate_state(2, dtype=np.uint32)
-    torch.manual_seed(int(words[0]) << 31 | int(words[1]) >> 1)  # 63 bits
+    value = int(words[0]) << 31 | int(words[1]) >> 1  # 63 bits
+    # Not torch.manual_seed: where CUDA is not started (every CPU run) it queues CUDA's seeding for later and
+    # records the caller's stack to do so, ~0.3-0.8 ms a step. A GPU in use is started by the time a step runs.
+    torch.default_generator.manual_seed(value)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(value)
+    if torch.backends.mps.is_available():
+        torch.mps.manual_seed(value)
 
 
 def count_targets(batch: dict[str, Any], key: str = "labels") -> int:
@@ -794,8 +796,8 @@ class Trainer:
                                   "use another checkpoint")
         best = self.best
         if not (best is None or (isinstance(best, dict) and isinstance(best.get("metric"), str)
-                                 and _finite(best.get("value")) and type(best.get("step")) is int)) \
-                or not (self._best_eval_loss is None or _finite(self._best_eval_loss)):
+                                 and finite_number(best.get("value")) and type(best.get("step")) is int)) \
+                or not (self._best_eval_loss is None or finite_number(self._best_eval_loss)):
             # read at the first evaluation, after steps were trained: a traceback then
             raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed (best: {best!r:.80}, best_eval_loss: "
                                   f"{self._best_eval_loss!r:.40}); use another checkpoint")
