@@ -491,7 +491,8 @@ def test_cpu_bf16_is_read_from_the_cpu_flags(monkeypatch, flags, expected):
     assert device.cpu_has_bf16.__wrapped__() is False
 
 
-def test_onednn_switch_only_for_wide_models():
+@pytest.mark.parametrize("capability, wanted", [("AVX512", True), ("AVX2", False), ("DEFAULT", False)])
+def test_onednn_switch_only_for_wide_models_on_avx512_cpus(monkeypatch, capability, wanted):
     import torch
 
     from attnlab.training.device import ONEDNN_FP32_MIN_WIDTH, wants_onednn_fp32
@@ -501,7 +502,8 @@ def test_onednn_switch_only_for_wide_models():
             super().__init__()
             self.config = type("C", (), {"d_model": d_model})()
 
-    assert wants_onednn_fp32(M(ONEDNN_FP32_MIN_WIDTH))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert wants_onednn_fp32(M(ONEDNN_FP32_MIN_WIDTH)) is wanted
     assert not wants_onednn_fp32(M(ONEDNN_FP32_MIN_WIDTH - 1))
 
 
