@@ -1,7 +1,8 @@
 """Training and decoding speed of attnlab's GPT against HF transformers' GPT2LMHeadModel, in one run.
 
-Same shapes, same data, same process; the rows of a table are timed in turns (one step of each per round)
-and the medians printed with same-run ratios.
+Same shapes, same data, one run; the rows of a table are timed in turns (one step of each per round), each row in a
+process of its own (so that no row's memory traffic depends on another's; --one-process times them all in this
+one), and the medians printed with same-run ratios.
 
     python benchmarks/bench_gpt.py                # both shapes, training + decoding (+ bf16 accuracy)
     python benchmarks/bench_gpt.py --shapes A --repeats 3 --json out.json
@@ -40,9 +41,10 @@ import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
+from functools import partial
 
 import torch
-from turns import time_in_turns
+from turns import time_in_turns, time_in_turns_apart
 
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.training.device import (
@@ -141,46 +143,96 @@ def train_step_fn(model, kind: str, dtype: torch.dtype | None, lr: float = 3e-4,
     return step
 
 
-def time_training_rows(rows: dict, shape: Shape, data, warmup: int, repeats: int,
-                       device: torch.device | str = "cpu") -> dict:
-    """Median tokens/s of each training row, {label: (make_model, kind, dtype)}, timed in turns (one step of
-    every row per round) so that a slow or fast spell of a shared machine touches every row alike."""
-    steps = {}
-    data = [b.to(device) for b in data]
-    for label, (make_model, kind, dtype) in rows.items():
-        model = make_model(shape)
-        model.train()
-        steps[label] = train_step_fn(model, kind, dtype, device=device)
-        for b in data[:warmup]:
-            steps[label](b)
-    medians = time_in_turns({label: lambda i, step=step: step(data[(warmup + i) % len(data)])
-                             for label, step in steps.items()}, repeats, sync=lambda: synchronize(device))
+def setup_process(hf_attention: str | None, keep_freed: bool) -> None:
+    """The settings a row's process needs: HF's attention (a new process starts from the module's default), and
+    with `keep_freed` glibc told to keep freed memory, as the `attnlab` command does (`attnlab.allocator`)."""
+    HF_ATTENTION["impl"] = hf_attention
+    if keep_freed:
+        from attnlab.allocator import keep_freed_memory
+
+        keep_freed_memory()
+
+
+def training_row(kind: str, dtype_name: str, shape_name: str, device_name: str, warmup: int, repeats: int,
+                 hf_attention: str | None, keep_freed: bool = False) -> tuple:
+    """Build one training row where it is called (model, optimizer, data, `warmup` untimed steps): returns the step
+    of round i and the device's sync. Its arguments are plain values, so a process of its own can build it."""
+    setup_process(hf_attention, keep_freed)
+    device = torch.device(device_name)
+    shape = SHAPES[shape_name]
+    data = [b.to(device) for b in make_data(shape, warmup + repeats)]
+    model = (ours if kind == "ours" else hf)(shape)
+    model.train()
+    step = train_step_fn(model, kind, torch.bfloat16 if dtype_name == "bf16" else None, device=device)
+    for b in data[:warmup]:
+        step(b)
+    return (lambda i: step(data[(warmup + i) % len(data)])), partial(synchronize, device)
+
+
+def decoding_row(label: str, shape_name: str, n_new: int, device_name: str, hf_attention: str | None,
+                 keep_freed: bool = False) -> tuple:
+    """Build one decoding row where it is called: batch-1 greedy generation of `n_new` tokens after an 8-token
+    prompt, KV cache, by attnlab's `generate` ("ours fp32", "ours bf16 weights") or HF's ("HF fp32"); checks that
+    it makes exactly `n_new` tokens, and returns the generation (of any round) and the device's sync."""
+    from attnlab.inference.generate import generate
+
+    setup_process(hf_attention, keep_freed)
+    device = torch.device(device_name)
+    shape = SHAPES[shape_name]
+    prompt = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(1)).to(device)
+    s = Shape(shape.name, shape.n_layers, shape.n_heads, shape.d_model, max(shape.block, 8 + n_new), 1)
+    if label == "HF fp32":
+        peer = hf(s).to(device).eval()
+
+        def run():
+            # GPT-2's eos id (50256) is outside this vocabulary of 65, so HF generates all n_new tokens (checked
+            # below) without a min_new_tokens processor's extra work per token.
+            return peer.generate(prompt, max_new_tokens=n_new, do_sample=False, pad_token_id=0).shape[1] - 8
+    else:
+        model = ours(s).to(device).eval()
+        if label == "ours bf16 weights":
+            model = model.bfloat16()
+
+        def run():
+            return len(generate(model, prompt, n_new, greedy=True)[0])
+    with torch.no_grad():
+        made = run()
+    if made != n_new:
+        raise RuntimeError(f"the decoding row {label!r} generated {made} tokens, not {n_new}")
+
+    def timed(_: int) -> None:
+        with torch.no_grad():
+            run()
+    return timed, partial(synchronize, device)
+
+
+def time_rows(makers: dict, repeats: int, apart: bool, device: torch.device | str) -> dict[str, float]:
+    """Median seconds per call of each row, timed in turns (one call of every row per round, so that a slow or
+    fast spell of a shared machine touches every row alike): each row in a process of its own (`apart`, see
+    `turns.time_in_turns_apart`), or all built and timed in this one."""
+    if apart:
+        return time_in_turns_apart(makers, repeats)
+    fns = {label: make()[0] for label, make in makers.items()}
+    return time_in_turns(fns, repeats, sync=partial(synchronize, device))
+
+
+def time_training_rows(specs: dict, shape: Shape, warmup: int, repeats: int, device: torch.device | str = "cpu",
+                       apart: bool = True, keep_freed: bool = False) -> dict:
+    """Median tokens/s of each training row, {label: (kind, dtype)}, timed in turns (`time_rows`)."""
+    makers = {label: partial(training_row, kind, "bf16" if dtype is not None else "fp32", shape.name, str(device),
+                             warmup, repeats, HF_ATTENTION["impl"], keep_freed)
+              for label, (kind, dtype) in specs.items()}
+    medians = time_rows(makers, repeats, apart, device)
     return {label: {"tokens_per_s": shape.batch * shape.block / sec, "step_s": sec} for label, sec in medians.items()}
 
 
-@torch.no_grad()
-def time_decoding_rows(shape: Shape, n_new: int, repeats: int, device: torch.device | str = "cpu") -> dict:
-    """Batch-1 greedy generation of `n_new` tokens after an 8-token prompt, KV cache, timed in turns:
-    attnlab's `generate` and HF's `generate` with fp32 weights, and attnlab with bf16 weights."""
-    from attnlab.inference.generate import generate
-
-    prompt = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(1)).to(device)
-    s = Shape(shape.name, shape.n_layers, shape.n_heads, shape.d_model, max(shape.block, 8 + n_new), 1)
-    ours_fp32, ours_bf16 = ours(s).to(device).eval(), ours(s).to(device).eval().bfloat16()
-    peer = hf(s).to(device).eval()
-    runs = {
-        "ours fp32": lambda: generate(ours_fp32, prompt, n_new, greedy=True),
-        "ours bf16 weights": lambda: generate(ours_bf16, prompt, n_new, greedy=True),
-        # GPT-2's eos id (50256) is outside this vocabulary of 65, so HF generates all n_new tokens (checked
-        # below) without a min_new_tokens processor's extra work per token.
-        "HF fp32": lambda: peer.generate(prompt, max_new_tokens=n_new, do_sample=False, pad_token_id=0),
-    }
-    made = {label: run() for label, run in runs.items()}
-    lengths = {len(made["ours fp32"][0]), len(made["ours bf16 weights"][0]), made["HF fp32"].shape[1] - 8}
-    if lengths != {n_new}:
-        raise RuntimeError(f"the decoding rows generated {sorted(lengths)} tokens, not {n_new} each")
-    medians = time_in_turns({label: lambda _, run=run: run() for label, run in runs.items()}, repeats,
-                            sync=lambda: synchronize(device))
+def time_decoding_rows(shape: Shape, n_new: int, repeats: int, device: torch.device | str = "cpu",
+                       apart: bool = True, keep_freed: bool = False) -> dict:
+    """tokens/s of batch-1 greedy generation (`decoding_row`): attnlab's `generate` with fp32 and with bf16 weights,
+    HF's `generate` with fp32 weights (the reference), timed in turns (`time_rows`)."""
+    makers = {label: partial(decoding_row, label, shape.name, n_new, str(device), HF_ATTENTION["impl"], keep_freed)
+              for label in ("ours fp32", "ours bf16 weights", "HF fp32")}
+    medians = time_rows(makers, repeats, apart, device)
     out = {label: {"tokens_per_s": n_new / sec} for label, sec in medians.items()}
     for r in out.values():
         r["vs_HF"] = r["tokens_per_s"] / out["HF fp32"]["tokens_per_s"]
@@ -286,6 +338,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps")
     p.add_argument("--hf-attention", choices=("default", "eager", "sdpa"), default="default",
                    help="the HF model's attention: transformers' default (SDPA), or a named implementation")
+    p.add_argument("--one-process", action="store_true",
+                   help="time every row in this process, as before 2026-11-28 (rows then share a heap, and each "
+                        "row's page faults depend on its neighbours); by default each row has a process of its own")
+    p.add_argument("--keep-freed-memory", action="store_true",
+                   help="every row's process keeps freed memory for reuse, as the `attnlab` command's does "
+                        "(attnlab.allocator; both sides alike); by default glibc's settings, as a library user has")
     p.add_argument("--memory-row", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     HF_ATTENTION["impl"] = None if args.hf_attention == "default" else args.hf_attention
@@ -306,7 +364,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     results: dict = {"torch": torch.__version__, "transformers": transformers.__version__,
                      "threads": torch.get_num_threads(), "device": str(device), "cpu_bf16": cpu_has_bf16(),
-                     "hf_attention": hf_attention_name(hf(SHAPES["A"])), "shapes": {}}
+                     "hf_attention": hf_attention_name(hf(SHAPES["A"])),
+                     "rows_timed": "in one process" if args.one_process else "each in a process of its own",
+                     "keep_freed_memory": args.keep_freed_memory,
+                     "shapes": {}}
     try:  # as train_step_fn builds HF's optimizer
         torch.optim.AdamW([torch.zeros(1, device=device, requires_grad=True)], fused=True)
         results["hf_optimizer"] = "fused AdamW"
@@ -316,16 +377,16 @@ def main(argv: list[str] | None = None) -> dict:
           f"{results['hf_optimizer']}")
     for name in args.shapes.split(","):
         shape = SHAPES[name]
-        data = make_data(shape, args.warmup + args.repeats)
         specs = {
-            "ours default": (ours, "ours", default_dtype),
-            "ours fp32": (ours, "ours", None),
-            "HF fp32": (hf, "hf", None),
-            "HF bf16": (hf, "hf", torch.bfloat16),
+            "ours default": ("ours", default_dtype),
+            "ours fp32": ("ours", None),
+            "HF fp32": ("hf", None),
+            "HF bf16": ("hf", torch.bfloat16),
         }
         if not bf16:
             del specs["HF bf16"]
-        rows = time_training_rows(specs, shape, data, args.warmup, args.repeats, device)
+        rows = time_training_rows(specs, shape, args.warmup, args.repeats, device, apart=not args.one_process,
+                                  keep_freed=args.keep_freed_memory)
         ref = rows["HF fp32"]["tokens_per_s"]
         for label, r in rows.items():
             r["vs_HF_fp32"] = r["tokens_per_s"] / ref
@@ -333,7 +394,8 @@ def main(argv: list[str] | None = None) -> dict:
                 kind = "ours" if label.startswith("ours") else "hf"
                 dtype = None if label.endswith("fp32") else (torch.bfloat16 if kind == "hf" else default_dtype)
                 r["peak_mib"] = peak_memory(kind, dtype, shape, str(device))
-        dec = time_decoding_rows(shape, args.decode_tokens, max(1, args.decode_repeats), device)
+        dec = time_decoding_rows(shape, args.decode_tokens, max(1, args.decode_repeats), device,
+                                 apart=not args.one_process, keep_freed=args.keep_freed_memory)
         results["shapes"][name] = {"shape": shape.__dict__, "train": rows, "decode": dec}
         print(f"\nshape {name}: {shape.n_layers} layers, {shape.n_heads} heads, {shape.d_model} wide, "
               f"block {shape.block}, batch {shape.batch}, device {device}")

@@ -1,25 +1,102 @@
-"""Timing in turns, shared by the benchmark scripts."""
+"""Timing in turns, shared by the benchmark scripts: in one process, or with every row in a process of its own."""
 
 from __future__ import annotations
 
+import multiprocessing
 import statistics
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
+
+
+def rounds(names: list[str], repeats: int) -> Iterator[tuple[int, str]]:
+    """(round, name) in timing order: round i visits every name once, in the given order in even rounds and the
+    reverse in odd ones, so that no name always follows the same neighbour (whose freed memory or warm caches it
+    would inherit)."""
+    for i in range(repeats):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            yield i, name
 
 
 def time_in_turns(fns: dict[str, Callable[[int], object]], repeats: int,
                   sync: Callable[[], None] = lambda: None) -> dict[str, float]:
-    """Median seconds of each function over `repeats` rounds; round i calls every function once, with i, in
-    turn, so that a slower or faster spell of a shared machine touches every function alike, in the given order
-    in even rounds and the reverse in odd ones, so that no function always follows the same neighbour (whose
-    freed memory or warm caches it would inherit). `sync` waits for the device (a GPU runs behind the host):
-    called before each clock read, so a call is timed with its work."""
+    """Median seconds of each function over `repeats` rounds (see `rounds`): each call is given its round, and a
+    slower or faster spell of a shared machine touches every function alike. `sync` waits for the device (a GPU
+    runs behind the host): called before each clock read, so a call is timed with its work."""
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for i in range(repeats):
-        for name, fn in (fns.items() if i % 2 == 0 else reversed(fns.items())):
+    for i, name in rounds(list(fns), repeats):
+        sync()
+        t0 = time.perf_counter()
+        fns[name](i)
+        sync()
+        times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def _serve(conn, make: Callable[[], tuple[Callable[[int], object], Callable[[], None]]]) -> None:
+    """A row's process: build the row with `make` (which returns its function and a device sync), then time one
+    call per message (its round) until told to stop (None)."""
+    try:
+        fn, sync = make()
+        conn.send(("ready", None))
+        while (i := conn.recv()) is not None:
             sync()
             t0 = time.perf_counter()
             fn(i)
             sync()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+            conn.send(("time", time.perf_counter() - t0))
+    except BaseException:  # noqa: BLE001 - whatever stopped the row is reported to the parent, which raises it
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def _receive(conn, name: str, expected: str):
+    try:
+        kind, value = conn.recv()
+    except EOFError:
+        raise RuntimeError(f"the process of row {name!r} ended without a word (killed, or out of memory?)") from None
+    if kind == "error":
+        raise RuntimeError(f"row {name!r} failed in its process:\n{value}")
+    if kind != expected:
+        raise RuntimeError(f"row {name!r} answered {kind!r}, expected {expected!r}")
+    return value
+
+
+def time_in_turns_apart(makers: dict[str, Callable[[], tuple[Callable[[int], object], Callable[[], None]]]],
+                        repeats: int) -> dict[str, float]:
+    """As `time_in_turns`, but every row lives in a process of its own, where its maker builds it (a picklable
+    callable returning the row's function and a device sync; untimed: build and warm up there). One row runs at a
+    time, in the same rounds. In one process the rows share a heap: the memory one row frees is what the next
+    allocates, so a row's page faults, and with them its time, depend on its neighbours (an audit counted ~98,000
+    minor faults a step for HF's fp32 row at shape B beside attnlab's rows against ~26,000 alone, and ~55,000
+    for attnlab's default row alone against none beside HF's)."""
+    context = multiprocessing.get_context("spawn")  # a fork of a process whose thread pools run is not safe
+    workers = {}
+    try:
+        for name, make in makers.items():
+            here, there = context.Pipe()
+            process = context.Process(target=_serve, args=(there, make), daemon=True)
+            process.start()
+            there.close()
+            workers[name] = (process, here)
+        for name, (_, conn) in workers.items():  # the rows build in parallel; the timing starts once all are ready
+            _receive(conn, name, "ready")
+        times: dict[str, list[float]] = {name: [] for name in makers}
+        for i, name in rounds(list(makers), repeats):
+            conn = workers[name][1]
+            conn.send(i)
+            times[name].append(_receive(conn, name, "time"))
+        return {name: statistics.median(ts) for name, ts in times.items()}
+    finally:
+        for _, conn in workers.values():
+            try:
+                conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for process, conn in workers.values():
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
+                process.join()
+            conn.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -99,6 +100,26 @@ def test_turns_wait_for_the_device_around_every_timed_call():
                   sync=lambda: events.append("sync"))
     # odd rounds go in reverse order: no function always follows the same one
     assert events == ["sync", "a0", "sync", "sync", "b0", "sync", "sync", "b1", "sync", "sync", "a1", "sync"]
+
+
+def test_rows_apart_run_each_in_a_process_of_its_own_in_turns(tmp_path):
+    """bench_gpt's rows share no heap (one row's freed memory was another's page faults): each has a process."""
+    from functools import partial
+
+    import turns_helpers
+
+    load("bench_attention")  # puts benchmarks/ on the path
+    from turns import time_in_turns_apart
+
+    log = tmp_path / "calls.txt"
+    medians = time_in_turns_apart({name: partial(turns_helpers.logging_row, name, str(log)) for name in "ab"}, 2)
+    assert set(medians) == {"a", "b"} and all(t > 0 for t in medians.values())
+    calls = [line.split() for line in log.read_text(encoding="utf-8").splitlines()]
+    assert [call for call, _ in calls] == ["a0", "b0", "b1", "a1"]  # the rounds of time_in_turns
+    pids = {call[0]: pid for call, pid in calls}
+    assert pids["a"] != pids["b"] and str(os.getpid()) not in pids.values()
+    with pytest.raises(RuntimeError, match=r"(?s)row 'bad' failed in its process:.*ValueError: no such model"):
+        time_in_turns_apart({"bad": turns_helpers.failing_row}, 1)
 
 
 def test_bench_attention_builds_its_tensors_on_the_device():
