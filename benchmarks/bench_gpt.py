@@ -291,20 +291,15 @@ def memory_row(spec: str) -> None:
     memory on the CPU, torch's allocations on a GPU)."""
     kind, dtype_name, shape_name, device_name = spec.split(",")
     device = torch.device(device_name)
-    shape = SHAPES[shape_name]
-    dtype = torch.bfloat16 if dtype_name == "bf16" else None
-    data = [b.to(device) for b in make_data(shape, 4)]
-    model = (ours if kind == "ours" else hf)(shape)
-    model.train()
-    step = train_step_fn(model, kind, dtype, device=device)
+    step, _ = training_row(kind, dtype_name, shape_name, device_name, 0, 3, HF_ATTENTION["impl"])
     if device.type == "cuda":
         synchronize(device)
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
     else:
         base = _rss_kib("VmRSS") * 1024
-    for b in data[:3]:
-        step(b)
+    for i in range(3):
+        step(i)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else _rss_kib("VmHWM") * 1024
     print(json.dumps({"peak_mib": (peak - base) / 2**20}))
 
