@@ -51,6 +51,17 @@ def test_a_best_value_beyond_floats_range_is_refused_in_one_line(finished, entry
         _resume(finished).fit()
 
 
+@pytest.mark.parametrize("key", ["loss_sum", "seconds", "grad_norm"])
+def test_a_log_window_number_beyond_floats_range_is_refused_in_one_line(finished, key):  # noqa: F811
+    file = finished / "checkpoint" / "trainer_state.json"
+    state = json.loads(file.read_text(encoding="utf-8"))
+    state["log_window"] = {"global": True, "loss_sum": 1.0, "targets": 4, "tokens": 8, "seconds": 0.1, "steps": 1,
+                           "grad_norm": 0.5, key: HUGE}
+    file.write_text(json.dumps(state), encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"trainer_state.json is malformed \(log_window: "):  # OverflowError
+        _resume(finished).fit()
+
+
 def test_the_loss_plot_skips_a_loss_beyond_floats_range(tmp_path):
     from attnlab.training.logging import plot_losses
 

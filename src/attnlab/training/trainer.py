@@ -49,6 +49,7 @@ from attnlab.training import checkpoint as ckpt
 from attnlab.training.device import (
     DEVICES,
     PRECISIONS,
+    _mps_available,
     autocast,
     fast_fp32_matmul,
     resolve_precision,
@@ -237,7 +238,7 @@ def seed_step(seed: int, rank: int, step: int) -> None:
     torch.default_generator.manual_seed(value)
     if torch.cuda.is_initialized():
         torch.cuda.manual_seed_all(value)
-    if torch.backends.mps.is_available():
+    if _mps_available():
         torch.mps.manual_seed(value)
 
 
@@ -825,7 +826,7 @@ class Trainer:
         if window and (whole or saved_world == self.world.size == 1):
             try:
                 self._window = _Window.from_dict(window, self.device)
-            except (KeyError, TypeError, ValueError) as e:
+            except (KeyError, TypeError, ValueError, OverflowError) as e:  # OverflowError: float(10**400)
                 raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed (log_window: {ckpt._one_line(e)}); "
                                       "use another checkpoint") from None
             if not self.world.is_main:
