@@ -286,12 +286,12 @@ def _rss_kib(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def memory_row(spec: str) -> None:
+def memory_row(spec: str, keep_freed: bool = False) -> None:
     """Child process: build one row's model, take 3 training steps, print the peak above the baseline (resident
     memory on the CPU, torch's allocations on a GPU)."""
     kind, dtype_name, shape_name, device_name = spec.split(",")
     device = torch.device(device_name)
-    step, _ = training_row(kind, dtype_name, shape_name, device_name, 0, 3, HF_ATTENTION["impl"])
+    step, _ = training_row(kind, dtype_name, shape_name, device_name, 0, 3, HF_ATTENTION["impl"], keep_freed)
     if device.type == "cuda":
         synchronize(device)
         base = torch.cuda.memory_allocated(device)
@@ -304,13 +304,15 @@ def memory_row(spec: str) -> None:
     print(json.dumps({"peak_mib": (peak - base) / 2**20}))
 
 
-def peak_memory(kind: str, dtype: torch.dtype | None, shape: Shape, device: str = "cpu") -> float | None:
-    """Peak training memory (MiB) of one row, measured in a fresh process; None where /proc is missing."""
+def peak_memory(kind: str, dtype: torch.dtype | None, shape: Shape, device: str = "cpu",
+                keep_freed: bool = False) -> float | None:
+    """Peak training memory (MiB) of one row, measured in a fresh process (keeping freed memory with `keep_freed`,
+    as the timed rows then do); None where /proc is missing."""
     spec = f"{kind},{'bf16' if dtype is not None else 'fp32'},{shape.name},{device}"
     try:
         done = subprocess.run([sys.executable, __file__, "--memory-row", spec, "--hf-attention",
-                               HF_ATTENTION["impl"] or "default"], capture_output=True, text=True,
-                              timeout=600, check=True)
+                               HF_ATTENTION["impl"] or "default"] + (["--keep-freed-memory"] if keep_freed else []),
+                              capture_output=True, text=True, timeout=600, check=True)
         return json.loads(done.stdout.strip().splitlines()[-1])["peak_mib"]
     except (subprocess.SubprocessError, ValueError, KeyError, IndexError, OSError):
         return None
@@ -343,12 +345,20 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     HF_ATTENTION["impl"] = None if args.hf_attention == "default" else args.hf_attention
     if args.memory_row:
-        memory_row(args.memory_row)
+        memory_row(args.memory_row, args.keep_freed_memory)
         return {}
     unknown = [name for name in args.shapes.split(",") if name not in SHAPES]
     if unknown:
         p.error(f"unknown shape {unknown[0]!r} in --shapes; choose from {', '.join(SHAPES)}")
 
+    keep_freed = args.keep_freed_memory
+    if keep_freed:  # here as well: --one-process rows run in this process
+        from attnlab.allocator import keep_freed_memory
+
+        keep_freed = keep_freed_memory()
+        if not keep_freed:
+            print("--keep-freed-memory does nothing here (not glibc, ATTNLAB_MALLOC=system, or allocator settings of "
+                  "your own): every row keeps the allocator as it is")
     device = select_device(args.device)
     default_dtype = resolve_precision("auto", device)  # what `precision = "auto"` trains in there
     bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and default_dtype is not None)
@@ -361,7 +371,7 @@ def main(argv: list[str] | None = None) -> dict:
                      "threads": torch.get_num_threads(), "device": str(device), "cpu_bf16": cpu_has_bf16(),
                      "hf_attention": hf_attention_name(hf(SHAPES["A"])),
                      "rows_timed": "in one process" if args.one_process else "each in a process of its own",
-                     "keep_freed_memory": args.keep_freed_memory,
+                     "keep_freed_memory": keep_freed,
                      "shapes": {}}
     try:  # as train_step_fn builds HF's optimizer
         torch.optim.AdamW([torch.zeros(1, device=device, requires_grad=True)], fused=True)
@@ -381,16 +391,16 @@ def main(argv: list[str] | None = None) -> dict:
         if not bf16:
             del specs["HF bf16"]
         rows = time_training_rows(specs, shape, args.warmup, args.repeats, device, apart=not args.one_process,
-                                  keep_freed=args.keep_freed_memory)
+                                  keep_freed=keep_freed)
         ref = rows["HF fp32"]["tokens_per_s"]
         for label, r in rows.items():
             r["vs_HF_fp32"] = r["tokens_per_s"] / ref
             if not args.no_memory:
                 kind = "ours" if label.startswith("ours") else "hf"
                 dtype = None if label.endswith("fp32") else (torch.bfloat16 if kind == "hf" else default_dtype)
-                r["peak_mib"] = peak_memory(kind, dtype, shape, str(device))
+                r["peak_mib"] = peak_memory(kind, dtype, shape, str(device), keep_freed)
         dec = time_decoding_rows(shape, args.decode_tokens, max(1, args.decode_repeats), device,
-                                 apart=not args.one_process, keep_freed=args.keep_freed_memory)
+                                 apart=not args.one_process, keep_freed=keep_freed)
         results["shapes"][name] = {"shape": shape.__dict__, "train": rows, "decode": dec}
         print(f"\nshape {name}: {shape.n_layers} layers, {shape.n_heads} heads, {shape.d_model} wide, "
               f"block {shape.block}, batch {shape.batch}, device {device}")
