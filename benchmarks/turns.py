@@ -18,6 +18,16 @@ def rounds(names: list[str], repeats: int) -> Iterator[tuple[int, str]]:
             yield i, name
 
 
+def timed_call(fn: Callable[[int], object], i: int, sync: Callable[[], None]) -> float:
+    """Seconds of fn(i), from an idle device to the end of its work (`sync` waits for the device: a GPU runs
+    behind the host)."""
+    sync()
+    t0 = time.perf_counter()
+    fn(i)
+    sync()
+    return time.perf_counter() - t0
+
+
 def time_in_turns(fns: dict[str, Callable[[int], object]], repeats: int,
                   sync: Callable[[], None] = lambda: None) -> dict[str, float]:
     """Median seconds of each function over `repeats` rounds (see `rounds`): each call is given its round, and a
@@ -25,11 +35,7 @@ def time_in_turns(fns: dict[str, Callable[[int], object]], repeats: int,
     runs behind the host): called before each clock read, so a call is timed with its work."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for i, name in rounds(list(fns), repeats):
-        sync()
-        t0 = time.perf_counter()
-        fns[name](i)
-        sync()
-        times[name].append(time.perf_counter() - t0)
+        times[name].append(timed_call(fns[name], i, sync))
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
@@ -40,11 +46,7 @@ def _serve(conn, make: Callable[[], tuple[Callable[[int], object], Callable[[], 
         fn, sync = make()
         conn.send(("ready", None))
         while (i := conn.recv()) is not None:
-            sync()
-            t0 = time.perf_counter()
-            fn(i)
-            sync()
-            conn.send(("time", time.perf_counter() - t0))
+            conn.send(("time", timed_call(fn, i, sync)))
     except BaseException:  # noqa: BLE001 - whatever stopped the row is reported to the parent, which raises it
         conn.send(("error", traceback.format_exc()))
     finally:
