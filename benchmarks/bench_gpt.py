@@ -143,6 +143,16 @@ def train_step_fn(model, kind: str, dtype: torch.dtype | None, lr: float = 3e-4,
     return step
 
 
+def dtype_name(dtype: torch.dtype | None) -> str:
+    """How a row's dtype travels to the process that builds it ("bf16" for bf16 autocast, "fp32" for none), and
+    back with `dtype_of`."""
+    return "fp32" if dtype is None else "bf16"
+
+
+def dtype_of(name: str) -> torch.dtype | None:
+    return torch.bfloat16 if name == "bf16" else None
+
+
 def setup_process(hf_attention: str | None, keep_freed: bool) -> None:
     """The settings a row's process needs: HF's attention (a new process starts from the module's default), and
     with `keep_freed` glibc told to keep freed memory, as the `attnlab` command does (`attnlab.allocator`)."""
@@ -153,7 +163,7 @@ def setup_process(hf_attention: str | None, keep_freed: bool) -> None:
         keep_freed_memory()
 
 
-def training_row(kind: str, dtype_name: str, shape_name: str, device_name: str, warmup: int, repeats: int,
+def training_row(kind: str, dtype: str, shape_name: str, device_name: str, warmup: int, repeats: int,
                  hf_attention: str | None, keep_freed: bool = False) -> tuple:
     """Build one training row where it is called (model, optimizer, data, `warmup` untimed steps): returns the step
     of round i and the device's sync. Its arguments are plain values, so a process of its own can build it."""
@@ -163,7 +173,7 @@ def training_row(kind: str, dtype_name: str, shape_name: str, device_name: str, 
     data = [b.to(device) for b in make_data(shape, warmup + repeats)]
     model = (ours if kind == "ours" else hf)(shape)
     model.train()
-    step = train_step_fn(model, kind, torch.bfloat16 if dtype_name == "bf16" else None, device=device)
+    step = train_step_fn(model, kind, dtype_of(dtype), device=device)
     for b in data[:warmup]:
         step(b)
     return (lambda i: step(data[(warmup + i) % len(data)])), partial(synchronize, device)
@@ -219,7 +229,7 @@ def time_rows(makers: dict, repeats: int, apart: bool, device: torch.device | st
 def time_training_rows(specs: dict, shape: Shape, warmup: int, repeats: int, device: torch.device | str = "cpu",
                        apart: bool = True, keep_freed: bool = False) -> dict:
     """Median tokens/s of each training row, {label: (kind, dtype)}, timed in turns (`time_rows`)."""
-    makers = {label: partial(training_row, kind, "bf16" if dtype is not None else "fp32", shape.name, str(device),
+    makers = {label: partial(training_row, kind, dtype_name(dtype), shape.name, str(device),
                              warmup, repeats, HF_ATTENTION["impl"], keep_freed)
               for label, (kind, dtype) in specs.items()}
     medians = time_rows(makers, repeats, apart, device)
@@ -289,9 +299,9 @@ def _rss_kib(field: str) -> int:
 def memory_row(spec: str, keep_freed: bool = False) -> None:
     """Child process: build one row's model, take 3 training steps, print the peak above the baseline (resident
     memory on the CPU, torch's allocations on a GPU)."""
-    kind, dtype_name, shape_name, device_name = spec.split(",")
+    kind, dtype, shape_name, device_name = spec.split(",")
     device = torch.device(device_name)
-    step, _ = training_row(kind, dtype_name, shape_name, device_name, 0, 3, HF_ATTENTION["impl"], keep_freed)
+    step, _ = training_row(kind, dtype, shape_name, device_name, 0, 3, HF_ATTENTION["impl"], keep_freed)
     if device.type == "cuda":
         synchronize(device)
         base = torch.cuda.memory_allocated(device)
@@ -308,7 +318,7 @@ def peak_memory(kind: str, dtype: torch.dtype | None, shape: Shape, device: str 
                 keep_freed: bool = False) -> float | None:
     """Peak training memory (MiB) of one row, measured in a fresh process (keeping freed memory with `keep_freed`,
     as the timed rows then do); None where /proc is missing."""
-    spec = f"{kind},{'bf16' if dtype is not None else 'fp32'},{shape.name},{device}"
+    spec = f"{kind},{dtype_name(dtype)},{shape.name},{device}"
     try:
         done = subprocess.run([sys.executable, __file__, "--memory-row", spec, "--hf-attention",
                                HF_ATTENTION["impl"] or "default"] + (["--keep-freed-memory"] if keep_freed else []),
