@@ -365,3 +365,52 @@ def test_no_float64_tensor_moves_with_the_model(name):
         pe = scheme.embed(torch.zeros(1, 6, 16), beyond)
         assert pe.dtype == torch.float32
         torch.testing.assert_close(pe[0], sinusoidal_table(torch.arange(6, 12), 16))
+
+
+@pytest.mark.parametrize("name", ["sinusoidal", "rotary", "alibi"])
+def test_a_float64_model_has_float64_accurate_positions(name):
+    """The fixed tables are computed in float64 and kept in float32; `.double()` recomputes them rather than
+    widening float32 values (which left a float64 model with positions good to ~1e-7), also beyond the
+    tables, and `.float()` brings back the float32 tables bit for bit."""
+    scheme = build_position(name, d_model=16, n_heads=12 if name == "alibi" else 4, max_len=8, causal=True)
+    before = {n: b.clone() for n, b in scheme.named_buffers()}
+    scheme.double()
+    if name == "sinusoidal":
+        exact = sinusoidal_table(torch.arange(12), 16, dtype=torch.float64)
+        torch.testing.assert_close(scheme.table, exact[:8], atol=0, rtol=0)
+        beyond = scheme.embed(torch.zeros(1, 4, 16, dtype=torch.float64), torch.arange(8, 12)[None])
+        torch.testing.assert_close(beyond[0], exact[8:], atol=0, rtol=0)
+    if name == "rotary":
+        inner = 1 / 10000 ** (torch.arange(0, 4, 2, dtype=torch.float64) / 4)
+        for positions in (torch.arange(8), torch.arange(8, 12)):  # the table, then beyond it
+            cos, sin = scheme.angles_at(positions)
+            angles = positions.double()[:, None] * torch.cat([inner, inner])
+            torch.testing.assert_close(cos, angles.cos(), atol=1e-15, rtol=0)
+            torch.testing.assert_close(sin, angles.sin(), atol=1e-15, rtol=0)
+    if name == "alibi":
+        torch.testing.assert_close(scheme.slopes, alibi_slopes(12, torch.float64), atol=0, rtol=0)
+        assert (scheme.slopes - before["slopes"].double()).abs().max() > 0  # 2^(-1/2)... are not float32 numbers
+    scheme.float()
+    for n, b in scheme.named_buffers():
+        assert b.dtype == torch.float32 and torch.equal(b, before[n]), n
+
+
+def test_rotary_scores_depend_only_on_the_offset_to_float64_precision_in_a_float64_model():
+    scheme = build_position("rotary", d_model=64, n_heads=4, max_len=512, causal=True).double()
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 1, 16, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 4, 1, 16, generator=g, dtype=torch.float64)
+
+    def score(i: int, j: int) -> torch.Tensor:
+        return (scheme.rotate_q(q, torch.tensor([[i]])) * scheme.rotate_k(k, torch.tensor([[j]]))).sum(-1)
+
+    for i, j in ((300, 100), (511, 311), (700, 500)):  # the last beyond the table
+        torch.testing.assert_close(score(i, j), score(200, 0), atol=1e-12, rtol=0)
+
+
+def test_rotary_angles_kept_for_a_positions_tensor_follow_a_conversion():
+    scheme = build_position("rotary", d_model=16, n_heads=4, max_len=8, causal=True)
+    positions = torch.arange(4)
+    assert scheme.angles_at(positions)[0].dtype == torch.float32
+    scheme.double()
+    assert scheme.angles_at(positions)[0].dtype == torch.float64

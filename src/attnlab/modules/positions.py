@@ -43,6 +43,23 @@ class PositionScheme(nn.Module, PositionHook):
     def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, n_heads: int) -> Tensor | None:
         return None
 
+    # Buffers computed from a formula (in float64 on the CPU) and kept in float32. `.double()` would only widen
+    # the float32 values, so a float64 model would see positions to float32's precision: such buffers are
+    # computed afresh whenever a conversion leaves them in float64.
+    computed_buffers: tuple[str, ...] = ()
+
+    def compute_buffer(self, name: str) -> Tensor:
+        """The float64 CPU value of the computed buffer `name`."""
+        raise NotImplementedError
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        for name in self.computed_buffers:
+            buffer = getattr(self, name)
+            if buffer.dtype == torch.float64 and buffer.device.type != "meta":
+                setattr(self, name, self.compute_buffer(name).to(buffer.device))
+        return self
+
 
 POSITIONS: Registry[type[PositionScheme]] = Registry("position scheme")
 
@@ -77,12 +94,13 @@ def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> Tensor:
     return base ** (-torch.arange(0, d_model, 2, dtype=torch.float64, device="cpu") / d_model)
 
 
-def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
-    """PE[p, 2m] = sin(p·ω_m), PE[p, 2m+1] = cos(p·ω_m); shape positions.shape + (d_model,), float32 on
+def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0, *,
+                     dtype: torch.dtype = torch.float32) -> Tensor:
+    """PE[p, 2m] = sin(p·ω_m), PE[p, 2m+1] = cos(p·ω_m); shape positions.shape + (d_model,), of `dtype` on
     the positions' device (computed in float64 on the CPU: MPS has no float64)."""
     angles = positions.detach().to("cpu", torch.float64)[..., None] * sinusoidal_frequencies(d_model, base)
     pe = torch.stack([angles.sin(), angles.cos()], dim=-1)  # (..., d/2, 2)
-    return pe.flatten(-2).float().to(positions.device)
+    return pe.flatten(-2).to(dtype).to(positions.device)
 
 
 def sinusoidal_rotation(k: int, d_model: int, base: float = 10000.0) -> Tensor:
@@ -104,18 +122,24 @@ class SinusoidalPosition(PositionScheme):
     """Fixed sinusoids added to the embeddings (Vaswani et al. 2017); `base` is 10000 in the paper."""
 
     adds_to_embeddings = True
+    computed_buffers = ("table",)
 
     def __init__(self, *, d_model: int, max_len: int = 1024, base: float = 10000.0):
         super().__init__()
         _check_base("sinusoidal", base)
-        self.d_model, self.base = d_model, base
+        self.d_model, self.base, self.table_len = d_model, base, max_len
         # Computed on the CPU (also under a `with torch.device("meta")` block, which counts parameters).
-        table = sinusoidal_table(torch.arange(max_len, device="cpu"), d_model, base)
+        table = self.compute_buffer("table").float()
         self.register_buffer("table", table.to(torch.get_default_device()), persistent=False)
+
+    def compute_buffer(self, name: str) -> Tensor:
+        return sinusoidal_table(torch.arange(self.table_len, device="cpu"), self.d_model, self.base,
+                                dtype=torch.float64)
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         if positions.numel() and int(positions.max()) >= self.table.shape[0]:
-            pe = sinusoidal_table(positions, self.d_model, self.base).to(x.device)  # beyond the table
+            pe = sinusoidal_table(positions, self.d_model, self.base,  # beyond the table
+                                  dtype=_computed_dtype(self.table)).to(x.device)
         else:
             pe = self.table[positions]
         return x + pe.to(x.dtype)
@@ -153,6 +177,7 @@ class RotaryPosition(PositionScheme):
     """
 
     rotates_qk = True
+    computed_buffers = ("cos", "sin")
 
     def __init__(self, *, d_model: int, n_heads: int, max_len: int = 1024, base: float = 10000.0):
         super().__init__()
@@ -164,18 +189,28 @@ class RotaryPosition(PositionScheme):
         # angles beyond the tables are computed.
         self.inv_freq = base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64, device="cpu")
                                  / self.head_dim)
-        cos, sin = self._angles(torch.arange(max_len, device="cpu"))  # on the CPU, also under a meta device
+        self.table_len = max_len
+        cos, sin = (self.compute_buffer(name).float() for name in ("cos", "sin"))  # on the CPU, also under meta
         self.register_buffer("cos", cos.to(torch.get_default_device()), persistent=False)
         self.register_buffer("sin", sin.to(torch.get_default_device()), persistent=False)
         self._memo: tuple[Tensor, tuple[int, bool], tuple[Tensor, Tensor]] | None = None  # see angles_at
 
-    def _angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def _apply(self, fn, recurse=True):
+        self._memo = None  # angles kept from before a conversion have the old dtype or device
+        return super()._apply(fn, recurse)
+
+    def compute_buffer(self, name: str) -> Tensor:
+        cos, sin = self._angles(torch.arange(self.table_len, device="cpu"), torch.float64)
+        return cos if name == "cos" else sin
+
+    def _angles(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         ang = positions.detach().to("cpu", torch.float64)[..., None] * self.inv_freq
         ang = torch.cat([ang, ang], dim=-1)  # (..., Dh)
-        return ang.cos().float().to(positions.device), ang.sin().float().to(positions.device)
+        return ang.cos().to(dtype).to(positions.device), ang.sin().to(dtype).to(positions.device)
 
     def angles_at(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """(cos, sin) of shape positions.shape + (Dh,), float32: from the tables, or computed beyond them.
+        """(cos, sin) of shape positions.shape + (Dh,), float32 (float64 in a float64 model): from the tables,
+        or computed beyond them.
 
         A forward rotates the queries and keys of every layer by the same positions tensor: the angles of
         the last one asked for are kept (until it changes in place), so that they are gathered, and its
@@ -187,7 +222,7 @@ class RotaryPosition(PositionScheme):
         if key is not None and memo is not None and memo[0] is positions and memo[1] == key:
             return memo[2]
         if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
-            angles = self._angles(positions)
+            angles = self._angles(positions, _computed_dtype(self.cos))
         else:
             angles = self.cos[positions], self.sin[positions]
         self._memo = None if key is None else (positions, key, angles)
@@ -295,7 +330,7 @@ class T5RelativeBias(PositionScheme):
         return self.embedding(buckets).permute(0, 3, 1, 2)  # (B|1, H, T, S)
 
 
-def alibi_slopes(n_heads: int) -> Tensor:
+def alibi_slopes(n_heads: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """Press et al. 2022: geometric slopes 2^(-8/n), 2^(-16/n)...; for a non-power-of-two head count,
     the slopes of the next lower power of two followed by every other slope of the next higher one."""
     def power_of_two(n: int) -> list[float]:
@@ -303,9 +338,9 @@ def alibi_slopes(n_heads: int) -> Tensor:
         return [start ** (i + 1) for i in range(n)]
 
     if math.log2(n_heads).is_integer():
-        return torch.tensor(power_of_two(n_heads))
+        return torch.tensor(power_of_two(n_heads), dtype=dtype)
     low = 2 ** math.floor(math.log2(n_heads))
-    return torch.tensor(power_of_two(low) + power_of_two(2 * low)[0::2][: n_heads - low])
+    return torch.tensor(power_of_two(low) + power_of_two(2 * low)[0::2][: n_heads - low], dtype=dtype)
 
 
 @POSITIONS.register("alibi")
@@ -317,13 +352,24 @@ class ALiBiPosition(PositionScheme):
     bidirectional ALiBi maps a reversed input to its reversed outputs (a mean-pooled classifier scores "dog
     bites man" as "man bites dog"). Pair it with a causal mask, or another scheme for an encoder."""
 
+    computed_buffers = ("slopes",)
+
     def __init__(self, *, n_heads: int):
         super().__init__()
+        self.n_heads = n_heads
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def compute_buffer(self, name: str) -> Tensor:
+        return alibi_slopes(self.n_heads, torch.float64)
 
     def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, n_heads: int) -> Tensor:
         distance = _relative(q_pos, k_pos).abs().to(torch.float32)  # (B|1, T, S)
         return -self.slopes[None, :, None, None] * distance[:, None]  # (B|1, H, T, S)
+
+
+def _computed_dtype(table: Tensor) -> torch.dtype:
+    """The dtype of values computed beyond a table: float64 for a float64 table, else float32."""
+    return torch.float64 if table.dtype == torch.float64 else torch.float32
 
 
 def compatible_pairs() -> list[tuple[str, str]]:
