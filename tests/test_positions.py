@@ -414,3 +414,17 @@ def test_rotary_angles_kept_for_a_positions_tensor_follow_a_conversion():
     assert scheme.angles_at(positions)[0].dtype == torch.float32
     scheme.double()
     assert scheme.angles_at(positions)[0].dtype == torch.float64
+
+
+@pytest.mark.parametrize("name", ["sinusoidal", "rotary", "alibi"])
+def test_a_model_built_for_float64_has_float64_tables(name):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        built = build_position(name, d_model=16, n_heads=12 if name == "alibi" else 4, max_len=8, causal=True)
+    finally:
+        torch.set_default_dtype(previous)
+    converted = build_position(name, d_model=16, n_heads=12 if name == "alibi" else 4, max_len=8,
+                               causal=True).double()
+    for (n, b), (_, c) in zip(built.named_buffers(), converted.named_buffers()):
+        assert b.dtype == torch.float64 and torch.equal(b, c), n

@@ -129,7 +129,7 @@ class SinusoidalPosition(PositionScheme):
         _check_base("sinusoidal", base)
         self.d_model, self.base, self.table_len = d_model, base, max_len
         # Computed on the CPU (also under a `with torch.device("meta")` block, which counts parameters).
-        table = self.compute_buffer("table").float()
+        table = self.compute_buffer("table").to(_stored_dtype())
         self.register_buffer("table", table.to(torch.get_default_device()), persistent=False)
 
     def compute_buffer(self, name: str) -> Tensor:
@@ -190,7 +190,7 @@ class RotaryPosition(PositionScheme):
         self.inv_freq = base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64, device="cpu")
                                  / self.head_dim)
         self.table_len = max_len
-        cos, sin = (self.compute_buffer(name).float() for name in ("cos", "sin"))  # on the CPU, also under meta
+        cos, sin = (self.compute_buffer(name).to(_stored_dtype()) for name in ("cos", "sin"))  # CPU, also under meta
         self.register_buffer("cos", cos.to(torch.get_default_device()), persistent=False)
         self.register_buffer("sin", sin.to(torch.get_default_device()), persistent=False)
         self._memo: tuple[Tensor, tuple[int, bool], tuple[Tensor, Tensor]] | None = None  # see angles_at
@@ -330,9 +330,10 @@ class T5RelativeBias(PositionScheme):
         return self.embedding(buckets).permute(0, 3, 1, 2)  # (B|1, H, T, S)
 
 
-def alibi_slopes(n_heads: int, dtype: torch.dtype = torch.float32) -> Tensor:
+def alibi_slopes(n_heads: int, dtype: torch.dtype | None = None) -> Tensor:
     """Press et al. 2022: geometric slopes 2^(-8/n), 2^(-16/n)...; for a non-power-of-two head count,
-    the slopes of the next lower power of two followed by every other slope of the next higher one."""
+    the slopes of the next lower power of two followed by every other slope of the next higher one.
+    Of `dtype` (default: torch's default dtype)."""
     def power_of_two(n: int) -> list[float]:
         start = 2 ** (-8 / n)
         return [start ** (i + 1) for i in range(n)]
@@ -365,6 +366,12 @@ class ALiBiPosition(PositionScheme):
     def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, n_heads: int) -> Tensor:
         distance = _relative(q_pos, k_pos).abs().to(torch.float32)  # (B|1, T, S)
         return -self.slopes[None, :, None, None] * distance[:, None]  # (B|1, H, T, S)
+
+
+def _stored_dtype() -> torch.dtype:
+    """The dtype of a computed table at construction: float64 where torch's default dtype is float64 (a model
+    built for float64 throughout), else float32."""
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
 def _computed_dtype(table: Tensor) -> torch.dtype:
