@@ -217,13 +217,29 @@ YAML_SUFFIXES = (".yaml", ".yml")
 
 @functools.lru_cache(maxsize=1)
 def _yaml_loader() -> type:
-    """PyYAML's safe loader reading numbers as YAML 1.2 does: 3e-4 and 5e5 are floats (YAML 1.1, PyYAML's
-    default, wants a dot and a signed exponent, 3.0e-4, and read "3e-4" as a string)."""
+    """PyYAML's safe loader reading plain values as YAML 1.2's core schema does, with TOML's digit separators.
+
+    PyYAML follows YAML 1.1, which reads 3e-4 and 5e5 as strings (it wants a dot and a signed exponent,
+    3.0e-4), 010 as octal 8, 1:30 as 90 (base 60), yes/no/on/off as booleans and 2024-01-05 as a date. Here
+    3e-4 is a float, 010 is 10, 1_000 is 1000 (as in TOML), 0o17 and 0x1F are octal and hexadecimal, only
+    true/false are booleans, and the rest is text, which the settings' types then accept or refuse in one
+    line."""
     import yaml
 
     class Loader(yaml.SafeLoader):
         pass
 
+    # The class-level table is shared with SafeLoader: a copy without its YAML 1.1 number, boolean and date rules.
+    yaml_11 = {f"tag:yaml.org,2002:{name}" for name in ("int", "float", "bool", "timestamp")}
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in rules if tag not in yaml_11]
+        for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:int",
+        re.compile(r"^(?:[-+]?[0-9](?:_?[0-9])*|0o[0-7](?:_?[0-7])*|0x[0-9a-fA-F](?:_?[0-9a-fA-F])*)$"),
+        list("-+0123456789"))
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",
         re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+
@@ -232,7 +248,28 @@ def _yaml_loader() -> type:
                       |[-+]?\.(?:inf|Inf|INF)
                       |\.(?:nan|NaN|NAN))$""", re.X),
         list("-+0123456789."))
+
+    def integer(loader, node) -> int:
+        text = loader.construct_scalar(node).replace("_", "")
+        if text.startswith(("0o", "0x")):
+            return int(text[2:], 8 if text[1] == "o" else 16)
+        return int(text, 10)  # "010" is ten
+
+    Loader.add_constructor("tag:yaml.org,2002:int", integer)
     return Loader
+
+
+def _check_yaml_names(p: Path, raw: dict) -> None:
+    """Every name in a YAML config is text, as in TOML (YAML reads `1:`, `true:` or `null:` as other types)."""
+    stack: list[tuple[str, Any]] = [("", raw)]
+    while stack:
+        where, value = stack.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            if isinstance(value, dict) and not isinstance(key, str):
+                raise ConfigError(f"{p}: the name {key!r} under {where or 'the top level'} is not text; "
+                                  "write a setting's name (in quotes if it reads as a number, true, false or null)")
+            stack.append((f"{where}.{key}" if where else str(key), item))
 
 
 def _read_config_file(p: Path) -> Any:
@@ -261,6 +298,7 @@ def _read_config_file(p: Path) -> Any:
         if not isinstance(raw, dict) or not all(isinstance(k, str) for k in raw):
             raise ConfigError(f"{p}: a YAML config is a mapping of sections (model:, data:, train:) to their "
                               "settings, as the TOML files in configs/ are tables")
+        _check_yaml_names(p, raw)
         return {k: {} if v is None else v for k, v in raw.items()}  # "data:" with nothing under it: no settings
     try:
         return tomllib.loads(text)

@@ -30,6 +30,7 @@ import math
 import random
 import re
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -612,7 +613,7 @@ class Trainer:
         batch_size = cfg.micro_batch_size or cfg.batch_size // self.world.size
         # eval_batches counts batches of train.batch_size examples: the same examples whatever the micro-batches
         # and the number of processes (train.batch_size is a multiple of this pass's batch size).
-        limit = cfg.eval_batches * (cfg.batch_size // batch_size)
+        limit = min(cfg.eval_batches * (cfg.batch_size // batch_size), sys.maxsize)  # islice's largest stop
 
         def this_process_batches():
             nonlocal token_level
