@@ -738,7 +738,8 @@ class ClassificationSource(_ExampleSource):
         return len(self.label_names)
 
     def collate(self, indices: np.ndarray) -> Batch:
-        out = pad_batch([self.examples[i] for i in indices.tolist()], self.pad_id)
+        # A column even when every text of the batch is empty (and no [CLS] prefix): the heads read a position.
+        out = pad_batch([self.examples[i] for i in indices.tolist()], self.pad_id, min_length=1)
         if self.label_ids is not None:
             out["labels"] = _long(self.label_ids[indices])
         return out

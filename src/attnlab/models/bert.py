@@ -56,8 +56,9 @@ class BertConfig(Config):
     - "classification": (B, C) logits from the pooled [CLS] state;
     - "none": the encoder's last hidden state (B, T, D) as logits (HF `BertModel`).
     `pooler` (Linear + tanh on [CLS]) defaults to present when a head reads it and for "none".
-    `causal = true` makes the left-to-right ablation (where [CLS] sees only itself, so pair it with
-    `nsp = false`). Positions count real tokens; the converter in `attnlab.convert.bert` maps HF names.
+    `causal = true` makes the left-to-right ablation (where [CLS] sees only itself, so it needs
+    `nsp = false`, and no classification head). Positions count real tokens; the converter in
+    `attnlab.convert.bert` maps HF names.
     `mlm_logits = "labelled"`: in training, given labels, the masked-LM head runs at the labelled positions
     only and `logits` holds their rows, (n, V) in the row-major order of the positions: the same loss and
     gradients for the head's work at those positions only, 15 % of them in BERT (NVIDIA's BERT pretraining
@@ -111,6 +112,13 @@ class BertConfig(Config):
         check_compatible(self.attention, self.position, self.attention_options, self.position_options)
         if self.heads == "classification" and self.n_classes < 2:
             raise ConfigError(f"n_classes must be at least 2 for a classification head, got {self.n_classes}")
+        if self.causal and self._head_reads_pooler:
+            # Under the causal mask [CLS], the first token, attends to itself only: its pooled state, and so
+            # the head's output, would be the same for every input.
+            head = "the next-sentence head" if self.heads == "pretraining" else "the classification head"
+            fix = "set causal = false, or nsp = false" if self.heads == "pretraining" else "set causal = false"
+            raise ConfigError(f"causal = true: [CLS] sees only itself, so {head} would read the same pooled "
+                              f"state for every input; {fix}")
         if self.pooler is False and self._head_reads_pooler:
             raise ConfigError(f"heads = {self.heads!r}" + (" with nsp" if self.heads == "pretraining" else "")
                               + " reads the pooled [CLS] state; set pooler = true (or leave it unset)")

@@ -101,6 +101,9 @@ class EncoderConfig(Config):
         check_compatible(self.attention, self.position, self.attention_options, self.position_options)
         if self.head == "classification" and self.n_classes < 2:
             raise ConfigError(f"n_classes must be at least 2 for a classification head, got {self.n_classes}")
+        if self.head == "classification" and self.is_causal and self.pooling == "first":
+            raise ConfigError('pooling = "first" under a causal mask reads a token that sees only itself: the '
+                              'same summary for every input; use pooling = "last" or "mean", or causal = false')
 
     # The "None: automatic" settings stay None in the config (so `replace(head=...)` and the JSON keep
     # meaning "automatic") and are resolved here.
