@@ -220,6 +220,11 @@ def test_settings_that_cannot_act_are_named(tmp_path):
                 out_dir=tmp_path / "b").fit()
     with pytest.warns(UserWarning, match=r"warmup_steps \(8\) is larger than train.steps \(4\).*at most 0.005"):
         Trainer(tiny_model(), config(warmup_steps=8), ToySource(), out_dir=tmp_path / "c").fit()
+    with pytest.warns(UserWarning, match="eval_every = 4 evaluates only at the end of 4 steps"):
+        Trainer(tiny_model(), config(early_stopping_patience=2, eval_every=4), ToySource(), eval_source=ToySource(),
+                out_dir=tmp_path / "d").fit()
+    with pytest.warns(UserWarning, match='decay_steps = 3 does nothing under schedule = "constant"'):
+        Trainer(tiny_model(), config(schedule="constant", decay_steps=3), ToySource(), out_dir=tmp_path / "e").fit()
     with pytest.raises(ConfigError, match=r"decay_steps \(3\) must be larger than warmup_steps \(3\)"):
         config(warmup_steps=3, decay_steps=3)
 

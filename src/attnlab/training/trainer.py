@@ -906,11 +906,16 @@ class Trainer:
     def _warn_inert_settings(self, has_eval: bool) -> None:
         """Say so where a setting cannot do what it is for in this run."""
         cfg = self.config
-        if cfg.early_stopping_patience and (not has_eval or not cfg.eval_every):
+        if cfg.early_stopping_patience and (not has_eval or not cfg.eval_every or cfg.eval_every >= cfg.steps):
             why = "there is no evaluation (nothing held out)" if not has_eval else \
-                "train.eval_every = 0 evaluates only at the end"
+                "train.eval_every = 0 evaluates only at the end" if not cfg.eval_every else \
+                f"train.eval_every = {cfg.eval_every} evaluates only at the end of {cfg.steps} steps"
             warnings.warn(f"train.early_stopping_patience = {cfg.early_stopping_patience} cannot stop this run: "
                           f"{why}", stacklevel=4)
+        if cfg.decay_steps is not None and cfg.schedule not in ("cosine", "linear"):
+            warnings.warn(f"train.decay_steps = {cfg.decay_steps} does nothing under schedule = "
+                          f"\"{cfg.schedule}\" (it ends the cosine and linear decays); drop it or pick one of those",
+                          stacklevel=4)
         if cfg.warmup_steps > cfg.steps:  # the peak comes at step warmup_steps - 1
             warnings.warn(f"train.warmup_steps ({cfg.warmup_steps}) is larger than train.steps ({cfg.steps}): the "
                           f"learning rate never reaches train.lr (at most {lr_at(cfg.steps - 1, cfg):.3g}); lower "
