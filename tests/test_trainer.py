@@ -529,3 +529,25 @@ def test_last_level_cache_size_from_sysfs(tmp_path):
     (tmp_path / "cache" / "index3" / "size").write_text("garbage\n")  # unreadable: the next level down
     assert cpu_last_level_cache_bytes.__wrapped__(str(tmp_path / "cache")) == 512 << 10
     assert cpu_last_level_cache_bytes(str(tmp_path / "none")) == DEFAULT_LAST_LEVEL_CACHE
+
+
+def test_metrics_lines_are_standard_json_with_null_for_values_that_are_not_finite(tmp_path):
+    # json.dumps wrote NaN and Infinity, which jq and other strict JSON readers refuse.
+    from attnlab.training.logging import MetricsLog, plot_losses
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.start()
+    log.write({"step": 1, "loss": 2.5, "lr": 0.1})
+    log.write({"step": 2, "eval_loss": float("nan"), "eval_perplexity": float("inf"), "elapsed": 1.0})
+    log.write({"step": 3, "loss": float("-inf")})
+
+    def strict(constant):
+        raise AssertionError(f"not standard JSON: {constant}")
+
+    lines = (tmp_path / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line, parse_constant=strict) for line in lines]
+    assert records[1] == {"step": 2, "eval_loss": None, "eval_perplexity": None, "elapsed": 1.0}
+    assert records[2] == {"step": 3, "loss": None} and log.read() == records
+    log.start(keep_until_step=2)  # a resume rewrites the kept lines the same way
+    assert [json.loads(line, parse_constant=strict) for line in log.path.read_text().splitlines()] == records[:2]
+    assert plot_losses(log.read(), tmp_path / "loss.png") is not None

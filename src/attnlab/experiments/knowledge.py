@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from attnlab.config import Config, check_positive
+from attnlab.config import Config, check_positive, finite_number
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError
 from attnlab.files import atomic_path, write_text_atomic
 
@@ -708,7 +708,7 @@ def _write_results(out: Path, summary: dict[str, Any]) -> None:
         for phase in ("pretrain", "finetune"):
             path = out / f"{phase}-{r['variant']}" / "metrics.jsonl"
             if path.is_file():
-                records = [x for x in MetricsLog(path).read() if "loss" in x]
+                records = [x for x in MetricsLog(path).read() if finite_number(x.get("loss"))]
                 curves[phase][r["label"]] = [(x["step"], x["loss"]) for x in records]
     _plot(out, summary, curves)
 

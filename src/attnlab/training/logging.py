@@ -2,12 +2,15 @@
 
 ``metrics.jsonl`` holds one JSON object per line: training records (``step``, ``loss``, ``lr``,
 ``tokens_per_s``, ``elapsed``, ``grad_norm``) and evaluation records (``step``, ``eval_loss``,
-``eval_perplexity`` for language models, ``eval_<name>`` for each extra metric, ``elapsed``).
+``eval_perplexity`` for language models, ``eval_<name>`` for each extra metric, ``elapsed``). A value that is
+not a finite number (the perplexity of a loss beyond 700 nats, the loss of an empty evaluation) is written as
+null, so that every line is standard JSON (jq and other strict readers refuse NaN and Infinity).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,13 +41,13 @@ class MetricsLog:
         if keep_until_step is not None:
             kept = [r for r in self.read() if r.get("step", 0) <= keep_until_step
                     and not (r.get("step") == drop_evals_at and any(key.startswith("eval_") for key in r))]
-        write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        write_text_atomic(self.path, "".join(_json_line(r) for r in kept))
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(_json_line(record))
 
     def read(self) -> list[dict[str, Any]]:
         """The records written so far. A line that is not a record (a torn last line from a crash, bytes that are
@@ -61,6 +64,12 @@ class MetricsLog:
                 if isinstance(record, dict) and type(record.get("step")) is int:
                     records.append(record)
         return records
+
+
+def _json_line(record: dict[str, Any]) -> str:
+    finite = {key: None if isinstance(value, float) and not math.isfinite(value) else value
+              for key, value in record.items()}
+    return json.dumps(finite, allow_nan=False) + "\n"
 
 
 class Progress:
