@@ -255,8 +255,8 @@ class _BlockedAttention(torch.autograd.Function):
     softmax and its backward computed in fp32 internally), arranged to touch little fresh memory: only each
     block's probabilities are kept for the backward (`keep`); the scores, and in the backward the gradients of
     probabilities and scores, go into two scratch buffers that live between calls (per thread, each at most
-    WORKSPACE_BYTES: blocks get fewer queries where a buffer would be larger). The gradients of keys and values sum over
-    blocks in fp32 and are rounded once.
+    WORKSPACE_BYTES: blocks get fewer queries where a buffer would be larger). The gradients of keys and values add
+    every block's term (each a product in the inputs' dtype) into fp32 sums, rounded once at the end.
     """
 
     @staticmethod
@@ -302,7 +302,8 @@ class _BlockedAttention(torch.autograd.Function):
             dk = torch.baddbmm(k3, ds.transpose(1, 2), q3, beta=0, alpha=scale)
             dv = torch.bmm(p.transpose(1, 2), g3)
         else:
-            # Keys and values collect a term from every block: summed in fp32, rounded once at the end.
+            # Keys and values collect a term from every block (a product in the inputs' dtype): summed in fp32,
+            # the sums rounded once at the end.
             dq = torch.empty_like(q3)
             dk, dv = (x.new_zeros(x.shape, dtype=torch.float32) for x in (k3, v3))
             for p, i in zip(probs, range(0, t, rows)):
