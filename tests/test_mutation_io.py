@@ -271,6 +271,11 @@ def test_token_file_with_no_tokens_or_a_bad_sidecar_is_refused(tmp_path):
     sidecar_path(path).write_text(json.dumps({**meta, "length": None}))
     with pytest.raises(DataError, match="corrupt"):
         TokenFile(path)
+    path.write_bytes(b"\x01\x00\x00\x00")  # one float32 or int32 "id": read as such before
+    for dtype in ("float32", "int32", "object"):
+        sidecar_path(path).write_text(json.dumps({**meta, "dtype": dtype, "length": 1}))
+        with pytest.raises(DataError, match="corrupt.*uint16 or uint32"):
+            TokenFile(path)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -195,6 +195,9 @@ class TokenFile:
             raise DataError(
                 f"token file sidecar '{meta_path}' is corrupt ({e!r}); rebuild the token file"
             ) from None
+        if self.dtype not in (np.dtype(np.uint16), np.dtype(np.uint32)):  # what build_token_file writes
+            raise DataError(f"token file sidecar '{meta_path}' is corrupt (dtype {meta['dtype']!r}, where token "
+                            "files hold uint16 or uint32 ids); rebuild the token file")
         self.meta = meta
         expected = self.length * self.dtype.itemsize
         actual = self.path.stat().st_size
