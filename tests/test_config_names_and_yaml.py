@@ -52,3 +52,9 @@ def test_an_evaluation_limit_beyond_islice_with_micro_batches_trains(capsys, tmp
                            "--set", f"train.out_dir={toml_str(tmp_path / 'run')}")
     assert code == 0, err
     assert (tmp_path / "run" / "checkpoint").is_dir()
+
+
+def test_a_yaml_config_holding_itself_through_an_alias_is_checked_once(capsys, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("model:\n  preset: gpt-char-tiny\n  attention_options: &a {x: [*a]}\n", encoding="utf-8")
+    assert "has no option 'x'" in one_line_error(capsys, "train", str(config))

@@ -262,8 +262,12 @@ def _yaml_loader() -> type:
 def _check_yaml_names(p: Path, raw: dict) -> None:
     """Every name in a YAML config is text, as in TOML (YAML reads `1:`, `true:` or `null:` as other types)."""
     stack: list[tuple[str, Any]] = [("", raw)]
+    seen: set[int] = set()  # YAML aliases can make a list or mapping hold itself
     while stack:
         where, value = stack.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
         items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
         for key, item in items:
             if isinstance(value, dict) and not isinstance(key, str):
