@@ -226,8 +226,8 @@ def _parse_sets(items: list[str] | None) -> dict:
 
 @run_app.command("knowledge")
 def knowledge(
-    scale: str = typer.Option("quick", help="quick (minutes), standard (under an hour) or full (the "
-                              "assignment's settings)."),
+    scale: str = typer.Option("quick", help="quick (minutes), standard (under an hour in bf16, longer in "
+                              "fp32) or full (the assignment's settings)."),
     variants: str = typer.Option("none,dot,synthesizer-dense", help="Comma-separated rows: none (no "
                                  "pretraining), attention variants, position schemes, or attention+position."),
     corpus: str | None = typer.Option(None, help="Pretraining corpus, one biography per line (e.g. wiki.txt)."),

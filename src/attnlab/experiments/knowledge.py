@@ -536,8 +536,9 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
          f"{len(data.dev)} evaluation questions ({DATA_SOURCES.get(data.source, data.source)}), "
          f"vocabulary {vocab.vocab_size}, "
          f"device {dev_name.type} ({precision})")
-    echo(f"model: {settings.n_layers} layers, {settings.n_heads} heads, {settings.d_model} wide, block "
-         f"{settings.block_size}: {n_params[rows[0].name]:,} parameters "
+    layers, heads = settings.n_layers, settings.n_heads
+    echo(f"model: {layers} layer{'s' * (layers != 1)}, {heads} head{'s' * (heads != 1)}, {settings.d_model} wide, "
+         f"block {settings.block_size}: {n_params[rows[0].name]:,} parameters "
          f"(the assignment's model: {assignment_params:,} with its vocabulary of {ASSIGNMENT_VOCAB})")
 
     pretrain_source = SpanCorruptionSource(data.corpus, vocab, settings.block_size, settings.pretrain_batch,
