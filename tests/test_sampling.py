@@ -1,6 +1,6 @@
 """The sampling distribution handed to torch.multinomial, pinned exactly: temperature divides the logits
-once (0 is greedy), top-k keeps exactly the k largest, top-p the smallest prefix reaching p, in vocabulary
-order."""
+once (0 is greedy), top-k keeps exactly the k largest, top-p the smallest prefix reaching p, ties in
+vocabulary order."""
 
 from __future__ import annotations
 
@@ -50,6 +50,24 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p_in_vocabulary_order(monkeypa
 def test_top_p_drops_a_token_once_the_tokens_above_hold_exactly_p(monkeypatch):
     p = _sampled_probs(monkeypatch, torch.zeros(1, 2), top_p=0.5)  # probabilities 0.5, 0.5 exactly
     assert sorted(p[0].tolist()) == [0.0, 1.0]
+
+
+def test_top_k_keeps_exactly_k_tokens_where_logits_tie_in_vocabulary_order(monkeypatch):
+    # Kept by value, every token tied with the k-th stayed: top_k = 1 sampled among three tied maxima (bf16
+    # weights give such ties), where it must be greedy.
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0]])
+    for k, kept in ((1, [1]), (2, [1, 2]), (4, [1, 2, 4, 0])):
+        p = _sampled_probs(monkeypatch, logits, top_k=k)
+        assert sorted(torch.nonzero(p[0]).flatten().tolist()) == sorted(kept), k
+
+
+def test_top_p_of_exactly_j_tied_tokens_keeps_j(monkeypatch):
+    # n equally likely tokens and p = j/n: the float32 running sum fell an ulp short of p for 32 such (n, j)
+    # pairs, keeping j + 1 tokens (10 tokens at top_p 0.6 kept 7).
+    for n in (3, 10, 20, 50, 100):
+        for j in range(1, n):
+            p = _sampled_probs(monkeypatch, torch.zeros(1, n), top_p=j / n)
+            assert int((p > 0).sum()) == j, (n, j)
 
 
 def test_a_tiny_temperature_samples_the_argmax_instead_of_overflowing(monkeypatch):

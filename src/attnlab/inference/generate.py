@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.errors import ConfigError
@@ -41,15 +42,22 @@ def sample_next(
     logits = logits.float()
     shifted = logits - logits.amax(dim=-1, keepdim=True)
     logits = shifted / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        below = shifted < torch.topk(shifted, top_k, dim=-1).values[:, -1:]
-        shifted = shifted.masked_fill(below, float("-inf"))
-        logits = logits.masked_fill(below, float("-inf"))
-    if top_p is not None and top_p < 1.0:
+    use_k = top_k is not None and top_k < logits.shape[-1]
+    use_p = top_p is not None and top_p < 1.0
+    if use_k or use_p:
         order = torch.sort(shifted, descending=True, dim=-1, stable=True).indices  # ties: vocabulary order
-        probs_sorted = torch.softmax(logits.gather(-1, order), dim=-1)
-        # Drop a token when the tokens ranked above it already hold top_p of the mass.
-        drop_sorted = (probs_sorted.cumsum(dim=-1) - probs_sorted) >= top_p
+        drop_sorted = torch.zeros(order.shape, dtype=torch.bool, device=order.device)
+        if use_k:
+            drop_sorted[:, top_k:] = True  # exactly k tokens, also where logits tie (bf16 weights)
+        if use_p:
+            # Drop a token when the tokens ranked above it already hold top_p of the mass (of the top k). In
+            # float64, with a margin far below float32's resolution, so that a mass of exactly top_p (tied
+            # probabilities) counts as reached instead of falling an ulp short of it and keeping one more token.
+            sorted_logits = logits.gather(-1, order).masked_fill(drop_sorted, float("-inf"))
+            wide = torch.float32 if order.device.type == "mps" else torch.float64  # MPS has no float64
+            probs_sorted = torch.softmax(sorted_logits.to(wide), dim=-1)
+            above = F.pad(probs_sorted.cumsum(dim=-1), (1, 0))[:, :-1]
+            drop_sorted |= above >= top_p - 1e-12
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
