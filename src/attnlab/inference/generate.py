@@ -145,6 +145,7 @@ def generate(
     seed: int | None = None,
     use_cache: bool = True,
     fast: bool = True,
+    context: int | None = None,
 ) -> list[list[int]]:
     """Continue each prompt by up to `max_new_tokens` tokens.
 
@@ -164,6 +165,9 @@ def generate(
             positions start again at 0, with or without the cache (which serves until then).
         fast: with the cache, use `FastGPTDecoder` where the model supports it (the
             same tokens in far fewer framework calls); False forces the general forward.
+        context: a shorter bound than the model's own (`max_len`) on the tokens it reads, which then slides the
+            same way: the window a run was trained on, so that decoding never reads positions that training
+            did not (`attnlab generate` passes a run's data.block_size for a bounded model). None: `max_len`.
 
     Returns:
         The new tokens of each row (prompts excluded).
@@ -193,6 +197,10 @@ def generate(
     masked = reads_pad_id or any(len(r) != longest for r in rows)
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     limit = getattr(model, "max_len", None)
+    if context is not None:
+        if not _whole(context) or context < 1:
+            raise ConfigError(f"context must be a whole number of tokens, at least 1; got {context!r}")
+        limit = context if limit is None else min(limit, context)
     # The cache serves while the sequence fits, in a model that can keep one (`supports_cache`: a causal LM).
     cached = use_cache and getattr(model, "supports_cache", hasattr(model, "new_cache")) and (
         limit is None or longest <= limit)

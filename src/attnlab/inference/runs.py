@@ -301,8 +301,13 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
     if limit is not None and longest > limit:
         raise DataError(f"a prompt of {longest} tokens is longer than the model's {limit} positions; "
                         f"shorten it to at most {limit} tokens")
+    # A bounded model (learned positions) trained on shorter windows than its table slides at that window:
+    # beyond it lie positions its training never used.
+    trained = run.data.get("block_size")
+    context = trained if limit is not None and type(trained) is int and 0 < trained < limit else None
     new = generate(model, encoded, max_new_tokens, greedy=greedy, temperature=temperature, top_k=top_k,
-                   top_p=top_p, eos_id=tok.eos_id, pad_id=tok.pad_id if tok.pad_id is not None else 0, seed=seed)
+                   top_p=top_p, eos_id=tok.eos_id, pad_id=tok.pad_id if tok.pad_id is not None else 0, seed=seed,
+                   context=context)
     return [_continuation(tok, prompt, ids, more) for prompt, ids, more in zip(prompts, encoded, new)]
 
 
