@@ -68,6 +68,8 @@ def test_top_p_of_exactly_j_tied_tokens_keeps_j(monkeypatch):
         for j in range(1, n):
             p = _sampled_probs(monkeypatch, torch.zeros(1, n), top_p=j / n)
             assert int((p > 0).sum()) == j, (n, j)
+    p = _sampled_probs(monkeypatch, torch.tensor([[0.0, 1.0, 0.5]]), top_p=1e-15)  # below the margin: the top one
+    assert p[0].tolist() == [0.0, 1.0, 0.0]
 
 
 def test_a_tiny_temperature_samples_the_argmax_instead_of_overflowing(monkeypatch):

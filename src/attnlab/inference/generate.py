@@ -57,7 +57,9 @@ def sample_next(
             wide = torch.float32 if order.device.type == "mps" else torch.float64  # MPS has no float64
             probs_sorted = torch.softmax(sorted_logits.to(wide), dim=-1)
             above = F.pad(probs_sorted.cumsum(dim=-1), (1, 0))[:, :-1]
-            drop_sorted |= above >= top_p - 1e-12
+            reached = above >= top_p - 1e-12
+            reached[:, 0] = False  # the most likely token stays, however small top_p
+            drop_sorted |= reached
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
