@@ -17,6 +17,9 @@ Rows:
     train  HF fp32      : GPT2LMHeadModel in fp32 as users run it: not compiled, with transformers' default
                           attention (SDPA; --hf-attention eager for its explicit path) and fused AdamW (the
                           default of HF's Trainer) (the reference, ratio 1.00)
+    train  HF fp32 exact GELU : the same with activation_function="gelu" (torch's exact GELU, the function of
+                          attnlab's GPT) in place of GPT-2's "gelu_new" (its tanh approximation, several
+                          operations): what of attnlab's lead is the activation function
     train  HF bf16      : GPT2LMHeadModel under bf16 autocast
     decode              : batch-1 greedy generation of 200 tokens with KV cache: attnlab with fp32 and with
                           bf16 weights, HF `generate` with fp32 weights (the reference)
@@ -95,14 +98,16 @@ def ours(shape: Shape) -> GPT:
 HF_ATTENTION = {"impl": None}  # None: transformers' default (SDPA in recent versions); set by --hf-attention
 
 
-def hf(shape: Shape):
+def hf(shape: Shape, activation: str = "gelu_new"):
+    """GPT-2 as its config defines it: "gelu_new", the tanh approximation written as separate operations;
+    "gelu" (the "HF fp32 exact GELU" row) is torch's exact GELU, the function attnlab's GPT uses by default."""
     import transformers
 
     transformers.logging.set_verbosity_error()  # its notes on generation defaults are not ours to act on
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=shape.block, n_embd=shape.d_model,
                                   n_layer=shape.n_layers, n_head=shape.n_heads, resid_pdrop=0.0,
-                                  embd_pdrop=0.0, attn_pdrop=0.0)
+                                  embd_pdrop=0.0, attn_pdrop=0.0, activation_function=activation)
     model = transformers.GPT2LMHeadModel(cfg)
     if HF_ATTENTION["impl"] is not None:
         model.set_attn_implementation(HF_ATTENTION["impl"])
@@ -163,6 +168,13 @@ def setup_process(hf_attention: str | None, keep_freed: bool) -> None:
         keep_freed_memory()
 
 
+def build_row_model(kind: str, shape: Shape):
+    """A training row's model: "ours", "hf" (GPT-2 as defined, gelu_new) or "hf-gelu" (GPT-2 with exact GELU)."""
+    if kind == "ours":
+        return ours(shape)
+    return hf(shape, "gelu" if kind == "hf-gelu" else "gelu_new")
+
+
 def training_row(kind: str, dtype: str, shape_name: str, device_name: str, warmup: int, repeats: int,
                  hf_attention: str | None, keep_freed: bool = False) -> tuple:
     """Build one training row where it is called (model, optimizer, data, `warmup` untimed steps): returns the step
@@ -171,7 +183,7 @@ def training_row(kind: str, dtype: str, shape_name: str, device_name: str, warmu
     device = torch.device(device_name)
     shape = SHAPES[shape_name]
     data = [b.to(device) for b in make_data(shape, warmup + repeats)]
-    model = (ours if kind == "ours" else hf)(shape)
+    model = build_row_model(kind, shape)
     model.train()
     step = train_step_fn(model, kind, dtype_of(dtype), device=device)
     for b in data[:warmup]:
@@ -396,6 +408,7 @@ def main(argv: list[str] | None = None) -> dict:
             "ours default": ("ours", default_dtype),
             "ours fp32": ("ours", None),
             "HF fp32": ("hf", None),
+            "HF fp32 exact GELU": ("hf-gelu", None),
             "HF bf16": ("hf", torch.bfloat16),
         }
         if not bf16:
@@ -406,8 +419,7 @@ def main(argv: list[str] | None = None) -> dict:
         for label, r in rows.items():
             r["vs_HF_fp32"] = r["tokens_per_s"] / ref
             if not args.no_memory:
-                kind = "ours" if label.startswith("ours") else "hf"
-                dtype = None if label.endswith("fp32") else (torch.bfloat16 if kind == "hf" else default_dtype)
+                kind, dtype = specs[label]
                 r["peak_mib"] = peak_memory(kind, dtype, shape, str(device), keep_freed)
         dec = time_decoding_rows(shape, args.decode_tokens, max(1, args.decode_repeats), device,
                                  apart=not args.one_process, keep_freed=keep_freed)
@@ -428,8 +440,9 @@ def main(argv: list[str] | None = None) -> dict:
         for name in args.shapes.split(","):  # issue 5 asks it of shape B's default row, issue 3 of the default
             acc = accuracy(SHAPES[name], args.accuracy_steps, device)
             results[f"accuracy_shape_{name}"] = acc
+            bf16_label = "default (bf16)" if default_dtype == torch.bfloat16 else "bf16 (forced; not the default here)"
             print(f"loss on held-out text after {args.accuracy_steps} steps (shape {name}): fp32 {acc['fp32']:.4f}, "
-                  f"default {acc['bf16']:.4f}, relative gap {100 * acc['relative_gap']:.2f}%")
+                  f"{bf16_label} {acc['bf16']:.4f}, relative gap {100 * acc['relative_gap']:.2f}%")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

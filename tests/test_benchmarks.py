@@ -32,7 +32,7 @@ def test_bench_gpt_runs(tmp_path, capsys):
                                       "--decode-repeats", "1", "--accuracy-steps", "0", "--no-memory",
                                       "--bf16", "no", "--json", str(out)])
     shape = results["shapes"]["A"]
-    assert set(shape["train"]) == {"ours default", "ours fp32", "HF fp32"}  # --bf16 no: no HF bf16 row
+    assert set(shape["train"]) == {"ours default", "ours fp32", "HF fp32", "HF fp32 exact GELU"}  # no HF bf16 row
     assert shape["train"]["HF fp32"]["vs_HF_fp32"] == pytest.approx(1.0)
     assert all(r["tokens_per_s"] > 0 for r in shape["train"].values())
     assert set(shape["decode"]) == {"ours fp32", "ours bf16 weights", "HF fp32"}
