@@ -28,6 +28,13 @@ def test_split_documents():
     assert split_documents("one line") == [["one line"]]
 
 
+def test_a_line_of_invisible_format_characters_is_blank():
+    # A zero-width space survived str.strip() as a sentence, which WordPiece encodes to no tokens: a pair
+    # "[CLS] A [SEP] [SEP]" with an empty B.
+    text = "a b.\nc d.\n\u200b\ne f.\n\ufeff \u200d\ng h.\ni j.\u200b\n"
+    assert split_documents(text) == [["a b.", "c d."], ["e f."], ["g h.", "i j.\u200b"]]
+
+
 def corpus(n_docs: int = 12, n_sentences: int = 4) -> str:
     """Each document repeats its own topic word in every sentence, between words that depend on the
     sentence's place: a masked topic word is predictable from the rest of the pair, and B follows A

@@ -51,3 +51,16 @@ def test_a_batch_of_empty_texts_without_a_prefix_has_a_column():
                                 pad_id=tokenizer.pad_id, **TINY)).eval()
     for model in (encoder, bert):
         assert torch.isfinite(model(**empty).logits).all()
+
+
+@pytest.mark.parametrize("name, content", [("train.tsv", "\t1\n  \t0\n"), ("train.jsonl", '{"text": "", "label": 1}\n'),
+                                           ("train.csv", "text,label\n,1\n,0\n")])
+def test_a_classification_file_whose_texts_are_all_empty_is_refused(tmp_path, name, content):
+    # It trained on the [CLS] token alone: a classifier of the labels' frequencies, without a word.
+    from attnlab.data.text_files import read_classification_file
+    from attnlab.errors import DataError
+
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataError, match="every text is empty.*data.text_column"):
+        read_classification_file(path)

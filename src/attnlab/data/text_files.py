@@ -16,6 +16,7 @@ import dataclasses
 import io
 import json
 import os
+import unicodedata
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -135,10 +136,14 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
 
 def split_documents(text: str) -> list[list[str]]:
     """BERT's pre-training text layout: documents separated by blank lines, one sentence (or segment) per
-    line. Returns each document's non-blank lines, stripped; documents without any are dropped."""
+    line. Returns each document's non-blank lines, stripped; documents without any are dropped. A line of
+    invisible format characters only (a zero-width space, a byte order mark) is blank: WordPiece and BPE
+    normalisers drop them, which left a sentence of no tokens."""
     documents: list[list[str]] = [[]]
     for line in split_lines(text):
         line = line.strip()
+        if line and all(c.isspace() or unicodedata.category(c) == "Cf" for c in line):
+            line = ""
         if line:
             documents[-1].append(line)
         elif documents[-1]:
@@ -375,14 +380,19 @@ def read_classification_file(
 
     Raises:
         DataError: missing, empty or non-UTF-8 file, a malformed line (with its line number), a
-            missing column or an empty label.
+            missing column, an empty label, or no text that is not empty.
     """
     path = Path(path)
     fmt = detect_format(path, format)
     text = read_text(path)
     if fmt == "jsonl":
-        return _read_jsonl(path, text, text_column, label_column, require_labels)
-    return _read_table(path, text, fmt, text_column, label_column, header, require_labels)
+        data = _read_jsonl(path, text, text_column, label_column, require_labels)
+    else:
+        data = _read_table(path, text, fmt, text_column, label_column, header, require_labels)
+    if not any(t.strip() for t in data.texts):  # a classifier would learn the labels' frequencies only
+        raise DataError(f"data file '{path}': every text is empty ({len(data.texts)} lines); check that "
+                        "data.text_column (evaluate: --text-column) names the column of the texts")
+    return data
 
 
 def _read_jsonl(path, text, text_column, label_column, require_labels) -> ClassificationData:
