@@ -48,16 +48,25 @@ class PositionScheme(nn.Module, PositionHook):
     # computed afresh whenever a conversion leaves them in float64.
     computed_buffers: tuple[str, ...] = ()
 
-    def compute_buffer(self, name: str) -> Tensor:
-        """The float64 CPU value of the computed buffer `name`."""
-        raise NotImplementedError
+    def compute_buffers(self) -> dict[str, Tensor]:
+        """The float64 CPU values of the buffers named in `computed_buffers`."""
+        return {}
+
+    def _register_computed(self) -> None:
+        """Register the computed buffers in float32 (float64 where that is torch's default dtype) on torch's default
+        device; computed on the CPU, also under a `with torch.device("meta")` block, which counts parameters."""
+        for name, value in self.compute_buffers().items():
+            value = value.to(_table_dtype(torch.get_default_dtype())).to(torch.get_default_device())
+            self.register_buffer(name, value, persistent=False)
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
-        for name in self.computed_buffers:
-            buffer = getattr(self, name)
-            if buffer.dtype == torch.float64 and buffer.device.type != "meta":
-                setattr(self, name, self.compute_buffer(name).to(buffer.device))
+        wide = [name for name in self.computed_buffers
+                if getattr(self, name).dtype == torch.float64 and getattr(self, name).device.type != "meta"]
+        if wide:
+            values = self.compute_buffers()
+            for name in wide:
+                setattr(self, name, values[name].to(getattr(self, name).device))
         return self
 
 
@@ -128,18 +137,16 @@ class SinusoidalPosition(PositionScheme):
         super().__init__()
         _check_base("sinusoidal", base)
         self.d_model, self.base, self.table_len = d_model, base, max_len
-        # Computed on the CPU (also under a `with torch.device("meta")` block, which counts parameters).
-        table = self.compute_buffer("table").to(_stored_dtype())
-        self.register_buffer("table", table.to(torch.get_default_device()), persistent=False)
+        self._register_computed()
 
-    def compute_buffer(self, name: str) -> Tensor:
-        return sinusoidal_table(torch.arange(self.table_len, device="cpu"), self.d_model, self.base,
-                                dtype=torch.float64)
+    def compute_buffers(self) -> dict[str, Tensor]:
+        positions = torch.arange(self.table_len, device="cpu")
+        return {"table": sinusoidal_table(positions, self.d_model, self.base, dtype=torch.float64)}
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         if positions.numel() and int(positions.max()) >= self.table.shape[0]:
             pe = sinusoidal_table(positions, self.d_model, self.base,  # beyond the table
-                                  dtype=_computed_dtype(self.table)).to(x.device)
+                                  dtype=_table_dtype(self.table.dtype)).to(x.device)
         else:
             pe = self.table[positions]
         return x + pe.to(x.dtype)
@@ -190,18 +197,16 @@ class RotaryPosition(PositionScheme):
         self.inv_freq = base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64, device="cpu")
                                  / self.head_dim)
         self.table_len = max_len
-        cos, sin = (self.compute_buffer(name).to(_stored_dtype()) for name in ("cos", "sin"))  # CPU, also under meta
-        self.register_buffer("cos", cos.to(torch.get_default_device()), persistent=False)
-        self.register_buffer("sin", sin.to(torch.get_default_device()), persistent=False)
+        self._register_computed()
         self._memo: tuple[Tensor, tuple[int, bool], tuple[Tensor, Tensor]] | None = None  # see angles_at
 
     def _apply(self, fn, recurse=True):
         self._memo = None  # angles kept from before a conversion have the old dtype or device
         return super()._apply(fn, recurse)
 
-    def compute_buffer(self, name: str) -> Tensor:
+    def compute_buffers(self) -> dict[str, Tensor]:
         cos, sin = self._angles(torch.arange(self.table_len, device="cpu"), torch.float64)
-        return cos if name == "cos" else sin
+        return {"cos": cos, "sin": sin}
 
     def _angles(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         ang = positions.detach().to("cpu", torch.float64)[..., None] * self.inv_freq
@@ -222,7 +227,7 @@ class RotaryPosition(PositionScheme):
         if key is not None and memo is not None and memo[0] is positions and memo[1] == key:
             return memo[2]
         if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
-            angles = self._angles(positions, _computed_dtype(self.cos))
+            angles = self._angles(positions, _table_dtype(self.cos.dtype))
         else:
             angles = self.cos[positions], self.sin[positions]
         self._memo = None if key is None else (positions, key, angles)
@@ -360,23 +365,18 @@ class ALiBiPosition(PositionScheme):
         self.n_heads = n_heads
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
-    def compute_buffer(self, name: str) -> Tensor:
-        return alibi_slopes(self.n_heads, torch.float64)
+    def compute_buffers(self) -> dict[str, Tensor]:
+        return {"slopes": alibi_slopes(self.n_heads, torch.float64)}
 
     def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, n_heads: int) -> Tensor:
         distance = _relative(q_pos, k_pos).abs().to(torch.float32)  # (B|1, T, S)
         return -self.slopes[None, :, None, None] * distance[:, None]  # (B|1, H, T, S)
 
 
-def _stored_dtype() -> torch.dtype:
-    """The dtype of a computed table at construction: float64 where torch's default dtype is float64 (a model
-    built for float64 throughout), else float32."""
-    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-
-
-def _computed_dtype(table: Tensor) -> torch.dtype:
-    """The dtype of values computed beyond a table: float64 for a float64 table, else float32."""
-    return torch.float64 if table.dtype == torch.float64 else torch.float32
+def _table_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype computed position values are kept in, for a model or table of `dtype`: float64 for float64
+    (a model built or converted for float64 throughout), else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def compatible_pairs() -> list[tuple[str, str]]:
