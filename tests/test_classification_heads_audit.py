@@ -64,3 +64,15 @@ def test_a_classification_file_whose_texts_are_all_empty_is_refused(tmp_path, na
     path.write_text(content, encoding="utf-8")
     with pytest.raises(DataError, match="every text is empty.*data.text_column"):
         read_classification_file(path)
+
+
+def test_classification_accuracy_skips_rows_the_loss_ignores():
+    # Labels of -100 are the cross-entropy's ignore index: the accuracy counted them as wrong answers.
+    from types import SimpleNamespace
+
+    from attnlab.training.recipe import classification_counts
+
+    logits = torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0], [0.0, 2.0]])
+    batch = {"labels": torch.tensor([0, 1, -100, 0])}
+    total, count = classification_counts(batch, SimpleNamespace(logits=logits))["accuracy"]
+    assert int(count) == 3 and float(total) / int(count) == pytest.approx(200.0 / 3)

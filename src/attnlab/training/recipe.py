@@ -919,7 +919,8 @@ def sentence_pair_source(documents, tokenizer, config, data: DataConfig, batch_s
 def classification_counts(batch, out) -> dict[str, tuple]:
     """Per-batch counts of a classifier's accuracy (%), for `Trainer(eval_counts=...)`."""
     labels = batch["labels"]
-    return {"accuracy": (100.0 * (out.logits.argmax(-1) == labels).sum(), labels.numel())}
+    scored = labels != -100  # the loss's ignore index: such rows count neither way
+    return {"accuracy": (100.0 * (out.logits.argmax(-1)[scored] == labels[scored]).sum(), scored.sum())}
 
 
 def pretraining_counts(batch, out) -> dict[str, tuple]:
