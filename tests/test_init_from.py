@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from cli_helpers import run_cli
+from cli_helpers import one_line_error, run_cli
 from cli_helpers import toml_str as _q
 
 from attnlab.data.tokenizers import load_tokenizer
@@ -213,3 +213,72 @@ def test_a_trainer_state_without_class_names_defers_to_the_weights_file(files, b
     other = prepare(_classify(files, copy, f"data.path={_q(renamed)}", f"data.eval_path={_q(renamed)}",
                               f"train.out_dir={_q(files / 'cls-r10-other')}"))
     assert not torch.equal(other.model.state_dict()["classifier.weight"], head)
+
+
+def test_resuming_a_fine_tuning_run_reads_its_own_checkpoint_not_the_pretrained_folder(tmp_path, capsys):
+    """A resumed fine-tuning run takes its vocabulary, architecture and weights from its own checkpoint: the run
+    in model.init_from may since have been retrained on other text (it trained on with that vocabulary) or moved
+    away (the resume was refused)."""
+    import shutil
+
+    words = ("alpha bravo charlie delta echo foxtrot golf hotel".split(),
+             "kilo lima mike oscar papa romeo sierra tango".split())
+    for name, vocab in zip(("a.txt", "b.txt"), words):
+        lines = (" ".join(vocab[(i * 5 + j) % 8] for j in range(6)) for i in range(40))
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+    rows = ["text\tlabel"] + [f"{words[0][i % 8]} {words[0][(i + 3) % 8]}\t{'x' if i % 2 else 'y'}" for i in range(24)]
+    (tmp_path / "cls.tsv").write_text("\n".join(rows) + "\n")
+    pre = tmp_path / "pre"
+
+    def pretrain(text):
+        train_run(load_run_config(None, [
+            "model.family=encoder", "model.head=lm", "model.d_model=16", "model.n_layers=1", "model.n_heads=2",
+            "model.d_ff=32", "data.tokenizer=word", "data.block_size=8", f"data.path={_q(tmp_path / text)}",
+            f"train.out_dir={_q(pre)}", *TINY]))
+
+    def finetune(out, steps, *flags):
+        args = ["train", *flags]
+        for item in [f"model.init_from={_q(pre)}", "data.task=classification",
+                     f"data.path={_q(tmp_path / 'cls.tsv')}", "data.max_length=8", "train.schedule=constant",
+                     "train.warmup_steps=1", f"train.out_dir={_q(out)}", *TINY, f"train.steps={steps}"]:
+            args += ["--set", item]
+        code, _, err = run_cli(capsys, *args)
+        assert code == 0, err
+        return load_model(out), load_tokenizer(find_checkpoint(out)).vocab()
+
+    pretrain("a.txt")
+    whole, whole_vocab = finetune(tmp_path / "whole", 6)
+    _, first_vocab = finetune(tmp_path / "ft", 3)
+    pretrain("b.txt")  # the pretrained run redone on other words: the same vocabulary size, other tokens
+    resumed, resumed_vocab = finetune(tmp_path / "ft", 6, "--resume")
+    assert resumed_vocab == first_vocab == whole_vocab and "alpha" in resumed_vocab
+    assert all(torch.equal(v, whole.state_dict()[k]) for k, v in resumed.state_dict().items())
+
+    shutil.rmtree(tmp_path / "ft")
+    pretrain("a.txt")
+    finetune(tmp_path / "ft", 3)
+    shutil.move(pre, tmp_path / "moved")
+    resumed, _ = finetune(tmp_path / "ft", 6, "--resume")
+    assert all(torch.equal(v, whole.state_dict()[k]) for k, v in resumed.state_dict().items())
+
+
+def test_a_character_the_pretrained_vocabulary_lacks_names_the_file_and_init_from(tmp_path, capsys):
+    (tmp_path / "lm.txt").write_text("the cat sat\nthe dog ran\n" * 40)
+    (tmp_path / "cls.tsv").write_text("text\tlabel\nthe cat\tpos\nthe dog\tneg\nthe cat Z\tpos\nthe dog\tneg\n")
+    (tmp_path / "eval.tsv").write_text("text\tlabel\nthe cat\tpos\nthe dog Q\tneg\n")
+    train_run(load_run_config(None, [
+        "model.family=encoder", "model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.d_ff=32",
+        "model.max_len=16", f"data.path={_q(tmp_path / 'lm.txt')}", f"train.out_dir={_q(tmp_path / 'pre')}",
+        *TINY]))  # a char vocabulary: no unk token
+    args = ["train"]
+    for item in [f"model.init_from={_q(tmp_path / 'pre')}", "data.task=classification", "data.max_length=16",
+                 f"train.out_dir={_q(tmp_path / 'ft')}", *TINY]:
+        args += ["--set", item]
+    line = one_line_error(capsys, *args, "--set", f"data.path={_q(tmp_path / 'cls.tsv')}")
+    assert line.endswith(f"{tmp_path / 'cls.tsv'}: line 4: 'Z' is not in the vocabulary of the run in "
+                         "model.init_from, which has no unk token; remove it from the text or start from a run "
+                         "trained on text that has it")
+    (tmp_path / "cls.tsv").write_text("text\tlabel\nthe cat\tpos\nthe dog\tneg\n")
+    line = one_line_error(capsys, *args, "--set", f"data.path={_q(tmp_path / 'cls.tsv')}",
+                          "--set", f"data.eval_path={_q(tmp_path / 'eval.tsv')}")
+    assert f"{tmp_path / 'eval.tsv'}: line 3: 'Q' is not in the vocabulary" in line

@@ -71,7 +71,7 @@ def train(
     """Train a model from a config file; writes checkpoints, metrics.jsonl and loss.png to train.out_dir."""
     from attnlab.training.recipe import load_run_config, train_run
 
-    run = load_run_config(config, overrides)
+    run = load_run_config(config, overrides, resume=resume)
     summary = train_run(run, resume=resume)
     import os
 

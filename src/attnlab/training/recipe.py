@@ -21,6 +21,7 @@ the model sized to the tokenizer, and hands everything to the one `Trainer`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -315,8 +316,10 @@ def _read_config_file(p: Path) -> Any:
         raise ConfigError(f"{p}: invalid TOML: values nested too deeply to read; fix the file") from None
 
 
-def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Read a TOML or YAML config (None: the built-in default run), apply `--set` overrides, validate."""
+def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
+                    resume: bool = False) -> RunConfig:
+    """Read a TOML or YAML config (None: the built-in default run), apply `--set` overrides, validate.
+    `resume`: the run will resume from its checkpoint, which then stands for model.init_from's folder."""
     from attnlab.training.trainer import TrainerConfig
 
     raw: dict[str, Any] = {}
@@ -365,7 +368,7 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     train = TrainerConfig.from_dict(raw.get("train", {}), where="train")
     if train.out_dir is None:  # a config file without train.out_dir: a folder named after the file
         train = train.replace(out_dir=str(Path("runs") / Path(path).stem))
-    family = _validate_model_keys(model)
+    family = _validate_model_keys(_resumed_init_from(model, train.out_dir) if resume else model)
     if family not in TASK_FAMILIES[data.task]:
         families = " or ".join(TASK_FAMILIES[data.task])
         fix = "change model.family or model.preset"
@@ -373,6 +376,19 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
             fix = f"model.init_from names a {family} run: give it the run folder of a model of family {families}"
         raise ConfigError(f"data.task {data.task!r} needs a model of family {families}, not {family!r}; {fix}")
     return RunConfig(model=model, data=data, train=train)
+
+
+def _resumed_init_from(model: dict[str, Any], out_dir: str) -> dict[str, Any]:
+    """`model` with model.init_from naming the checkpoint in `out_dir` that a resumed run continues (when
+    there is one; without, resuming is refused later with its own message)."""
+    if "init_from" not in model:
+        return model
+    from attnlab.training.trainer import Trainer
+
+    try:
+        return {**model, "init_from": str(Trainer.checkpoint_to_resume(out_dir))}
+    except CheckpointError:
+        return model
 
 
 def default_run() -> dict[str, Any]:
@@ -615,6 +631,10 @@ def prepare(run: RunConfig, *, tokenizer_from: str | Path | None = None) -> Prep
                             f"with --set data.{key}=FILE")
     seed_everything(run.train.seed)
     saved = Path(tokenizer_from) if tokenizer_from is not None else None
+    if saved is not None and "init_from" in run.model:
+        # Resuming a run started from a pretrained one: its own checkpoint holds the architecture, vocabulary and
+        # weights it trains on, whatever became of the pretrained folder since (retrained, moved, deleted).
+        run = dataclasses.replace(run, model={**run.model, "init_from": str(saved)})
     return {"lm": _prepare_lm, "classification": _prepare_classification,
             "translation": _prepare_translation, "mlm": _prepare_mlm}[run.data.task](run, saved)
 
@@ -711,6 +731,16 @@ def _unknown_token_error(run: RunConfig, saved: Path | None, tokenizer, texts: I
     return DataError(f"{where}: {e.token!r} is not in {whose}, which has no unk token; {fix}")
 
 
+@contextlib.contextmanager
+def _naming_unknown_tokens(run: RunConfig, saved: Path | None, tokenizer, path: str | None):
+    """Turn a token the vocabulary lacks (a char vocabulary without unk: one of a run in model.init_from or
+    resumed) into `_unknown_token_error`'s message about the file `path` read inside the block."""
+    try:
+        yield
+    except UnknownToken as e:
+        raise _unknown_token_error(run, saved, tokenizer, (), e, path) from None
+
+
 def _first_line_with(path: str, token: str) -> int | None:
     """The number of the first line of the file at `path` that holds `token` (None where none does)."""
     from attnlab.data.text_files import iter_text_blocks
@@ -805,15 +835,17 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
         _check_resumed_labels(saved, train_data.label_names, d.path)
     tokenizer = _tokenizer(run, train_data.texts, saved)
     prefix = [tokenizer.cls_id] if tokenizer.cls_id is not None else []
-    train_source = ClassificationSource(train_data, tokenizer, t.batch_size, max_length=d.max_length,
-                                        seed=t.seed, prefix_ids=prefix, bucket_by_length=d.batches_by_length)
+    with _naming_unknown_tokens(run, saved, tokenizer, d.path):
+        train_source = ClassificationSource(train_data, tokenizer, t.batch_size, max_length=d.max_length,
+                                            seed=t.seed, prefix_ids=prefix, bucket_by_length=d.batches_by_length)
     eval_source = None
     if d.eval_path:
         eval_data = read_classification_file(d.eval_path, parse_column(d.text_column),
                                              parse_column(d.label_column))
-        eval_source = ClassificationSource(eval_data, tokenizer, t.batch_size, max_length=d.max_length,
-                                           seed=t.seed, label_names=train_source.label_names,
-                                           prefix_ids=prefix, bucket_by_length=d.batches_by_length)
+        with _naming_unknown_tokens(run, saved, tokenizer, d.eval_path):
+            eval_source = ClassificationSource(eval_data, tokenizer, t.batch_size, max_length=d.max_length,
+                                               seed=t.seed, label_names=train_source.label_names,
+                                               prefix_ids=prefix, bucket_by_length=d.batches_by_length)
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, n_classes=train_source.num_labels,
                           max_len=max(d.max_length, 8), head="classification", heads="classification",
                           pad_id=tokenizer.pad_id or 0)
