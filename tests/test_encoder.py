@@ -285,3 +285,22 @@ def test_an_encoder_lm_with_a_pad_id_generates_the_same_with_a_cache_without_it_
     out = generate(model, [prompt], 6, greedy=True)
     assert out == generate(model, [prompt], 6, greedy=True, use_cache=False)
     assert out[0] == generate(model, [prompt, [7]], 6, greedy=True, use_cache=False)[0]
+
+
+@pytest.mark.parametrize("position", ["sinusoidal", "learned"])
+def test_a_zero_layer_lm_decodes_without_a_cache(position):
+    # An empty list of caches put every new token at position 0 (found by the stop-32 invariants audit).
+    from attnlab.inference.generate import generate
+
+    torch.manual_seed(0)
+    model = EncoderModel(EncoderConfig(vocab_size=20, d_model=16, n_heads=2, d_ff=16, n_layers=0, max_len=32,
+                                       position=position)).eval()
+    assert not model.supports_cache
+    with pytest.raises(ConfigError, match="without layers has no keys or values to cache"):
+        model.new_cache()
+    with pytest.raises(ConfigError, match="without layers"):
+        model(torch.tensor([[1, 2]]), cache=[])
+    new = generate(model, [[3, 4, 5]], 8, greedy=True)
+    assert new == generate(model, [[3, 4, 5]], 8, greedy=True, use_cache=False)
+    full = model(torch.tensor([[3, 4, 5, *new[0]]])).logits  # each new token: the full pass's argmax before it
+    assert full[0, 2:-1].argmax(-1).tolist() == new[0]

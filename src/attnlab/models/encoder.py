@@ -220,14 +220,20 @@ class EncoderModel(nn.Module):
     @property
     def supports_cache(self) -> bool:
         """Whether decoding may keep keys and values: only under the causal LM head (a bidirectional model's
-        earlier states change with every token added after them)."""
-        return self.config.head == "lm" and self.config.is_causal
+        earlier states change with every token added after them), and with a layer to keep them (the cache's
+        length places new tokens: an empty list of caches would put every token at position 0)."""
+        return self.config.head == "lm" and self.config.is_causal and self.config.n_layers > 0
+
+    def _no_cache_error(self) -> ConfigError:
+        if self.config.n_layers == 0:
+            return ConfigError("a model without layers has no keys or values to cache; decode it without a cache")
+        return ConfigError("a KV cache needs the causal LM head (head = \"lm\", causal not false); decode "
+                           "this model without a cache")
 
     def new_cache(self, capacity: int = 0) -> list[KVCache]:
         """One KV cache per layer; `capacity` preallocates that many positions."""
         if not self.supports_cache:
-            raise ConfigError("a KV cache needs the causal LM head (head = \"lm\", causal not false); decode "
-                              "this model without a cache")
+            raise self._no_cache_error()
         return [KVCache(capacity=capacity) for _ in range(self.config.n_layers)]
 
     def _keep(self, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor | None:
@@ -244,7 +250,7 @@ class EncoderModel(nn.Module):
         """(B, T) ids -> (final states (B, T, D), per-layer attention weights, hidden states)."""
         b, t = input_ids.shape
         if cache is not None and not self.supports_cache:
-            raise ConfigError("a KV cache needs the causal LM head; call the model without a cache")
+            raise self._no_cache_error()
         past = cache[0].length if cache else 0
         check_length(past + t, self.max_len)
         # With a cache, padding comes from attention_mask over every key (config.pad_id sees only new tokens).
