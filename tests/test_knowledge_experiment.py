@@ -92,6 +92,12 @@ def test_real_data_path_end_to_end(tmp_path):
                 assert resumed[kind]["wall_time_s"] == pytest.approx(recorded) and recorded > 0
         assert resumed["wall_time_s"] > sum(p["wall_time_s"] for p in phases)
     assert again["wall_time_s"] > sum(r["wall_time_s"] for r in again["variants"])
+    # ... and the figures of each skipped phase's training, which results.json left out (None) after a resume.
+    for first, resumed in zip(summary["variants"], again["variants"]):
+        for kind in ("pretrain", "finetune"):
+            if kind in first:
+                assert resumed[kind]["final_train_loss"] == first[kind]["final_train_loss"] is not None
+                assert resumed[kind]["tokens_per_s"] == pytest.approx(first[kind]["tokens_per_s"], rel=1e-6)
 
     # ... but only phases trained with this run's settings, model and data: another one is refused in one
     # message, before anything is trained or written (it was reused silently, results.json naming the new

@@ -395,7 +395,8 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
         load_checkpoint_into(folder, model)
         echo(f"{title}: already done ({config['steps']} steps), loaded {folder / 'checkpoint'}")
         earlier = _earlier_seconds(folder)
-        return {"steps": config["steps"], "wall_time_s": earlier, "earlier_s": earlier, "skipped": True}
+        return {"steps": config["steps"], "wall_time_s": earlier, "earlier_s": earlier, "skipped": True,
+                **_finished_phase_figures(folder)}
     resume_here = resume and (folder / "checkpoint").exists()
     earlier = _earlier_seconds(folder) if resume_here else 0.0
     steps = f"{config['steps']} step{'' if config['steps'] == 1 else 's'}"
@@ -408,6 +409,22 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
     summary = trainer.fit()
     return {"steps": summary["steps"], "wall_time_s": earlier + summary["wall_time_s"], "earlier_s": earlier,
             "final_train_loss": summary["final_train_loss"], "tokens_per_s": summary["tokens_per_s"]}
+
+
+def _finished_phase_figures(folder: Path) -> dict[str, float | None]:
+    """The last training loss and the tokens/s a finished phase's checkpoint records, for results.json to say
+    of a phase that --resume skips what it said when the phase ran (None where the state lacks them)."""
+    from attnlab.config import finite_number
+    from attnlab.training.checkpoint import read_trainer_state
+
+    try:
+        state = read_trainer_state(folder)
+    except CheckpointError:
+        state = {}
+    loss, tokens, seconds = (state.get(k) for k in ("last_train_loss", "tokens_seen", "train_seconds"))
+    return {"final_train_loss": float(loss) if finite_number(loss) else None,
+            "tokens_per_s": tokens / seconds if finite_number(tokens) and finite_number(seconds) and seconds > 0
+            else None}
 
 
 def _earlier_seconds(folder: Path) -> float:
