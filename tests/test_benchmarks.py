@@ -57,7 +57,8 @@ def test_bench_gpt_accuracy_data_is_held_out_text_and_shapes_are_checked():
 def test_bench_attention_runs(tmp_path, capsys):
     rows = load("bench_attention").main(["--repeats", "1", "--bf16", "no", "--json", str(tmp_path / "a.json")])
     assert [r["dtype"] for r in rows] == ["float32"] * 3
-    assert all(r["sdpa"] > 0 and r["attnlab"] > 0 and r["vs_sdpa"] > 0 for r in rows)
+    assert all(r["sdpa"] > 0 and r["lean"] > 0 and r["attnlab"] > 0 and r["vs_sdpa"] > 0 for r in rows)
+    assert all(r["vs_best"] == pytest.approx(min(r["sdpa"], r["plain"], r["lean"]) / r["attnlab"]) for r in rows)
     assert (tmp_path / "a.json").is_file()
 
 
@@ -126,8 +127,17 @@ def test_bench_attention_builds_its_tensors_on_the_device():
     """Every tensor of a timed function follows the inputs' device (meta tensors stand in for a GPU's)."""
     bench = load("bench_attention")
     q, k, v = (torch.randn(1, 2, 5, 4, device="meta") for _ in range(3))
-    for fn in (bench.plain, bench.sdpa, bench.ours):
+    for fn in (bench.plain, bench.lean, bench.sdpa, bench.ours):
         assert fn(q, k, v).device.type == "meta"
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_bench_attention_peers_compute_causal_attention(dtype, atol):
+    bench = load("bench_attention")
+    q, k, v = (torch.randn(2, 3, 40, 8, generator=torch.Generator().manual_seed(i)).to(dtype) for i in range(3))
+    reference = bench.sdpa(q.double(), k.double(), v.double())
+    for fn in (bench.plain, bench.lean, bench.ours):
+        torch.testing.assert_close(fn(q, k, v).double(), reference, atol=atol, rtol=0)
 
 
 @pytest.mark.slow
