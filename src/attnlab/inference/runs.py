@@ -532,5 +532,28 @@ def _evaluate_translation(run: LoadedRun, data: str | Path, target: str | Path |
     out = _token_loss_metrics(model, progress_bar((source.collate(indices) for indices in order), len(order),
                                                   "evaluate"))
     hyps = translate_ids(run, source.src, beam_size=beam_size, max_len=max_length, batches=order)
-    out["bleu"] = float(sacrebleu.corpus_bleu(hyps, [read_lines(target)]).score)
+    out["bleu"] = float(sacrebleu.corpus_bleu(hyps, [_as_decoded(tok, read_lines(target), target)]).score)
+    return out
+
+
+def _as_decoded(tok, references: list[str], path: str | Path) -> list[str]:
+    """The references as the tokenizer's decoding writes text, for BLEU to compare like with like: the
+    translations are decoded token ids, and a tokenizer whose decoding does not give text back (WordPiece
+    spaces punctuation inside words, "the man ' s t - shirt"; a word tokenizer may lowercase) scored a
+    translation equal to its reference's tokens far below 100. Exact tokenizers (BPE, char) leave every line
+    as written; a word the vocabulary lacks stays its unk token, which no translation matches."""
+    from attnlab.errors import UnknownToken
+
+    out = []
+    for line in references:
+        try:
+            out.append(tok.decode(tok.encode(line)))
+        except UnknownToken:  # a vocabulary without unk: kept as written (no translation can write that token)
+            out.append(line)
+    changed = [(b, a) for a, b in zip(out, references) if a.split() != b.split()]  # spacing aside
+    if changed:
+        written, decoded = changed[0]
+        warnings.warn(f"BLEU compares the translations with the references as the {tok.kind} tokenizer decodes them: "
+                      f"{len(changed)} of {len(references)} lines of {path} read otherwise decoded (e.g. "
+                      f"{written[:60]!r} as {decoded[:60]!r})", stacklevel=3)
     return out
