@@ -99,3 +99,25 @@ def test_a_token_classifier_is_named_as_such_not_as_a_missing_pooler():
     hf_config = {k: v for k, v in cfg.to_dict().items() if k != "architectures"}  # a state dict and a bare config
     with pytest.raises(CheckpointError, match="a classifier but no pooler .*BertForTokenClassification"):
         bert_from_hf(transformers.BertForTokenClassification(cfg).state_dict(), hf_config)
+
+
+@pytest.mark.parametrize("order", [1, -1])
+def test_an_untied_bert_mlm_head_takes_the_bias_hf_adds_in_any_key_order(order):
+    # HF keeps the MLM bias twice and, untied, the two differ: the one that came last in the dict won.
+    from attnlab.models.bert import BertModel
+
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=53, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                  intermediate_size=37, max_position_embeddings=40, tie_word_embeddings=False)
+    hf = transformers.BertForMaskedLM(cfg).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    state = hf.state_dict()
+    assert not torch.equal(state["cls.predictions.decoder.bias"], state["cls.predictions.bias"])
+    config, ours = bert_from_hf(dict(list(state.items())[::order]), cfg.to_dict())
+    model = BertModel(config).eval()
+    model.load_state_dict(ours)
+    ids = torch.randint(1, 53, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)

@@ -199,6 +199,10 @@ def bert_from_hf(state_dict: dict[str, Tensor], hf_config: dict[str, Any], *,
         name = _rename(key)
         if name is None:
             unknown.append(original)
+        elif key == "cls.predictions.bias" and name in ours:
+            # HF keeps the MLM bias twice; the decoder's own is the one its forward adds (the two differ in an
+            # untied model), so it wins in whichever order the keys come.
+            continue
         else:
             ours[name], origin[name] = value, original
     _check_architectures(hf_config, sorted(head_keys), source)
