@@ -373,3 +373,26 @@ def test_a_continued_phase_counts_the_time_spent_before(tmp_path, monkeypatch):
     assert row["finetune"]["earlier_s"] == 1000.0 and not row["finetune"].get("skipped")
     assert row["finetune"]["wall_time_s"] > 1000.0
     assert row["wall_time_s"] > row["finetune"]["wall_time_s"] and summary["wall_time_s"] > row["wall_time_s"]
+
+
+def test_a_resumed_row_whose_phases_are_all_done_answers_on_the_device_asked_for(tmp_path, monkeypatch):
+    """--resume loads a finished row's checkpoint into a model built on the CPU; with no trainer to move it, its
+    questions were answered there, not on the GPU asked for (found by the stop-32 CUDA audit). The meta device
+    stands in for a GPU: what matters is where the model is when the questions are asked."""
+    import attnlab.experiments.knowledge as K
+    import attnlab.training.device as device_module
+
+    files = write_files(tmp_path)
+    args = dict(variants="none", corpus=files["corpus"], train=files["train"], eval_path=files["eval"],
+                overrides=TINY, progress=False, echo=lambda *_: None)
+    run_knowledge(tmp_path / "out", device="cpu", **args)
+    seen = []
+
+    def answers(model, vocab, questions, **_):
+        seen.append(next(model.parameters()).device.type)
+        return [""] * len(questions)
+
+    monkeypatch.setattr(K, "answer_questions", answers)
+    monkeypatch.setattr(device_module, "select_device", lambda name=None: torch.device("meta"))
+    run_knowledge(tmp_path / "out", device="cpu", resume=True, **args)
+    assert seen and set(seen) == {"meta"}

@@ -621,7 +621,7 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
             title = f"[{phase}/{n_phases}] {'pretrain' if kind == 'pretrain' else 'fine-tune'} {variant.name}"
             record[kind] = _train_phase(model, sources[kind], out / f"{kind}-{variant.name}", cfg, tokenizer,
                                         resume=resume, title=title, echo=echo, fingerprint=fingerprints[kind])
-        model.eval()
+        model.to(dev_name).eval()  # where the trainer put it; a row whose phases --resume skipped was on the CPU
         # Room for the longest answer sought (64 characters at least): a longer one could never be written.
         predictions = answer_questions(model, vocab, dev_q, what="evaluation questions",
                                        longest=max(64, *map(len, dev_a)))
