@@ -116,22 +116,20 @@ def test_rng_states_round_trip_through_json():
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
 
 
-def test_gpu_random_states_for_another_gpu_count_are_left_with_a_warning(monkeypatch):
+def test_gpu_random_states_for_another_gpu_count_are_left_quietly(monkeypatch):
     """A checkpoint from a machine with 2 GPUs resumed on one with 1: which state is whose is unknown, so none
-    is restored, and the run says its GPU random draws (dropout) will differ."""
+    is restored. No warning: the trainer seeds every generator at each step, so training never draws from them
+    (it said the resumed dropout would differ, which it does not)."""
     state = json.loads(json.dumps(ckpt.capture_rng()))
     state["cuda"] = [state["torch"]] * 2  # two GPUs' states (any valid bytes: they must not be set)
     restored = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
-    with pytest.warns(UserWarning, match="2 GPU.*this machine has 1.*differ"):
-        ckpt.restore_rng(state)
-    assert restored == []
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        ckpt.restore_rng(state)
+    for count in (1, 2):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda count=count: count)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ckpt.restore_rng(state)
     assert len(restored) == 1 and len(restored[0]) == 2
 
 

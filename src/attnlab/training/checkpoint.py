@@ -28,7 +28,6 @@ import os
 import random
 import re
 import shutil
-import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -455,10 +454,9 @@ def restore_rng(state: dict[str, Any]) -> None:
             saved = [_unb64(s) for s in state["cuda"]]
             if len(saved) == torch.cuda.device_count():
                 torch.cuda.set_rng_state_all(saved)
-            else:  # which saved state belongs to which GPU is unknown: leave them, and say so
-                warnings.warn(f"the checkpoint holds the random states of {len(saved)} GPU(s), this machine has "
-                              f"{torch.cuda.device_count()}: they are not restored, so random draws on the GPU "
-                              "(dropout) differ from those of the uninterrupted run", stacklevel=2)
+            # Else which saved state belongs to which GPU is unknown: they are left as they are. Training does not
+            # draw from them: the trainer seeds every generator at each step (`seed_step`), so a resumed run's
+            # dropout is the uninterrupted run's on any number of GPUs.
         if "mps" in state and _mps_available():
             torch.mps.set_rng_state(_unb64(state["mps"]))
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
