@@ -192,7 +192,8 @@ def test_only_the_first_process_prints_the_training_summary(capsys, monkeypatch)
 
     import attnlab.training.recipe as recipe
 
-    monkeypatch.setattr(recipe, "load_run_config", lambda *args: SimpleNamespace(train=SimpleNamespace(out_dir="r")))
+    monkeypatch.setattr(recipe, "load_run_config",
+                        lambda *args, **kwargs: SimpleNamespace(train=SimpleNamespace(out_dir="r")))
     monkeypatch.setattr(recipe, "train_run", lambda run, resume=False: {"step": 3, "loss": 1.5})
     for rank, printed in (("1", ""), ("2", ""), ("0", "step=3  loss=1.5\nrun folder: r\n")):
         monkeypatch.setenv("RANK", rank)
