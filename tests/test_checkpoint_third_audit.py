@@ -98,3 +98,20 @@ def test_a_replacing_run_that_crashes_after_its_first_best_leaves_no_checkpoint_
     best = json.loads((finished / "best" / "trainer_state.json").read_text(encoding="utf-8"))
     assert best["step"] == 2 and best["trainer_config"]["seed"] == 7  # the new run's
     assert not (finished / "checkpoint").exists()
+
+
+@pytest.mark.parametrize("file", ["model.safetensors", "optimizer.safetensors"])
+def test_a_float8_tensor_is_refused_in_one_line(finished, file):
+    # A valid safetensors type that no model here computes in: torch.isfinite raised NotImplementedError (a
+    # traceback from generate, evaluate and --resume; found by the stop-32 bad-input audit).
+    import torch
+
+    path = finished / "checkpoint" / file
+    with safe_open(str(path), "pt") as f:
+        metadata = f.metadata()
+    tensors = load_file(path)
+    key = next(k for k, t in tensors.items() if t.is_floating_point())
+    tensors[key] = tensors[key].to(torch.float8_e4m3fn)
+    save_file(tensors, path, metadata=metadata)
+    with pytest.raises(CheckpointError, match=rf"tensor '{key}' is float8_e4m3fn, a type attnlab does not load"):
+        _resume(finished).fit()

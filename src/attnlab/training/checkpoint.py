@@ -102,7 +102,15 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, st
     except Exception as e:  # safetensors raises its own SafetensorError (and OSError for I/O)
         raise CheckpointError(f"{path} is corrupt or not a safetensors file ({_one_line(e)}); "
                               "use another checkpoint") from None
+    for key, t in tensors.items():  # float8 and the like: valid safetensors, but no model here computes in them
+        if (t.is_floating_point() and t.dtype not in _WEIGHT_FLOATS) or t.is_complex():
+            raise CheckpointError(f"{path}: tensor {key!r} is {str(t.dtype).removeprefix('torch.')}, a type attnlab "
+                                  "does not load (its weights are float32, float64, float16 or bfloat16); use "
+                                  "another checkpoint")
     return tensors, metadata
+
+
+_WEIGHT_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _metadata_json(metadata: dict[str, str], key: str, path: Path, default: Any) -> Any:
