@@ -270,6 +270,13 @@ def test_read_qa_file(tmp_path):
         read_qa_file(good)
     with pytest.raises(DataError, match="file not found"):
         read_qa_file(tmp_path / "missing.tsv")
+    # UTF-16 without a byte-order mark decodes as UTF-8 full of NULs: it was read, and trained on (stop-32 audit).
+    good.write_bytes("Where was Ann Lee born?\tLyon\n".encode("utf-16-le"))
+    with pytest.raises(DataError, match=r"holds NUL characters \(the first at line 1\): it looks like UTF-16"):
+        read_qa_file(good)
+    good.write_bytes("Ann Lee. Ann Lee was born in Lyon.\n".encode("utf-16-le"))
+    with pytest.raises(DataError, match="holds NUL characters"):
+        read_corpus(good)
     with pytest.raises(DataError, match="not a file"):
         read_corpus(tmp_path)
 

@@ -195,6 +195,10 @@ def _read_text(path: str | PathLike[str], what: str) -> str:
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
         raise DataError(f"{path} line {line}: not valid UTF-8; save the file as UTF-8") from None
+    if b"\x00" in data:  # UTF-16 without a byte-order mark (or binary): valid UTF-8 that no text holds
+        from attnlab.data.text_files import _nul_error
+
+        raise _nul_error(p, text)
     if not text.strip():
         raise DataError(f"{path}: file is empty; it should hold the {what}")
     return text
