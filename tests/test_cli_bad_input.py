@@ -149,6 +149,21 @@ def test_a_failed_resume_leaves_the_run_folder_as_it_was(tmp_path, capsys, cls_r
     assert not missing.exists()
 
 
+@pytest.mark.parametrize("config", ["bert-mlm.toml", "translate.toml"])
+def test_resuming_a_run_of_another_family_names_the_families(tmp_path, capsys, lm_run, config):
+    # The GPT checkpoint's char vocabulary met the config's data first: "sentence pairs need a tokenizer with cls
+    # and sep tokens; set specials.cls" (a setting that does not exist), found by the stop-32 bad-input audit.
+    run = tmp_path / "run"
+    shutil.copytree(lm_run, run)
+    (tmp_path / "s.txt").write_text("ein mann\nein hund\n")
+    data = ["--set", f"data.src_path={_q(tmp_path / 's.txt')}", "--set", f"data.tgt_path={_q(tmp_path / 's.txt')}"] \
+        if config == "translate.toml" else []
+    line = one_line_error(capsys, "train", str(ROOT / "configs" / config), "--resume", *data,
+                          "--set", f"train.out_dir={_q(run)}", *TINY)
+    family = "bert" if config == "bert-mlm.toml" else "seq2seq"
+    assert f"holds a 'gpt' model, and this config trains a {family!r} one; resume with the config" in line
+
+
 def test_a_checkpoint_folder_alone_keeps_the_class_names(tmp_path, capsys, cls_run):
     data = cls_run.parent / "ones.tsv"  # only label "1": numbering the file's own labels would call it class 0
     code, stdout, err = run_cli(capsys, "evaluate", str(cls_run), "--data", str(data), "--json", "--device", "cpu")

@@ -1014,6 +1014,8 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     # Checked before anything is written into the folder. A resumed run keeps the vocabulary its weights
     # were trained with (retraining a tokenizer can give another: see _from_first_process).
     tokenizer_from = Trainer.checkpoint_to_resume(out) if resume else None
+    if tokenizer_from is not None:
+        _check_resumed_family(run, tokenizer_from)
     replacing = not resume and (out / "checkpoint").is_dir()
     # Preparing builds the model config, so a bad setting is refused before the folder is made or the warning
     # below is given (only a language model's token files go into the folder, after that check).
@@ -1043,6 +1045,24 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
 
     summary = trainer.fit(resume=resume, on_start=describe)
     return {**summary, **prep.info}
+
+
+def _check_resumed_family(run: RunConfig, checkpoint: Path) -> None:
+    """Refuse to resume a checkpoint of another model family, before its tokenizer meets this config's data (a
+    GPT's char vocabulary given BERT's sentence pairs was refused for lacking [CLS], a setting no one could fix)."""
+    from attnlab.training.checkpoint import read_config
+
+    if "init_from" in run.model:  # resuming, the run's own checkpoint stands for the pretrained folder
+        return
+    try:
+        saved = read_config(checkpoint).get("family")
+    except AttnlabError:  # an unreadable config: resuming reports it in its own words
+        return
+    family = _validate_model_keys(run.model)
+    if saved != family:
+        raise ConfigError(f"cannot resume: {checkpoint} holds a {saved!r} model, and this config trains a "
+                          f"{family!r} one; resume with the config the run was trained with, or train into "
+                          "another train.out_dir")
 
 
 def _data_file_stamps(data: DataConfig) -> dict[str, str]:
