@@ -115,3 +115,31 @@ def test_a_float8_tensor_is_refused_in_one_line(finished, file):
     save_file(tensors, path, metadata=metadata)
     with pytest.raises(CheckpointError, match=rf"tensor '{key}' is float8_e4m3fn, a type attnlab does not load"):
         _resume(finished).fit()
+
+
+def test_the_optimizer_state_goes_to_parameters_by_position_whatever_ids_the_header_holds(finished, tmp_path):
+    # torch maps saved state to parameters through the groups' "params" ids: ids edited in the header moved or
+    # dropped Adam state silently, and a non-list was a traceback (found by the stop-32 bad-input audit).
+    import shutil
+
+    import torch
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(finished, damaged)
+    path = damaged / "checkpoint" / "optimizer.safetensors"
+    with safe_open(str(path), "pt") as f:
+        metadata = dict(f.metadata())
+    tensors = load_file(path)
+    groups = json.loads(metadata["param_groups"])
+    for group in groups:
+        group["params"] = [i + 100 for i in group["params"]][::-1]
+    save_file(tensors, path, metadata={**metadata, "param_groups": json.dumps(groups)})
+    intact, edited = _resume(finished), _resume(damaged)
+    intact.fit()
+    edited.fit()
+    for (name, a), b in zip(intact.model.state_dict().items(), edited.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    groups[0]["params"] = 3
+    save_file(tensors, path, metadata={**metadata, "param_groups": json.dumps(groups)})
+    with pytest.raises(CheckpointError, match="a parameter group's 'params' in its header is not a list"):
+        _resume(damaged).fit()

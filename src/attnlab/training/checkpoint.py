@@ -372,6 +372,9 @@ def _load_optimizer_state(folder: Path, optimizer: torch.optim.Optimizer) -> Non
     scalars = _metadata_object(metadata, "scalars", path)
     if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
         raise CheckpointError(f"{path} has no parameter groups in its header; use another checkpoint")
+    if not all(isinstance(g.get("params", []), list) for g in groups):
+        raise CheckpointError(f"{path}: a parameter group's 'params' in its header is not a list; the file is "
+                              "damaged, use another checkpoint")
     current = optimizer.param_groups
     saved_sizes = [len(g.get("params", [])) for g in groups]
     sizes = [len(g["params"]) for g in current]
@@ -409,7 +412,12 @@ def _load_optimizer_state(folder: Path, optimizer: torch.optim.Optimizer) -> Non
         if missing:  # torch's step would fail on it with a KeyError
             raise CheckpointError(f"{path}: the optimizer state of parameter {index} lacks {missing[0]!r}; the file "
                                   "is damaged, use another checkpoint")
+    offset = 0
     for saved, group in zip(groups, current):
+        # The state is keyed by each parameter's position (checked above), so the groups' ids are those positions;
+        # torch maps state to parameters through them, and an id edited in the header moved state silently.
+        saved["params"] = list(range(offset, offset + len(group["params"])))
+        offset += len(group["params"])
         for key in (*_IMPLEMENTATION_KEYS, *_SETTING_KEYS):
             if key in group:
                 saved[key] = group[key]
