@@ -282,3 +282,11 @@ def test_a_character_the_pretrained_vocabulary_lacks_names_the_file_and_init_fro
     line = one_line_error(capsys, *args, "--set", f"data.path={_q(tmp_path / 'cls.tsv')}",
                           "--set", f"data.eval_path={_q(tmp_path / 'eval.tsv')}")
     assert f"{tmp_path / 'eval.tsv'}: line 3: 'Q' is not in the vocabulary" in line
+
+
+@pytest.mark.parametrize("value", ["42", "[1]"])
+def test_an_init_from_that_is_not_text_is_one_line(capsys, value):
+    # TOML reads a folder named 42 as a number: a TypeError traceback (found by the stop-32 bad-input audit).
+    line = one_line_error(capsys, "train", "--set", f"model.init_from={value}")
+    assert line.endswith(f"model.init_from: expected a string (a run folder), got {value}; write it in double "
+                         "quotes (on the command line: --set model.init_from='\"...\"')")

@@ -149,3 +149,12 @@ def test_model_init_from_with_a_tokenizer_not_its_weights_is_one_line_before_the
                           "--set", f"train.out_dir={toml_str(out)}")
     assert "does not belong to these weights" in line
     assert not out.exists()  # refused before the run replaced anything
+
+
+@pytest.mark.parametrize("kind", [[], {}, ["char"]])
+def test_a_tokenizer_type_that_is_not_a_name_is_refused_in_words(kind):
+    # A JSON array or object was looked up in the registry: "unhashable type" (stop-32 bad-input audit).
+    from attnlab.data.tokenizers import tokenizer_from_dict
+
+    with pytest.raises(DataError, match=r"unknown tokenizer type .*; expected one of: char, word"):
+        tokenizer_from_dict({"type": kind, "version": 1})

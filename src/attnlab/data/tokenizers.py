@@ -795,7 +795,7 @@ def train_tokenizer(
 def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
     """Rebuild a tokenizer from `Tokenizer.to_dict()`."""
     kind = data.get("type") if isinstance(data, dict) else None
-    if kind not in TOKENIZERS:
+    if not isinstance(kind, str) or kind not in TOKENIZERS:  # a list or object is no name (and unhashable)
         raise DataError(f"unknown tokenizer type {kind!r}; expected one of: {', '.join(TOKENIZERS.names())}")
     version = data.get("version", FORMAT_VERSION)
     if isinstance(version, bool) or not isinstance(version, int):

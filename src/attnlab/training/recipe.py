@@ -436,6 +436,10 @@ def _init_from_config(path: str) -> dict[str, Any]:
     """The model config of the run model.init_from names; its errors say which setting named the folder."""
     from attnlab.training.checkpoint import read_config
 
+    if not isinstance(path, str):  # TOML read a folder named 42, or a list, as what it looks like
+        raise ConfigError(f"model.init_from: expected a string (a run folder), got {path!r}; write it in double "
+                          "quotes (on the command line: --set model.init_from='\"...\"')")
+
     try:
         return read_config(path)
     except CheckpointError as e:
