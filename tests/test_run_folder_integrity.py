@@ -494,6 +494,15 @@ def test_a_damaged_run_json_does_not_block_a_checkpoint_that_has_its_data(capsys
     assert json.loads(out)["loss"] > 0
 
 
+@pytest.mark.parametrize("entry", ['"data": 5', '"data": "xy"', '"labels": 5', '"labels": [{"a": 1}]'])
+def test_a_run_json_of_wrong_types_is_one_line_where_it_is_read(capsys, tmp_path, lm_copy, entry):
+    # Read when trainer_state.json is gone: dict() and list() of these values were tracebacks (stop-32 audit).
+    (lm_copy / "checkpoint" / "trainer_state.json").unlink()
+    (lm_copy / "run.json").write_text("{" + entry + "}", encoding="utf-8")
+    line = one_line_error(capsys, "generate", str(lm_copy), "-p", "the", "-n", "2", "--device", "cpu")
+    assert line.endswith("run.json is not a valid run description; re-run training or remove the file")
+
+
 def test_a_bare_bert_checkpoint_cuts_long_pairs_to_its_positions(capsys, tmp_path):
     # The masked-LM evaluation of a checkpoint without data.max_length cut pairs to 128 tokens: "sequence of 128
     # tokens is longer than the model allows (24)".

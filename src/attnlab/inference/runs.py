@@ -107,9 +107,13 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
             continue
         try:
             saved = json.loads(candidate.read_text(encoding="utf-8"))
-            data = data or dict(saved.get("data", {}))
-            labels = labels or list(saved.get("labels") or [])
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, RecursionError):
+            saved_data, saved_labels = saved.get("data", {}), saved.get("labels") or []
+            if not isinstance(saved_data, dict) or not isinstance(saved_labels, list) or not all(
+                    isinstance(x, (str, int)) and not isinstance(x, bool) for x in saved_labels):
+                raise ValueError("wrong types")  # a list, number or text where a table or names go
+            data = data or dict(saved_data)
+            labels = labels or [str(x) for x in saved_labels]
+        except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):  # JSONDecodeError is a ValueError
             raise CheckpointError(f"{candidate} is not a valid run description; re-run training or "
                                   "remove the file") from None
         break
