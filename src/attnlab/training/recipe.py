@@ -674,10 +674,8 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     data_dir = make_folder(Path(t.out_dir) / "data", "train.out_dir")
 
     def encode(part: Callable[[], Iterable[str]], name: str, path: str | None):
-        try:  # the blocks of one text: encoded with the ids of the whole text
+        with _naming_unknown_tokens(run, saved, tokenizer, path, texts):  # the blocks of one text: one text's ids
             return build_token_file(TextStream(part()), tokenizer, data_dir / name)
-        except UnknownToken as e:
-            raise _unknown_token_error(run, saved, tokenizer, texts, e, path) from None
 
     train_tokens = encode(train_part, "train.bin", d.path)
     if len(train_tokens) < block + 1:
@@ -736,13 +734,14 @@ def _unknown_token_error(run: RunConfig, saved: Path | None, tokenizer, texts: I
 
 
 @contextlib.contextmanager
-def _naming_unknown_tokens(run: RunConfig, saved: Path | None, tokenizer, path: str | None):
-    """Turn a token the vocabulary lacks (a char vocabulary without unk: one of a run in model.init_from or
-    resumed) into `_unknown_token_error`'s message about the file `path` read inside the block."""
+def _naming_unknown_tokens(run: RunConfig, saved: Path | None, tokenizer, path: str | None,
+                           texts: Iterable[str] = ()):
+    """Turn a token the vocabulary lacks (a char vocabulary without unk) into `_unknown_token_error`'s message
+    about the file `path` read inside the block (`texts`: a new vocabulary's training text, see there)."""
     try:
         yield
     except UnknownToken as e:
-        raise _unknown_token_error(run, saved, tokenizer, (), e, path) from None
+        raise _unknown_token_error(run, saved, tokenizer, texts, e, path) from None
 
 
 def _first_line_with(path: str, token: str) -> int | None:
