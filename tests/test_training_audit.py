@@ -162,6 +162,29 @@ def test_ctrl_c_during_the_optimizer_step_still_resumes_exactly(tmp_path):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
 
 
+def test_a_second_ctrl_c_during_the_interrupt_save_keeps_the_checkpoint(tmp_path):
+    # Ctrl-C pressed twice: the second KeyboardInterrupt landed inside the save of the first, which it cut short,
+    # so the steps since the last checkpoint were lost (here: no checkpoint at all).
+    trainer = Trainer(tiny_model(), _config(), ToySource(), out_dir=tmp_path / "run")
+    _ctrl_c_in_optimizer_step(2)(trainer)
+    save = trainer._save
+
+    def save_pressed_again(folder, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # before the first file is written
+        return save(folder, **kwargs)
+
+    trainer._save = save_pressed_again
+    try:
+        with pytest.raises(TrainingInterrupted, match="at step 2 of 4"):
+            trainer.fit()
+    except KeyboardInterrupt:
+        pytest.fail("the second Ctrl-C escaped the interrupt's save")
+    assert read_trainer_state(tmp_path / "run" / "checkpoint")["step"] == 2
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are given back
+    resumed = Trainer(tiny_model(), _config(), ToySource(), out_dir=tmp_path / "run", resume=True)
+    assert resumed.fit()["steps"] == 4
+
+
 def test_a_full_disk_during_a_save_is_one_line(capsys, tmp_path, monkeypatch):
     # safetensors reports the failed write as its own SafetensorError: a 61-line traceback and exit code 1.
     from attnlab.training import checkpoint

@@ -187,11 +187,15 @@ _DIVERGED_FIX = "lower lr, raise warmup_steps, enable grad_clip or use precision
 
 
 @contextlib.contextmanager
-def _interrupts_deferred() -> Iterator[None]:
+def _interrupts_deferred(*, drop: bool = False) -> Iterator[None]:
     """Ctrl-C (SIGINT) and SIGTERM received inside the block take effect at its end, with the handlers they
     would have met. Around an optimizer step and the step counter's increment: interrupted between the two, a
     checkpoint held weights already updated by a step it counted as not done (a resume applied it twice), and a
-    fused or foreach AdamW can be stopped between its parameter groups."""
+    fused or foreach AdamW can be stopped between its parameter groups.
+
+    With ``drop``, those received are dropped instead: around the save of a run that is already stopping, where
+    a second Ctrl-C (an impatient user presses it twice) cut the save short and lost the steps since the last
+    checkpoint."""
     signums = (signal.SIGINT, signal.SIGTERM)
     previous = {signum: signal.getsignal(signum) for signum in signums}
     # Signals reach the main thread only; a handler installed outside Python (None) could not be put back.
@@ -214,7 +218,7 @@ def _interrupts_deferred() -> Iterator[None]:
         finally:
             if blocks:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    for signum in held[:1]:
+    for signum in [] if drop else held[:1]:
         handler = previous[signum]
         if callable(handler):
             handler(signum, None)  # Python's SIGINT handler raises KeyboardInterrupt; the CLI's SIGTERM one too
@@ -1067,8 +1071,9 @@ class Trainer:
                     self.save()
                     saved_at = self.step
         except KeyboardInterrupt:
-            progress.close()
-            self._interrupted()
+            with _interrupts_deferred(drop=True):  # the run stops anyway; another Ctrl-C must not cut its save
+                progress.close()
+                self._interrupted()
         except TrainingDiverged:
             progress.close()
             if self.world.is_main:
