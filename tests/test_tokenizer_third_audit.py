@@ -84,6 +84,56 @@ def test_a_jsonl_line_nested_too_deeply_is_one_line_naming_it(tmp_path):
         read_classification_file(data, text_column="text", label_column="label")
 
 
+def _as_word_tokenizer(data: dict) -> dict:
+    return {**data, "type": "word", "pattern": None, "lowercase": False}
+
+
+def _two_characters_swapped(data: dict) -> dict:
+    tokens = list(data["tokens"])
+    tokens[-1], tokens[-2] = tokens[-2], tokens[-1]
+    return {**data, "tokens": tokens}
+
+
+@pytest.mark.parametrize("change, says", [(_as_word_tokenizer, "a word tokenizer; they were trained with a char one"),
+                                          (_two_characters_swapped, "are not the vocabulary they were trained with")])
+def test_a_tokenizer_of_the_same_size_and_specials_but_not_the_weights_is_refused(tiny_run, tmp_path, capsys,
+                                                                                    change, says):
+    # Only the size and the pad, bos and eos ids were compared: a word tokenizer with the char run's token list,
+    # or the char vocabulary with two characters' ids swapped, was taken, and generate wrote other text.
+    import shutil
+
+    from cli_helpers import one_line_error
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    file = run / "checkpoint" / "tokenizer.json"
+    file.write_text(json.dumps(change(json.loads(file.read_text(encoding="utf-8")))), encoding="utf-8")
+    line = one_line_error(capsys, "generate", str(run), "-p", "a", "-n", "2", "--device", "cpu")
+    assert "tokenizer.json does not belong to these weights (" in line and says in line
+    assert line.endswith("use the run's own tokenizer.json")
+
+
+@pytest.mark.parametrize("position, says", [
+    ("learned", "weight 'position.embedding.weight' has shape (16, "),
+    ("sinusoidal", "config.json describes a model too large for this machine's memory (sequences of 1000000000000 "
+                   "tokens, ")])
+def test_a_config_json_with_a_huge_block_size_is_refused_before_it_is_built(tiny_run, tmp_path, capsys, position,
+                                                                             says):
+    # The model was built at the damaged size first: a (10**12, d) position table, "out of memory; use a smaller
+    # model", or for a size that fits, gigabytes allocated before the weights' shapes refused it.
+    import shutil
+
+    from cli_helpers import one_line_error
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    file = run / "checkpoint" / "config.json"
+    config = json.loads(file.read_text(encoding="utf-8"))
+    file.write_text(json.dumps({**config, "block_size": 10**12, "position": position}), encoding="utf-8")
+    line = one_line_error(capsys, "generate", str(run), "-p", "a", "-n", "2", "--device", "cpu")
+    assert says in line and "out of memory" not in line
+
+
 @pytest.fixture(scope="module")
 def translation_run(tmp_path_factory):
     from cli_helpers import toml_str

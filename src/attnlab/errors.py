@@ -25,3 +25,12 @@ class UnknownToken(DataError):
 
 class CheckpointError(AttnlabError):
     """A checkpoint folder that is missing, corrupt, or belongs to another model."""
+
+
+def one_line(error: BaseException) -> str:
+    """The first line of an error's message, for a one-line report. Python's refusal to read a number of more
+    than 4,300 digits from text (JSON, TOML, YAML), whose advice is a call for programmers, in a user's words."""
+    if isinstance(error, ValueError) and "integer string conversion" in str(error):
+        return "a number of more than 4,300 digits"
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

@@ -30,6 +30,12 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def check_readable(path: str | os.PathLike[str]) -> None:
+    """Open and close `path`, so that a file the user may not read raises PermissionError naming it: safetensors
+    reports such a file as "No such file or directory", and the user looks for a missing file instead."""
+    open(path, "rb").close()
+
+
 def ordinary_permissions(path: str | os.PathLike[str]) -> None:
     """Give a file the permissions a plain ``open(path, "w")`` would have (0o666 less the umask).
 

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from attnlab.config import finite_number
 from attnlab.errors import CheckpointError
+from attnlab.files import check_readable
 
 REQUIRED: Any = object()  # the `default` of a key that has none
 
@@ -42,6 +43,7 @@ def read_hf_folder(model_dir: str | Path, what: str) -> tuple[dict[str, Any], di
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
         if weights_path.is_file():
+            check_readable(weights_path)  # safetensors says "No such file" where reading is not allowed
             state = load_file(str(weights_path))
         else:
             state = _read_shards(index_path, load_file)
@@ -69,6 +71,7 @@ def _read_shards(index_path: Path, load_file) -> dict[str, Tensor]:
         shard = index_path.parent / file
         if not shard.is_file():
             raise CheckpointError(f"{index_path.parent}: {file}, named in {index_path.name}, is missing")
+        check_readable(shard)
         for name, tensor in load_file(str(shard)).items():
             if weight_map.get(name) == file:
                 state[name] = tensor

@@ -3,7 +3,9 @@
 A checkpoint folder holds
 
 - ``model.safetensors``: the model's state dict. A tensor shared by several names (tied embedding and
-  output weights) is stored once; the header's metadata maps the other names to it ("aliases").
+  output weights) is stored once; the header's metadata maps the other names to it ("aliases"), and
+  records a classifier's class names ("labels") and the kind and vocabulary digest of the tokenizer saved
+  beside the weights ("tokenizer"), so that one copied in from another run is refused.
 - ``config.json``: the model config, ``{"family": ..., **fields}``, enough to rebuild the model.
 - ``tokenizer.json``: the tokenizer, when the run has one.
 - ``optimizer.safetensors``: every optimizer state tensor, named ``<param index>.<name>``, with the
@@ -23,6 +25,7 @@ to open.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import random
@@ -38,8 +41,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from attnlab.errors import CheckpointError, ConfigError
-from attnlab.files import fsync_path, ordinary_permissions
+from attnlab.errors import CheckpointError, ConfigError, one_line
+from attnlab.files import check_readable, fsync_path, ordinary_permissions
 from attnlab.training.device import _mps_available
 from attnlab.training.distributed import unwrap
 
@@ -67,9 +70,7 @@ class ModelMismatch(CheckpointError):
 # Small file helpers
 
 
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
+_one_line = one_line
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -87,7 +88,8 @@ def _read_json(path: Path) -> Any:
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deep
+    # ValueError: not JSON, not UTF-8, or a number of more than 4,300 digits; RecursionError: nested too deep
+    except (ValueError, RecursionError) as e:
         raise CheckpointError(f"{path} is corrupt ({_one_line(e)}); use another checkpoint") from None
 
 
@@ -95,6 +97,7 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, st
     if not path.is_file():
         raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete, "
                               "use another one")
+    check_readable(path)  # an OSError is the system's to report (permission denied), not "corrupt"
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             metadata = dict(f.metadata() or {})
@@ -118,7 +121,7 @@ def _metadata_json(metadata: dict[str, str], key: str, path: Path, default: Any)
         return default
     try:
         return json.loads(metadata[key])
-    except (json.JSONDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:
         raise CheckpointError(f"{path}: header entry {key!r} is corrupt ({_one_line(e)}); "
                               "use another checkpoint") from None
 
@@ -261,7 +264,18 @@ def _shape(t: torch.Tensor) -> str:
     return "(" + ", ".join(map(str, t.shape)) + ")"
 
 
-def _load_model_state(folder: Path, model: nn.Module) -> None:
+def _load_model_state(folder: Path, model: nn.Module, tensors: dict[str, torch.Tensor] | None = None) -> None:
+    """Load the weights file into `model`; `tensors`: those `_checked_tensors` already read for its shapes."""
+    expected = model.state_dict()
+    if tensors is None:
+        tensors = _checked_tensors(folder, expected)
+    _check_shared_weights(folder / MODEL_FILE, expected, tensors)
+    model.load_state_dict(tensors, strict=True)
+
+
+def _checked_tensors(folder: Path, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The weights file's tensors (aliases resolved) by name, refused unless they are all finite and have the
+    names, shapes and kinds of the state dict `expected` (a model's, or its skeleton's on the meta device)."""
     path = folder / MODEL_FILE
     tensors, metadata = _read_safetensors(path)
     for key, t in tensors.items():  # each stored tensor once (aliases share them): one pass over the weights
@@ -273,7 +287,6 @@ def _load_model_state(folder: Path, model: nn.Module) -> None:
             raise CheckpointError(f"{path}: alias {alias!r} points to missing tensor {target!r}; "
                                   "use another checkpoint")
         tensors[alias] = tensors[target]
-    expected = model.state_dict()
     for key, t in expected.items():
         if key not in tensors:
             raise ModelMismatch(f"{path} has no weight {key!r}, which the model needs; "
@@ -290,8 +303,7 @@ def _load_model_state(folder: Path, model: nn.Module) -> None:
         if key not in expected:
             raise ModelMismatch(f"{path} has weight {key!r}, which the model does not have; "
                               "the checkpoint belongs to another model")
-    _check_shared_weights(path, expected, tensors)
-    model.load_state_dict(tensors, strict=True)
+    return tensors
 
 
 def _check_shared_weights(path: Path, expected: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:
@@ -510,6 +522,8 @@ def save_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
         labels = ((trainer_state or {}).get("extra_state") or {}).get("labels")
         if labels:  # a classifier's class names travel with its weights (trainer_state.json may be left behind)
             metadata["labels"] = json.dumps(list(labels))
+        if tokenizer is not None and hasattr(tokenizer, "kind") and hasattr(tokenizer, "vocab"):
+            metadata["tokenizer"] = json.dumps(tokenizer_fingerprint(tokenizer))
         save_file(tensors, str(tmp / MODEL_FILE), metadata=metadata)
         ordinary_permissions(tmp / MODEL_FILE)
         fsync_path(tmp / MODEL_FILE)
@@ -557,16 +571,27 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     return config
 
 
-def saved_labels(path: str | os.PathLike[str]) -> list[str] | None:
-    """The class names a classifier's weights file carries (None: none, or an unreadable entry)."""
-    folder = find_checkpoint(path)
+def _weights_entry(folder: Path, key: str) -> Any:
+    """The JSON entry `key` of the weights file's metadata; None where it has none or it cannot be read."""
     try:
         with safe_open(str(folder / MODEL_FILE), framework="pt") as f:
-            raw = (f.metadata() or {}).get("labels")
-        labels = json.loads(raw) if raw else None
-    except Exception:  # a damaged header is load_model's to report; here it only means no names
+            raw = (f.metadata() or {}).get(key)
+        return json.loads(raw) if raw else None
+    except Exception:  # a damaged header is load_model's to report; here it only means no entry
         return None
+
+
+def saved_labels(path: str | os.PathLike[str]) -> list[str] | None:
+    """The class names a classifier's weights file carries (None: none, or an unreadable entry)."""
+    labels = _weights_entry(find_checkpoint(path), "labels")
     return [str(x) for x in labels] if isinstance(labels, list) and labels else None
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> dict[str, str]:
+    """What the weights file records of the tokenizer saved beside it: its kind, and a digest of its
+    vocabulary in id order (two tokenizers of one size and kind can still give the same ids to other tokens)."""
+    vocab = json.dumps(tokenizer.vocab(), ensure_ascii=False).encode("utf-8", "surrogatepass")
+    return {"type": str(tokenizer.kind), "vocab_sha256": hashlib.sha256(vocab).hexdigest()}
 
 
 def class_names(path: str | os.PathLike[str]) -> list[str] | None:
@@ -587,8 +612,9 @@ def class_names(path: str | os.PathLike[str]) -> list[str] | None:
 
 def check_tokenizer_fits(config: Any, tokenizer: Any, folder: str | os.PathLike[str]) -> None:
     """Refuse the tokenizer.json of `folder` where it cannot be the one its weights were trained with: another
-    vocabulary size than the embeddings' (`config`: a model config or its dict), or pad, bos or eos tokens at
-    other ids than the config's (a tokenizer copied from another run of the same size).
+    vocabulary size than the embeddings' (`config`: a model config or its dict), pad, bos or eos tokens at
+    other ids than the config's, or another kind or vocabulary than the weights file records (a tokenizer
+    copied from another run of the same size).
 
     Raises:
         CheckpointError: naming the file and the difference.
@@ -607,6 +633,16 @@ def check_tokenizer_fits(config: Any, tokenizer: Any, folder: str | os.PathLike[
         if want is not None and have is not None and want != have:
             raise CheckpointError(f"{file} does not belong to these weights (its {name[:-3]} token is id {have}, "
                                   f"the model's is {want}); use the run's own tokenizer.json")
+    saved = _weights_entry(Path(folder), "tokenizer")  # written since 2026-12-06; older checkpoints have none
+    if not isinstance(saved, dict) or not hasattr(tokenizer, "kind") or not hasattr(tokenizer, "vocab"):
+        return
+    have = tokenizer_fingerprint(tokenizer)
+    if saved.get("type") != have["type"]:
+        raise CheckpointError(f"{file} does not belong to these weights (a {have['type']} tokenizer; they were "
+                              f"trained with a {saved.get('type')} one); use the run's own tokenizer.json")
+    if saved.get("vocab_sha256") != have["vocab_sha256"]:
+        raise CheckpointError(f"{file} does not belong to these weights (its {tokenizer.vocab_size} tokens are "
+                              "not the vocabulary they were trained with); use the run's own tokenizer.json")
 
 
 def read_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -628,16 +664,33 @@ def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu")
     Raises:
         CheckpointError: missing folder or file, corrupt file, or an unknown model family.
     """
-    from attnlab.models.registry import build_model
-
     folder = find_checkpoint(path)
     config = read_config(folder)
+    # The weights are checked against the model's skeleton first, built on the meta device: a config.json whose
+    # sizes were damaged (block_size 10**12) is refused by its weights' shapes, before gigabytes are allocated.
+    with torch.device("meta"):
+        skeleton = _build_saved(folder, config)
+    tensors = _checked_tensors(folder, skeleton.state_dict())
+    model = _build_saved(folder, config)
+    _load_model_state(folder, model, tensors)
+    return model.to(device).eval()
+
+
+def _build_saved(folder: Path, config: dict[str, Any]) -> nn.Module:
+    """The model `config` (the folder's config.json) describes, untrained, on torch's default device."""
+    from attnlab.models.registry import build_model
+
     try:
-        model = build_model(config)
+        return build_model(config)
     except ConfigError as e:
         raise CheckpointError(f"{folder / CONFIG_FILE}: {e}") from None
-    _load_model_state(folder, model)
-    return model.to(device).eval()
+    except (MemoryError, RuntimeError) as e:  # tables computed on the CPU even for the skeleton (sinusoidal, rotary)
+        if not isinstance(e, MemoryError) and "can't allocate memory" not in str(e):
+            raise
+        length, width = config.get("block_size", config.get("max_len")), config.get("d_model")
+        raise CheckpointError(f"{folder / CONFIG_FILE} describes a model too large for this machine's memory "
+                              f"(sequences of {length} tokens, {width} wide); if the file was edited, restore the "
+                              "run's own config.json") from None
 
 
 def load_checkpoint_into(path: str | os.PathLike[str], model: nn.Module,
