@@ -31,7 +31,7 @@ from typing import Any
 from torch import nn
 
 from attnlab.config import Config
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, one_line
 from attnlab.registry import Registry
 
 # --------------------------------------------------------------------------------------------------
@@ -893,9 +893,9 @@ def _load(name: str) -> tuple[str, Config, Path | None]:
             raise ConfigError(f"{name}: no config.json there; give a preset name ({presets}) or a run folder")
         try:
             data = json.loads(file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-            raise ConfigError(f"{file}: not a readable JSON config ({e}); give a run or checkpoint folder written "
-                              "by attnlab, or a preset name (attnlab params --list)") from None
+        except (OSError, ValueError, RecursionError) as e:  # ValueError: not UTF-8 or JSON, a 4,300-digit number
+            raise ConfigError(f"{file}: not a readable JSON config ({one_line(e)}); give a run or checkpoint folder "
+                              "written by attnlab, or a preset name (attnlab params --list)") from None
         if isinstance(data, dict) and "family" not in data and isinstance(data.get("model"), dict):
             # A run's description (run.json: {"model": ..., "data": ..., "train": ...}) keeps the [model] table as
             # written, without what the data decided (a table naming its family was counted with the default

@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from attnlab.errors import ConfigError, DataError
+from attnlab.errors import ConfigError, DataError, one_line
 
 BLOCK_BYTES = 1 << 20
 
@@ -411,6 +411,8 @@ def _read_jsonl(path, text, text_column, label_column, require_labels) -> Classi
         except json.JSONDecodeError as e:
             hint = array if not texts and line.lstrip().startswith("[") else "; fix the line"
             raise DataError(f"data file '{path}' line {number}: not valid JSON ({e.msg}){hint}") from None
+        except ValueError as e:  # valid JSON that Python will not read: an integer of more than 4,300 digits
+            raise DataError(f"data file '{path}' line {number}: {one_line(e)}; fix the line") from None
         if not isinstance(obj, dict):
             hint = array if isinstance(obj, list) else "; write one JSON object per line"
             raise DataError(

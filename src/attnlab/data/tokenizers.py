@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from attnlab.errors import CheckpointError, ConfigError, DataError, UnknownToken
+from attnlab.errors import CheckpointError, ConfigError, DataError, UnknownToken, one_line
 from attnlab.files import write_text_atomic
 from attnlab.registry import Registry
 
@@ -832,9 +832,10 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
         raise DataError(f"tokenizer file '{path}' does not exist; check the path")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested too deep
+    # ValueError: not UTF-8, not JSON, or a number of more than 4,300 digits; RecursionError: nested too deep
+    except (ValueError, RecursionError) as e:
         raise DataError(
-            f"tokenizer file '{path}' is not valid JSON ({e}); save the tokenizer again"
+            f"tokenizer file '{path}' is not valid JSON ({one_line(e)}); save the tokenizer again"
         ) from None
     try:
         return tokenizer_from_dict(data)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.config import Config, check_choice, check_positive
-from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError, UnknownToken
+from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError, UnknownToken, one_line
 from attnlab.files import write_text_atomic
 
 if sys.version_info >= (3, 11):
@@ -211,6 +211,8 @@ def parse_value(raw: str) -> Any:
         return tomllib.loads(f"v = {raw}")["v"]
     except (tomllib.TOMLDecodeError, RecursionError):  # RecursionError: nested thousands deep
         return raw
+    except ValueError as e:  # valid TOML that Python will not read: an integer of more than 4,300 digits
+        raise ConfigError(f"value {raw[:12]}...: {one_line(e)}; give a smaller number") from None
 
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -290,7 +292,7 @@ def _read_config_file(p: Path) -> Any:
         try:
             raw = yaml.load(text, Loader=_yaml_loader())
         except ValueError as e:  # a value its resolvers took for a number and could not read as one
-            raise ConfigError(f"{p}: invalid YAML: {e}; quote the value") from None
+            raise ConfigError(f"{p}: invalid YAML: {one_line(e)}; quote the value") from None
         except RecursionError:  # sequences or mappings nested thousands deep
             raise ConfigError(f"{p}: invalid YAML: values nested too deeply to read; fix the file") from None
         except yaml.YAMLError as e:
@@ -312,6 +314,8 @@ def _read_config_file(p: Path) -> Any:
             raise ConfigError(f"{p}: config files are TOML or YAML (.json is not read); write it as "
                               "[section] tables of key = value lines, as in configs/") from None
         raise ConfigError(f"{p}: invalid TOML: {e}") from None
+    except ValueError as e:  # an integer of more than 4,300 digits
+        raise ConfigError(f"{p}: invalid TOML: {one_line(e)}; fix the file") from None
     except RecursionError:  # arrays or tables nested thousands deep
         raise ConfigError(f"{p}: invalid TOML: values nested too deeply to read; fix the file") from None
 
