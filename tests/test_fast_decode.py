@@ -187,6 +187,77 @@ def test_onednn_off_switches_off_within_the_block_and_restores_what_it_found():
         torch._C._set_mkldnn_enabled(found)
 
 
+def _overlapping_in_two_threads(block) -> None:
+    """Enter `block()` in one thread, then in a second, and leave the first one first: the order in which a
+    save-and-restore switch writes back the value it found inside the other block."""
+    import threading
+
+    entered, first_left = threading.Event(), threading.Event()
+
+    def second():
+        with block():
+            entered.set()
+            first_left.wait(10)
+
+    with block():
+        thread = threading.Thread(target=second)
+        thread.start()
+        entered.wait(10)
+    first_left.set()
+    thread.join(10)
+
+
+def test_onednn_off_in_overlapping_threads_gives_the_switch_back():
+    # Each block saved and restored the switch: the second thread found it off and, leaving last, left oneDNN off
+    # for the process (bf16 products 16x slower from then on; stop-33 bf16 audit).
+    from attnlab.training.device import onednn_off
+
+    found = torch._C._get_mkldnn_enabled()
+    try:
+        torch._C._set_mkldnn_enabled(True)
+        _overlapping_in_two_threads(onednn_off)
+        assert torch._C._get_mkldnn_enabled()
+    finally:
+        torch._C._set_mkldnn_enabled(found)
+
+
+def test_fp32_matmuls_on_onednn_in_overlapping_threads_give_the_switch_back():
+    # Two fp32 runs of wide models in two threads left fp32 matmuls on oneDNN after both had returned.
+    from attnlab.training import device
+
+    if not device.onednn_fp32_is_exact():
+        pytest.skip("fp32 matmuls do not go to oneDNN on this CPU")
+    backend = device._onednn_matmul_backend()
+    found = backend.fp32_precision
+    _overlapping_in_two_threads(lambda: device.fast_fp32_matmul("cpu"))
+    assert backend.fp32_precision == found
+
+
+def test_the_onednn_fp32_check_tests_onednn_when_asked_inside_onednn_off(tmp_path):
+    # Asked first inside `onednn_off`, the probe's product took MKL, passed, and the cached answer stood: on a CPU
+    # where oneDNN computes fp32 in bf16 (AMX), wide fp32 runs would have trained in bf16.
+    import os
+    import subprocess
+    import sys
+
+    from attnlab.training import device
+
+    if device._onednn_matmul_backend() is None or not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN fp32 switch in this torch")
+    code = ("from attnlab.training.device import onednn_off, onednn_fp32_is_exact\n"
+            "probe = onednn_fp32_is_exact.__wrapped__\n"
+            "probe()\nprint('inside onednn_off', flush=True)\n"
+            "with onednn_off():\n    probe()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ONEDNN_VERBOSE": "1"})
+    assert done.returncode == 0, done.stderr
+    outside, inside = done.stdout.split("inside onednn_off")
+    products = [sum(",exec," in line and "matmul" in line for line in part.splitlines()) for part in (outside, inside)]
+    if not products[0]:
+        pytest.skip("this torch does not send the probe's fp32 product to oneDNN here")
+    assert products[1] == products[0], done.stdout[-2000:]
+
+
 ONEDNN_BF16 = pytest.mark.skipif(not fast_decode._onednn_linear_works(),
                                  reason="this torch build or CPU has no oneDNN bf16 linear")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import threading
 import warnings
 from collections.abc import Iterator
 
@@ -217,8 +218,11 @@ def onednn_fp32_is_exact() -> bool:
     backend = _onednn_matmul_backend()
     if backend is None or not torch.backends.mkldnn.is_available():
         return False
-    old = backend.fp32_precision
+    old, enabled = backend.fp32_precision, torch._C._get_mkldnn_enabled()
     try:
+        # oneDNN itself switched on for the probe: asked first inside `onednn_off`, the product would take MKL
+        # and pass, and the cached answer would stand where oneDNN computes in bf16 (AMX).
+        torch._C._set_mkldnn_enabled(True)
         backend.fp32_precision = "bf16"
         g = torch.Generator().manual_seed(0)
         a, b = torch.randn(512, 384, generator=g), torch.randn(384, 768, generator=g)
@@ -229,6 +233,7 @@ def onednn_fp32_is_exact() -> bool:
         return False
     finally:
         backend.fp32_precision = old
+        torch._C._set_mkldnn_enabled(enabled)
 
 
 # Below this model width MKL's fp32 matmuls were as fast or faster in bench_gpt.py (shape A, 128 wide:
@@ -252,6 +257,44 @@ def wants_onednn_fp32(model: torch.nn.Module) -> bool:
     return int(getattr(config, "d_model", 0) or 0) >= ONEDNN_FP32_MIN_WIDTH and cpu_runs_avx512()
 
 
+class _HeldSetting:
+    """A process-wide setting held at one value while any block holding it runs, in any thread, and given back as
+    the first of them found it when the last one leaves. Saving and restoring in each block lost the setting
+    where blocks of two threads overlapped and left in the other order: the last to leave wrote back the value
+    it had found inside the other's block (oneDNN stayed off for the process, 16x slower bf16 products)."""
+
+    __slots__ = ("_get", "_set", "_value", "_lock", "_holders", "_found")
+
+    def __init__(self, get, set_, value):
+        self._get, self._set, self._value = get, set_, value
+        self._lock, self._holders, self._found = threading.Lock(), 0, None
+
+    def hold(self) -> None:
+        with self._lock:
+            if not self._holders:
+                self._found = self._get()
+            self._holders += 1
+            self._set(self._value)
+
+    def release(self) -> None:
+        with self._lock:
+            self._holders -= 1
+            if not self._holders:
+                self._set(self._found)
+
+
+_ONEDNN_OFF = _HeldSetting(torch._C._get_mkldnn_enabled, torch._C._set_mkldnn_enabled, False)
+_FP32_ON_ONEDNN: list[_HeldSetting] = []  # made on first use: torch's switch, where this torch has it
+
+
+def _fp32_on_onednn() -> _HeldSetting:
+    if not _FP32_ON_ONEDNN:
+        backend = _onednn_matmul_backend()
+        _FP32_ON_ONEDNN.append(_HeldSetting(lambda: backend.fp32_precision,
+                                            lambda value: setattr(backend, "fp32_precision", value), "bf16"))
+    return _FP32_ON_ONEDNN[0]
+
+
 @contextlib.contextmanager
 def fast_fp32_matmul(device: torch.device | str, enabled: bool = True) -> Iterator[bool]:
     """Within the block, fp32 matmuls on the CPU take oneDNN's AVX-512 path where `onednn_fp32_is_exact`;
@@ -260,31 +303,30 @@ def fast_fp32_matmul(device: torch.device | str, enabled: bool = True) -> Iterat
     if not enabled or torch.device(device).type != "cpu" or not onednn_fp32_is_exact():
         yield False
         return
-    backend = _onednn_matmul_backend()
-    old = backend.fp32_precision
-    backend.fp32_precision = "bf16"
+    switch = _fp32_on_onednn()
+    switch.hold()  # held, not saved and restored: another thread's run may be inside the same block
     try:
         yield True
     finally:
-        backend.fp32_precision = old
+        switch.release()
 
 
 class onednn_off:  # noqa: N801 - used like a function: `with onednn_off(...):`
     """Within the block (where `on`), CPU ops skip oneDNN for torch's own kernels; the switch is restored on
-    the way out, an error included. It is process-wide: an op another thread runs meanwhile skips oneDNN too,
-    with the same result up to rounding. A class rather than a generator: it sits on decoding's per-token
-    path, where it costs ~0.4 µs a use against ~1.2 for `contextlib.contextmanager`."""
+    the way out, an error included, by the last of overlapping blocks of several threads to leave. It is
+    process-wide: an op another thread runs meanwhile skips oneDNN too, with the same result up to rounding. A
+    class rather than a generator: it sits on decoding's per-token path, where it costs ~1 µs a use against
+    ~1.5 for `contextlib.contextmanager`."""
 
-    __slots__ = ("on", "_was")
+    __slots__ = ("on",)
 
     def __init__(self, on: bool = True):
         self.on = on
 
     def __enter__(self) -> None:
         if self.on:
-            self._was = torch._C._get_mkldnn_enabled()
-            torch._C._set_mkldnn_enabled(False)
+            _ONEDNN_OFF.hold()
 
     def __exit__(self, *exc: object) -> None:
         if self.on:
-            torch._C._set_mkldnn_enabled(self._was)
+            _ONEDNN_OFF.release()
