@@ -439,6 +439,16 @@ def test_devices_and_precision():
         resolve_precision("fp8", "cpu")
 
 
+@pytest.mark.parametrize("precision", ["auto", "fp32"])
+def test_the_precision_a_run_trained_in_is_recorded(tmp_path, precision):
+    # "auto" was all a run folder said: whether it had trained in bf16 or fp32 on its machine was nowhere.
+    config = TrainerConfig(steps=1, batch_size=8, precision=precision, device="cpu", progress=False)
+    summary = Trainer(tiny_model(), config, ToySource(), out_dir=tmp_path).fit()
+    used = "bf16" if precision == "auto" and cpu_has_bf16() else "fp32"
+    assert summary["precision"] == used
+    assert read_trainer_state(tmp_path / "checkpoint")["precision_used"] == used
+
+
 def test_train_device_takes_one_gpu_by_number_as_generate_does(monkeypatch):
     """train.device refused "cuda:1", which generate --device and run knowledge --device take; under torchrun a
     numbered GPU is refused (every process would take it: each takes GPU LOCAL_RANK)."""

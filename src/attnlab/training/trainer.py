@@ -698,6 +698,7 @@ class Trainer:
             "train_seconds": self._totals.train_seconds,
             "elapsed": self._elapsed(),
             "trainer_config": self.config.to_dict(),
+            "precision_used": self.precision_used,  # what train.precision "auto" resolved to on this machine
             "extra_state": self.extra_state,
             "attnlab_version": __version__,
         }
@@ -896,6 +897,12 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------
     # The loop
+
+    @property
+    def precision_used(self) -> str:
+        """The arithmetic the steps run in, "bf16", "fp16" or "fp32": what train.precision ("auto" by default)
+        resolved to on this machine, recorded in the summary and every checkpoint."""
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, "fp32")
 
     def _elapsed(self) -> float:
         since = time.perf_counter() - self._fit_start if self._fit_start is not None else 0.0
@@ -1104,6 +1111,7 @@ class Trainer:
             "stopped_early": stopped_early,
             "wall_time_s": wall,
             "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+            "precision": self.precision_used,
             "checkpoint": str(self.out_dir / CHECKPOINT_DIR),
         }
 
