@@ -749,9 +749,9 @@ def test_translating_several_prompts_gives_each_its_translation_alone(mt_run, mo
             if p.dim() > 1:
                 p.normal_(0, 1.0)
     prompts = ["a", "a b c d e", "e d", "c a e b d b", "b"]
-    alone = [runs.generate_texts(run, [p], max_new_tokens=6, greedy=True, beam_size=beam_size)[0] for p in prompts]
+    alone = [runs.generate_texts(run, [p], max_new_tokens=6, beam_size=beam_size)[0] for p in prompts]
     monkeypatch.setattr(runs, "_TRANSLATE_BATCH", 2)
-    assert runs.generate_texts(run, prompts, max_new_tokens=6, greedy=True, beam_size=beam_size) == alone
+    assert runs.generate_texts(run, prompts, max_new_tokens=6, beam_size=beam_size) == alone
     assert len(set(alone)) > 1  # the prompts do not all translate alike, so a mix-up of rows would show
 
 

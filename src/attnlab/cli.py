@@ -125,19 +125,18 @@ def generate(
     if prompt is not None and input_file is not None:
         raise ConfigError("give --prompt (-p) or --input (-i), not both")
     run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint", dtype=dtype)
-    check_decoding_options(run.family, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    if greedy and beam_size != 1 and run.family == "seq2seq":
-        raise ConfigError(f"--greedy and --beam-size {beam_size} ask for two searches; drop --greedy for beam search, "
-                          "or --beam-size for greedy decoding")
+    check_decoding_options(run.family, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                           beam_size=beam_size)
     if input_file is not None:
         if run.family != "seq2seq":
             raise ConfigError(f"--input translates a file with a translation model; this run is a {run.family!r} "
                               "model: give its prompts with --prompt (-p)")
         print("\n".join(translate_file(run, input_file, beam_size=beam_size, max_len=max_new_tokens)))
         return
-    texts = generate_texts(run, prompt, max_new_tokens=max_new_tokens, greedy=greedy,
-                           temperature=0.8 if temperature is None else temperature, top_k=top_k, top_p=top_p,
-                           seed=0 if seed is None else seed, beam_size=beam_size)
+    if run.family != "seq2seq" and temperature is None and not greedy:
+        temperature = 0.8  # the command's default; the library's is 1.0
+    texts = generate_texts(run, prompt, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
+                           top_k=top_k, top_p=top_p, seed=seed, beam_size=beam_size)
     shown = texts if run.family == "seq2seq" else [p + text for p, text in zip(prompt, texts)]
     print("\n\n".join(shown))  # several prompts: one blank line between their texts
 

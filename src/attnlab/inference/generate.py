@@ -278,8 +278,28 @@ def greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None 
     `max_len` of them and at most as many as the model has target positions (a bounded model: learned ones).
     pad and bos are never emitted (see `_never_emitted`)."""
     _check_max_len(max_len)
+    _check_sources(model, src_ids)
     with eval_mode(model):
         return _greedy_translate(model, src_ids, src_mask, _target_length(model, max_len))
+
+
+def _check_sources(model: nn.Module, src_ids: Tensor) -> None:
+    """Sources as the translation decoders take them, or one line: ids outside the source vocabulary failed with an
+    IndexError from inside the embedding, a source of no tokens with a reshape error (as `generate` checks its
+    prompts)."""
+    if not isinstance(src_ids, Tensor) or src_ids.dim() != 2 or src_ids.is_floating_point() or \
+            src_ids.is_complex() or src_ids.dtype == torch.bool:
+        got = f"a tensor of shape {tuple(src_ids.shape)} and {src_ids.dtype}" if isinstance(src_ids, Tensor) else \
+            type(src_ids).__name__
+        raise ConfigError(f"src_ids must be a (B, S) tensor of token ids; got {got}")
+    if src_ids.shape[1] == 0:
+        raise ConfigError("the sources have no tokens (src_ids of shape (B, 0)); give each at least one token")
+    vocab = getattr(model.config, "src_vocab_size", None)
+    if vocab is not None and src_ids.numel():
+        low, high = int(src_ids.min()), int(src_ids.max())
+        if low < 0 or high >= vocab:
+            raise ConfigError(f"source token id {low if low < 0 else high} is outside the model's source vocabulary "
+                              f"(0 to {vocab - 1}); encode the sources with the model's tokenizer")
 
 
 def _whole(value: object) -> bool:
@@ -360,6 +380,7 @@ def beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = Non
     if not 0 <= length_penalty < math.inf:  # the early stop bounds a live beam's best score assuming α ≥ 0
         raise ConfigError(f"length_penalty must be a finite number >= 0, got {length_penalty}")
     _check_max_len(max_len)
+    _check_sources(model, src_ids)
     with eval_mode(model):
         return _beam_search(model, src_ids, src_mask, beam_size, _target_length(model, max_len), length_penalty)
 

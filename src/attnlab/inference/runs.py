@@ -247,9 +247,11 @@ def _encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
 
 
 def check_decoding_options(family: str, *, greedy: bool = False, temperature: float | None = None,
-                           top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> None:
+                           top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                           beam_size: int = 1) -> None:
     """Refuse decoding options the model would silently ignore; None means an option was not given. Translation
-    decodes greedily or by beam search (no sampling options); a language model told --greedy does not sample.
+    decodes greedily or by beam search (no sampling options, and not both); a language model told --greedy, or
+    given a temperature of 0 (greedy in effect: see `generate.sample_next`), does not sample.
 
     Raises:
         ConfigError: naming the options to drop, or a seed outside 0 to 2**63 - 1.
@@ -261,13 +263,20 @@ def check_decoding_options(family: str, *, greedy: bool = False, temperature: fl
     if family == "seq2seq":
         if given:
             raise ConfigError(f"translation decodes greedily or with --beam-size; drop {', '.join(given)}")
+        if greedy and beam_size != 1:
+            raise ConfigError(f"--greedy and --beam-size {beam_size} ask for two searches; drop --greedy for beam "
+                              "search, or --beam-size for greedy decoding")
     elif greedy and given:
         raise ConfigError(f"--greedy always takes the most likely token; drop {', '.join(given)}, or drop "
                           "--greedy to sample")
+    elif temperature is not None and 0 <= temperature < torch.finfo(torch.float32).tiny and len(given) > 1:
+        raise ConfigError(f"--temperature {temperature:g} always takes the most likely token, as --greedy does; drop "
+                          f"{', '.join(flag for flag in given if flag != '--temperature')}, or give a temperature "
+                          "above 0 to sample")
 
 
 def generate_text(run: LoadedRun, prompt: str, *, max_new_tokens: int = 200, greedy: bool = False,
-                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                  temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                   seed: int | None = None, beam_size: int = 1) -> str:
     """Continue `prompt` with a language model, or translate it with a seq2seq model."""
     return generate_texts(run, [prompt], max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
@@ -275,20 +284,23 @@ def generate_text(run: LoadedRun, prompt: str, *, max_new_tokens: int = 200, gre
 
 
 def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 200, greedy: bool = False,
-                   temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                   temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                    seed: int | None = None, beam_size: int = 1) -> list[str]:
     """Continue each prompt with a language model (one batch: prompts of different lengths are padded, and
     greedy decoding gives each the text it would get alone; sampling draws for all rows at once, so a seed
     reproduces the texts of the same list of prompts), or translate each with a seq2seq model (sources padded
-    and masked in batches: each gets the translation it gets alone)."""
+    and masked in batches: each gets the translation it gets alone).
+
+    Options left at None were not given (a translation refuses the sampling ones, see `check_decoding_options`);
+    a language model samples at temperature 1.0 with seed 0 unless told otherwise."""
     from attnlab.inference.generate import generate
 
     tok, model = run.tokenizer, run.model
     if not prompts:
         raise ConfigError("give at least one prompt")
     check_beam_size(beam_size)
-    # Options left at None were not given; temperature and seed always have a value here, so are not checked.
-    check_decoding_options(run.family, greedy=greedy, top_k=top_k, top_p=top_p)
+    check_decoding_options(run.family, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                           beam_size=beam_size)
     encoded = [_encode_prompt(tok, prompt) for prompt in prompts]
     if run.family == "seq2seq":
         _check_translation_lengths(max_new_tokens, beam_size)
@@ -309,9 +321,10 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
     # beyond it lie positions its training never used.
     trained = run.data.get("block_size")
     context = trained if limit is not None and type(trained) is int and 0 < trained < limit else None
-    new = generate(model, encoded, max_new_tokens, greedy=greedy, temperature=temperature, top_k=top_k,
-                   top_p=top_p, eos_id=tok.eos_id, pad_id=tok.pad_id if tok.pad_id is not None else 0, seed=seed,
-                   context=context)
+    temperature = 1.0 if temperature is None else temperature
+    new = generate(model, encoded, max_new_tokens, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
+                   eos_id=tok.eos_id, pad_id=tok.pad_id if tok.pad_id is not None else 0,
+                   seed=0 if seed is None else seed, context=context)
     return [_continuation(tok, prompt, ids, more) for prompt, ids, more in zip(prompts, encoded, new)]
 
 
