@@ -136,6 +136,32 @@ def test_a_repeated_header_row_is_skipped_with_a_warning(tmp_path):
     assert data.texts == ["good", "bad", "fine"] and data.label_names == ["0", "1"] and data.line_numbers == [2, 3, 5]
 
 
+@pytest.mark.parametrize("text, says, line", [
+    # a headerless file with a labelled one appended (`cat`): the header row became a class "label"
+    ("good film\t1\nbad film\t0\nsentence\tlabel\nok film\t1\n", "name the columns, as a header does", 3),
+    # the header repeated in another case: compared as written, it became a class "Label"
+    ("sentence\tlabel\ngood film\t1\nbad film\t0\nSentence\tLabel\nok film\t1\n", "repeat the header", 4),
+], ids=["no header at the top", "another case"])
+def test_a_header_row_inside_a_file_is_never_an_example(tmp_path, text, says, line):
+    from attnlab.data.text_files import read_classification_file
+
+    path = tmp_path / "joined.tsv"
+    path.write_text(text, encoding="utf-8")
+    with pytest.warns(UserWarning, match=f"1 row\\(s\\) {says} \\(the first at line {line}"):
+        data = read_classification_file(path)
+    assert data.texts == ["good film", "bad film", "ok film"] and data.label_names == ["0", "1"]
+
+
+def test_a_header_naming_two_columns_alike_is_refused(tmp_path):
+    # text,label,label read the first label column silently.
+    from attnlab.data.text_files import read_classification_file
+
+    path = tmp_path / "twice.csv"
+    path.write_text("text,label,Label\ngood,1,pos\nbad,0,neg\n", encoding="utf-8")
+    with pytest.raises(DataError, match="the header names columns 1 and 2 'label', so the label column is ambiguous"):
+        read_classification_file(path)
+
+
 def test_as_many_labels_as_examples_is_warned_about(tmp_path, capsys):
     """A headerless label-first CSV read with the default columns: the texts became the labels."""
     path = tmp_path / "label_first.csv"

@@ -560,6 +560,12 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
     label_idx = pick(label_column, LABEL_COLUMN_NAMES, "label", label_default)
     if text_idx == label_idx:
         raise _same_columns(path, f"{names[text_idx]!r}" if names and 0 <= text_idx < len(names) else str(text_idx))
+    for idx, what in ((text_idx, "text"), (label_idx, "label")):  # a name the header gives two columns
+        if lowered is not None and idx is not None and 0 <= idx < len(names) and lowered.count(lowered[idx]) > 1:
+            twice = [i for i, n in enumerate(lowered) if n == lowered[idx]]
+            raise DataError(f"data file '{path}': the header names columns {twice[0]} and {twice[1]} "
+                            f"{names[idx]!r}, so the {what} column is ambiguous; rename one, or give the column "
+                            f"by 0-based number ({flag[what]})")
     width = len(first_cells)
     for idx, what in ((text_idx, "text"), (label_idx, "label")):
         if idx is not None and not 0 <= idx < width:
@@ -575,7 +581,7 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
     body = rows if header else _chain_first(first, rows)
     repeated: list[int] = []  # the header again, as where files were joined with `cat`
     for number, cells in body:
-        if header and [c.strip() for c in cells] == names:
+        if _names_columns(cells, lowered, text_idx, label_idx):
             repeated.append(number)
             continue
         if len(cells) != width:
@@ -588,8 +594,9 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
         if label_idx is not None:
             labels.append(_label_string(cells[label_idx], path, number))
     if repeated:
-        warnings.warn(f"data file '{path}': {len(repeated)} row(s) repeat the header (the first at line "
-                      f"{repeated[0]}, as where files were joined); they are skipped", stacklevel=3)
+        what = "repeat the header" if header else "name the columns, as a header does"
+        warnings.warn(f"data file '{path}': {len(repeated)} row(s) {what} (the first at line {repeated[0]}, as where "
+                      "files were joined); they are skipped", stacklevel=3)
     if not texts:
         raise DataError(f"data file '{path}' has a header but no examples; give a file with data in it")
     if not header and len(labels) > 2 and not _is_int(labels[0]) and all(_is_int(x) for x in labels[1:]):
@@ -600,6 +607,17 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
                       f"give the columns by name (data.text_column and data.label_column; evaluate: --text-column "
                       f"and --label-column), which reads the first row as the header", stacklevel=3)
     return ClassificationData(texts, labels if label_idx is not None else None, lines, str(path))
+
+
+def _names_columns(cells: list[str], lowered: list[str] | None, text_idx: int, label_idx: int | None) -> bool:
+    """Whether a row is a header rather than an example: the file's header again (in any case), or in a file
+    without one, a text and a label cell that are both column names (`sentence<TAB>label`: a file with a header
+    appended to one without, by `cat`). Read as an example, it made a class of its own."""
+    spelled = [c.strip().lower() for c in cells]
+    if lowered is not None:
+        return spelled == lowered
+    return label_idx is not None and len(cells) > max(text_idx, label_idx) and \
+        spelled[text_idx] in TEXT_COLUMN_NAMES and spelled[label_idx] in LABEL_COLUMN_NAMES
 
 
 def _chain_first(first, rest):
