@@ -12,7 +12,7 @@ import torch
 
 from attnlab.cli import main
 from attnlab.data.knowledge import IGNORE, KnowledgeVocab, QASource, SpanCorruptionSource
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, DataError
 from attnlab.experiments.knowledge import (
     ASSIGNMENT_VOCAB,
     SCALES,
@@ -248,6 +248,31 @@ def test_a_new_run_in_an_old_folder_warns_and_leaves_no_stale_rows(tmp_path):
     # The dot row's folders and predictions were the earlier run's: they must not sit beside the new table.
     assert not (out / "pretrain-dot").exists() and not (out / "finetune-dot").exists()
     assert sorted(p.name for p in (out / "predictions").iterdir()) == ["none.tsv"]
+
+
+def test_a_run_from_files_replacing_a_synthetic_one_leaves_no_stale_data(tmp_path):
+    # The synthetic world's data/ stayed beside the results of a run from files, where the README says data/ holds
+    # the data the run used (stop-33 knowledge audit).
+    files = write_files(tmp_path)
+    out = tmp_path / "out"
+    (out / "data").mkdir(parents=True)
+    (out / "data" / "corpus.txt").write_text("An earlier world.\n", encoding="utf-8")
+    (out / "results.json").write_text("{}", encoding="utf-8")
+    with pytest.warns(UserWarning, match="already holds the results of a knowledge run"):
+        run_knowledge(out, variants="none", corpus=files["corpus"], train=files["train"], eval_path=files["eval"],
+                      device="cpu", overrides=TINY, progress=False, echo=lambda *_: None)
+    assert not (out / "data").exists()
+
+
+def test_an_empty_predict_file_is_described_as_it_is_read(tmp_path):
+    from attnlab.data.knowledge import read_qa_lines
+
+    empty = tmp_path / "ask.tsv"
+    empty.write_text("", encoding="utf-8")
+    with pytest.raises(DataError, match="should hold the questions, one a line \\(an answer after a tab is optional\\)"):
+        read_qa_lines(empty, require_answers=False)
+    with pytest.raises(DataError, match="should hold the 'question<TAB>answer' lines"):
+        read_qa_lines(empty)
 
 
 def test_resume_looks_only_at_the_requested_rows(tmp_path):

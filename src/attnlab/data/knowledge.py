@@ -252,7 +252,8 @@ def read_qa_lines(
 ) -> list[tuple[int, str, str | None]]:
     """Like `read_qa_file`, with each pair's line number in the file (from 1) first, so that output about
     the questions can name the lines they came from (blank lines are skipped)."""
-    text = _read_text(path, "'question<TAB>answer' lines")
+    text = _read_text(path, "'question<TAB>answer' lines" if require_answers else
+                      "questions, one a line (an answer after a tab is optional)")
     pairs: list[tuple[int, str, str | None]] = []
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():

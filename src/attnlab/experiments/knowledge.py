@@ -393,7 +393,8 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
 
     if resume and _phase_done(folder, config["steps"]):
         load_checkpoint_into(folder, model)
-        echo(f"{title}: already done ({config['steps']} steps), loaded {folder / 'checkpoint'}")
+        steps = config["steps"]
+        echo(f"{title}: already done ({steps} step{'s' * (steps != 1)}), loaded {folder / 'checkpoint'}")
         earlier = _earlier_seconds(folder)
         return {"steps": config["steps"], "wall_time_s": earlier, "earlier_s": earlier, "skipped": True,
                 **_finished_phase_figures(folder)}
@@ -527,10 +528,11 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
         raise ConfigError(f"--out: {str(out)!r} holds a training run or checkpoint; give the experiment a folder "
                           "of its own, e.g. runs/knowledge")
     # Without --resume, an earlier run's outputs (finished, or stopped before its table) are replaced: rows of
-    # variants this run leaves out must not sit beside its table.
+    # variants this run leaves out must not sit beside its table, nor a synthetic world's data/ beside the results
+    # of a run from the user's files.
     earlier = [] if resume or not out.is_dir() else [
         path for path in [out / "predictions", *sorted(out.glob("pretrain-*/")), *sorted(out.glob("finetune-*/")),
-                          *(out / name for name in _OUTPUT_FILES)] if path.exists()]
+                          *(out / name for name in _OUTPUT_FILES), out / "data"] if path.exists()]
     # The user's files are read before the folder is made (a missing file leaves nothing behind), and checked
     # with the settings before the warning that this run replaces an earlier one (a refused run replaces nothing).
     data = load_data(out, settings, corpus=corpus, train=train, eval_path=eval_path, predict=predict, seed=seed)
