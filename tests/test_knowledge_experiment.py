@@ -269,7 +269,7 @@ def test_an_empty_predict_file_is_described_as_it_is_read(tmp_path):
 
     empty = tmp_path / "ask.tsv"
     empty.write_text("", encoding="utf-8")
-    with pytest.raises(DataError, match="should hold the questions, one a line \\(an answer after a tab is optional\\)"):
+    with pytest.raises(DataError, match="the questions, one a line \\(an answer after a tab is optional\\)"):
         read_qa_lines(empty, require_answers=False)
     with pytest.raises(DataError, match="should hold the 'question<TAB>answer' lines"):
         read_qa_lines(empty)
