@@ -116,6 +116,35 @@ def test_fresh_bilinear_scores_have_the_spread_of_fresh_dot_scores():
     assert all(0.6 < r < 1.6 for r in ratios), ratios
 
 
+@pytest.mark.parametrize("family", ["gpt", "bert"])
+def test_a_fresh_bilinear_model_scores_with_the_spread_of_a_fresh_dot_model(family):
+    """GPT and BERT draw their linear layers from N(0, init_std) but left the merged bilinear weight as the product
+    of torch's default projections: its first scores spread 6x wider than the dot model's (stop-33 audit)."""
+    from attnlab.models.bert import BertConfig, BertModel
+    from attnlab.models.gpt import GPT, GPTConfig
+
+    d, h = 128, 4
+    build = {"gpt": lambda v: GPT(GPTConfig(vocab_size=65, block_size=64, d_model=d, n_heads=h, n_layers=2,
+                                            attention=v)),
+             "bert": lambda v: BertModel(BertConfig(vocab_size=65, max_len=64, d_model=d, n_heads=h, n_layers=2,
+                                                    d_ff=4 * d, attention=v))}[family]
+    x, pos = torch.randn(4, 32, d), torch.arange(32)[None]
+
+    def spread(model) -> float:
+        scores = next(m for m in model.modules() if isinstance(m, (DotScores, BilinearScores)))
+        scale = scores.scale if scores.scale is not None else 1 / math.sqrt(d // h)
+        with torch.no_grad():
+            return float((scores.queries(x, pos) @ scores.keys(x, pos).transpose(-1, -2) * scale).std())
+
+    ratios = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        dot = spread(build("dot"))
+        torch.manual_seed(seed)
+        ratios.append(spread(build("bilinear")) / dot)
+    assert all(0.6 < r < 1.6 for r in ratios), ratios
+
+
 def test_decoder_cross_attention_uses_the_configured_variant_when_it_can():
     """Mutant: DecoderLayer always building `dot` cross-attention. `bilinear` supports cross-attention and
     must be used there; the Synthesizers cannot (their scores are over positions) and fall back to `dot`."""

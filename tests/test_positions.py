@@ -428,3 +428,23 @@ def test_a_model_built_for_float64_has_float64_tables(name):
                                causal=True).double()
     for (n, b), (_, c) in zip(built.named_buffers(), converted.named_buffers()):
         assert b.dtype == torch.float64 and torch.equal(b, c), n
+
+
+@pytest.mark.parametrize("family", ["gpt", "bert"])
+@pytest.mark.parametrize("bad", [8, -1])
+def test_explicit_positions_outside_a_learned_table_are_refused_in_words(family, bad):
+    # A learned table's lookup raised "IndexError: index out of range in self" from inside the embedding, where the
+    # Synthesizer already refused such positions in one line (stop-33 audit).
+    from attnlab.models.bert import BertConfig, BertModel
+    from attnlab.models.common import SequenceTooLong
+    from attnlab.models.gpt import GPT, GPTConfig
+
+    ids, given = torch.tensor([[1, 2, 3]]), torch.tensor([[bad, 2, 3]])
+    if family == "gpt":
+        model, call = GPT(GPTConfig(vocab_size=65, block_size=8, d_model=16, n_heads=2, n_layers=1)), "positions"
+    else:
+        model = BertModel(BertConfig(vocab_size=65, max_len=8, d_model=16, n_heads=2, n_layers=1, d_ff=32))
+        call = "position_ids"
+    with pytest.raises(SequenceTooLong, match=f"{call} must lie in 0 to 7 \\(the model's positions\\), got {bad}"):
+        model(ids, **{call: given})
+    assert model(ids, **{call: torch.tensor([[5, 6, 7]])}).logits.shape[:2] == (1, 3)

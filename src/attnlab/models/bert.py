@@ -20,6 +20,7 @@ from attnlab.config import Config, check_choice, check_fractions, check_positive
 from attnlab.errors import ConfigError
 from attnlab.models.common import (
     LOGITS_AT,
+    check_given_positions,
     check_length,
     default_positions,
     labelled_rows,
@@ -35,7 +36,7 @@ from attnlab.modules.blocks import Encoder, LayerSpec
 from attnlab.modules.dropout import Dropout
 from attnlab.modules.feedforward import ACTIVATIONS
 from attnlab.modules.positions import POSITIONS, PositionScheme, build_position, check_compatible
-from attnlab.modules.variants import VARIANTS
+from attnlab.modules.variants import VARIANTS, BilinearScores
 
 HEADS = ("pretraining", "classification", "none")
 
@@ -247,6 +248,8 @@ class BertModel(nn.Module):
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
+        elif isinstance(module, BilinearScores):  # W_Q·W_K merged: drawn as those two linear layers would be
+            module.init_like_dot(std)
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                token_type_ids: Tensor | None = None, position_ids: Tensor | None = None, *,
@@ -259,6 +262,7 @@ class BertModel(nn.Module):
         """
         b, t = input_ids.shape
         check_length(t, self.max_len)
+        check_given_positions(position_ids, self.max_len, "position_ids")
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask) if attention_mask is not None \
                 else default_positions(t, 0, input_ids.device)

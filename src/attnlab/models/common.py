@@ -28,6 +28,18 @@ def check_length(length: int, max_len: int | None, what: str = "sequence") -> No
         )
 
 
+def check_given_positions(positions: Tensor | None, max_len: int | None, what: str = "positions") -> None:
+    """Positions a caller gives explicitly must lie in the model's table (0 to max_len - 1 where it is bounded):
+    a learned table's lookup failed with an IndexError from inside the embedding."""
+    if positions is None or not positions.numel():
+        return
+    low, high = int(positions.min()), int(positions.max())
+    if low < 0 or (max_len is not None and high >= max_len):
+        bound = f"0 to {max_len - 1}" if max_len is not None else "0 and up"
+        raise SequenceTooLong(f"{what} must lie in {bound} (the model's positions), got {low if low < 0 else high}; "
+                              "give positions within them, or use a model with a larger max_len/block_size")
+
+
 def length_limit(attention: str, position: PositionScheme, block_size: int) -> int | None:
     """The longest sequence a model can take: bounded by a learned position table or by a variant
     whose scores are defined over positions (Synthesizer); None when nothing bounds it."""

@@ -19,6 +19,7 @@ from attnlab.config import Config, check_choice, check_fractions, check_positive
 from attnlab.errors import ConfigError
 from attnlab.models.common import (
     Embedder,
+    check_given_positions,
     check_length,
     default_positions,
     length_limit,
@@ -32,7 +33,7 @@ from attnlab.modules.attention import KVCache, key_mask
 from attnlab.modules.blocks import NORM_PLACEMENTS, Encoder, LayerSpec
 from attnlab.modules.feedforward import ACTIVATIONS
 from attnlab.modules.positions import POSITIONS, build_position, check_compatible
-from attnlab.modules.variants import VARIANTS
+from attnlab.modules.variants import VARIANTS, BilinearScores
 
 
 @dataclass
@@ -118,6 +119,8 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, std=std * scale)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+            elif isinstance(module, BilinearScores):  # W_Q·W_K merged: drawn as those two linear layers would be
+                module.init_like_dot(std)
 
     supports_cache = True  # decoding keeps keys and values (a causal model's earlier states never change)
 
@@ -141,6 +144,7 @@ class GPT(nn.Module):
         b, t = input_ids.shape
         past = cache[0].length if cache else 0
         check_length(past + t, self.max_len, "input")
+        check_given_positions(positions, self.max_len)
         mask = key_positions = None
         if document_ids is not None:
             if attention_mask is not None or cache is not None:

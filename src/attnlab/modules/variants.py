@@ -138,13 +138,30 @@ class BilinearScores(ScoreVariant):
         super().__init__()
         kv_dim = kv_dim or d_model
         self.n_heads = n_heads
-        head_dim = d_model // n_heads
-        # Initialise as the product of two default-initialised projections, like a fresh `dot` layer.
-        wq = nn.Linear(d_model, d_model, bias=False).weight.view(n_heads, head_dim, d_model)
-        wk = nn.Linear(kv_dim, d_model, bias=False).weight.view(n_heads, head_dim, kv_dim)
-        merged = torch.einsum("hed,hef->hdf", wq, wk) / math.sqrt(head_dim)
-        self.weight = nn.Parameter(merged.detach())  # (H, D, Dkv)
+        # Initialised as the product of two default-initialised projections, like a fresh `dot` layer.
+        wq = nn.Linear(d_model, d_model, bias=False).weight
+        wk = nn.Linear(kv_dim, d_model, bias=False).weight
+        self.weight = nn.Parameter(self._merged(wq, wk))  # (H, D, Dkv)
         self.key_bias = nn.Parameter(torch.zeros(n_heads, kv_dim)) if bias else None  # (H, Dkv)
+
+    def _merged(self, wq: Tensor, wk: Tensor) -> Tensor:
+        """Per-head W̃ = W_Q,hᵀ·W_K,h / sqrt(Dh) of (D, D) query and (D, Dkv) key projection weights."""
+        h = self.n_heads
+        head_dim = wq.shape[0] // h
+        merged = torch.einsum("hed,hef->hdf", wq.view(h, head_dim, -1), wk.view(h, head_dim, -1))
+        return merged.detach() / math.sqrt(head_dim)
+
+    @torch.no_grad()
+    def init_like_dot(self, std: float) -> None:
+        """Re-draw the weight as the product of two projections drawn from N(0, std²), as a model that initialises
+        its linear layers so (GPT, BERT) starts a `dot` layer: otherwise the merged weight kept the product of
+        torch's default projections, and a fresh bilinear GPT's scores spread ~6x wider than a fresh dot GPT's."""
+        h, d, d_kv = self.weight.shape
+        wq = torch.empty(d, d, device=self.weight.device).normal_(0.0, std)
+        wk = torch.empty(d, d_kv, device=self.weight.device).normal_(0.0, std)
+        self.weight.copy_(self._merged(wq, wk))
+        if self.key_bias is not None:
+            self.key_bias.zero_()
 
     def queries(self, x: Tensor, positions: Tensor) -> Tensor:
         q = torch.einsum("btd,hdf->bhtf", x, self.weight)  # (B, H, T, Dkv)
