@@ -560,12 +560,6 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
     label_idx = pick(label_column, LABEL_COLUMN_NAMES, "label", label_default)
     if text_idx == label_idx:
         raise _same_columns(path, f"{names[text_idx]!r}" if names and 0 <= text_idx < len(names) else str(text_idx))
-    for idx, what in ((text_idx, "text"), (label_idx, "label")):  # a name the header gives two columns
-        if lowered is not None and idx is not None and 0 <= idx < len(names) and lowered.count(lowered[idx]) > 1:
-            twice = [i for i, n in enumerate(lowered) if n == lowered[idx]]
-            raise DataError(f"data file '{path}': the header names columns {twice[0]} and {twice[1]} "
-                            f"{names[idx]!r}, so the {what} column is ambiguous; rename one, or give the column "
-                            f"by 0-based number ({flag[what]})")
     width = len(first_cells)
     for idx, what in ((text_idx, "text"), (label_idx, "label")):
         if idx is not None and not 0 <= idx < width:
@@ -574,6 +568,11 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
                 f"the row has {width} "
                 f"{sep} columns; {flag[what]}"
             )
+        if idx is not None and lowered is not None and lowered.count(lowered[idx]) > 1:  # named twice
+            twice = [i for i, n in enumerate(lowered) if n == lowered[idx]]
+            raise DataError(f"data file '{path}': the header names columns {twice[0]} and {twice[1]} "
+                            f"{names[idx]!r}, so the {what} column is ambiguous; rename one, or give the column "
+                            f"by 0-based number ({flag[what]})")
 
     texts: list[str] = []
     labels: list[str] = []
@@ -613,11 +612,10 @@ def _names_columns(cells: list[str], lowered: list[str] | None, text_idx: int, l
     """Whether a row is a header rather than an example: the file's header again (in any case), or in a file
     without one, a text and a label cell that are both column names (`sentence<TAB>label`: a file with a header
     appended to one without, by `cat`). Read as an example, it made a class of its own."""
-    spelled = [c.strip().lower() for c in cells]
     if lowered is not None:
-        return spelled == lowered
+        return len(cells) == len(lowered) and [c.strip().lower() for c in cells] == lowered
     return label_idx is not None and len(cells) > max(text_idx, label_idx) and \
-        spelled[text_idx] in TEXT_COLUMN_NAMES and spelled[label_idx] in LABEL_COLUMN_NAMES
+        cells[text_idx].strip().lower() in TEXT_COLUMN_NAMES and cells[label_idx].strip().lower() in LABEL_COLUMN_NAMES
 
 
 def _chain_first(first, rest):

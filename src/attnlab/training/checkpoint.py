@@ -70,9 +70,6 @@ class ModelMismatch(CheckpointError):
 # Small file helpers
 
 
-_one_line = one_line
-
-
 def _write_json(path: Path, data: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2)
@@ -90,7 +87,7 @@ def _read_json(path: Path) -> Any:
             return json.load(f)
     # ValueError: not JSON, not UTF-8, or a number of more than 4,300 digits; RecursionError: nested too deep
     except (ValueError, RecursionError) as e:
-        raise CheckpointError(f"{path} is corrupt ({_one_line(e)}); use another checkpoint") from None
+        raise CheckpointError(f"{path} is corrupt ({one_line(e)}); use another checkpoint") from None
 
 
 def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -103,7 +100,7 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, st
             metadata = dict(f.metadata() or {})
             tensors = {key: f.get_tensor(key) for key in f.keys()}
     except Exception as e:  # safetensors raises its own SafetensorError (and OSError for I/O)
-        raise CheckpointError(f"{path} is corrupt or not a safetensors file ({_one_line(e)}); "
+        raise CheckpointError(f"{path} is corrupt or not a safetensors file ({one_line(e)}); "
                               "use another checkpoint") from None
     for key, t in tensors.items():  # float8 and the like: valid safetensors, but no model here computes in them
         if (t.is_floating_point() and t.dtype not in _WEIGHT_FLOATS) or t.is_complex():
@@ -122,7 +119,7 @@ def _metadata_json(metadata: dict[str, str], key: str, path: Path, default: Any)
     try:
         return json.loads(metadata[key])
     except (ValueError, RecursionError) as e:
-        raise CheckpointError(f"{path}: header entry {key!r} is corrupt ({_one_line(e)}); "
+        raise CheckpointError(f"{path}: header entry {key!r} is corrupt ({one_line(e)}); "
                               "use another checkpoint") from None
 
 
@@ -488,7 +485,7 @@ def restore_rng(state: dict[str, Any]) -> None:
         if "mps" in state and _mps_available():
             torch.mps.set_rng_state(_unb64(state["mps"]))
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"the RNG states in the checkpoint are malformed ({_one_line(e)}); "
+        raise CheckpointError(f"the RNG states in the checkpoint are malformed ({one_line(e)}); "
                               "use another checkpoint") from None
 
 

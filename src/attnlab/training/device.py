@@ -284,15 +284,14 @@ class _HeldSetting:
 
 
 _ONEDNN_OFF = _HeldSetting(torch._C._get_mkldnn_enabled, torch._C._set_mkldnn_enabled, False)
-_FP32_ON_ONEDNN: list[_HeldSetting] = []  # made on first use: torch's switch, where this torch has it
 
 
+@functools.cache
 def _fp32_on_onednn() -> _HeldSetting:
-    if not _FP32_ON_ONEDNN:
-        backend = _onednn_matmul_backend()
-        _FP32_ON_ONEDNN.append(_HeldSetting(lambda: backend.fp32_precision,
-                                            lambda value: setattr(backend, "fp32_precision", value), "bf16"))
-    return _FP32_ON_ONEDNN[0]
+    """fp32 matmuls on oneDNN, held (made on first use: torch's switch, where this torch has it)."""
+    backend = _onednn_matmul_backend()
+    return _HeldSetting(lambda: backend.fp32_precision, lambda value: setattr(backend, "fp32_precision", value),
+                        "bf16")
 
 
 @contextlib.contextmanager

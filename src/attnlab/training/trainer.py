@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from attnlab.config import Config, check_choice, check_positive, finite_number
 from attnlab.data.sources import BatchSource, evaluation_batches
-from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError
+from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError, one_line
 from attnlab.training import checkpoint as ckpt
 from attnlab.training.device import (
     DEVICES,
@@ -474,7 +474,7 @@ class Trainer:
             try:
                 self._compiled = torch.compile(self._ddp or self.model)
             except Exception as e:  # torch.compile can be missing or refuse the platform
-                warnings.warn(f"torch.compile is unavailable ({ckpt._one_line(e)}); training without it",
+                warnings.warn(f"torch.compile is unavailable ({one_line(e)}); training without it",
                               stacklevel=2)
         self.train_source = train_source
         self.eval_source = eval_source
@@ -516,7 +516,7 @@ class Trainer:
                 try:
                     return compiled(**batch)
                 except Exception as e:  # compile errors surface at the first call; eager re-raises real ones
-                    warnings.warn(f"torch.compile failed ({ckpt._one_line(e)}); continuing without "
+                    warnings.warn(f"torch.compile failed ({one_line(e)}); continuing without "
                                   "compilation", stacklevel=2)
                     self._compiled = None
             return module(**batch)
@@ -796,7 +796,7 @@ class Trainer:
             saved_config = dict(state.get("trainer_config") or {})
             saved_world = int(state.get("world_size", 1))
         except (KeyError, TypeError, ValueError, OverflowError) as e:  # OverflowError: int(1e999)
-            raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed ({ckpt._one_line(e)}); "
+            raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed ({one_line(e)}); "
                                   "use another checkpoint") from None
         if self.step < 0:
             raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed (step {self.step} is negative); "
@@ -833,7 +833,7 @@ class Trainer:
             try:
                 self._window = _Window.from_dict(window, self.device)
             except (KeyError, TypeError, ValueError, OverflowError) as e:  # OverflowError: float(10**400)
-                raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed (log_window: {ckpt._one_line(e)}); "
+                raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed (log_window: {one_line(e)}); "
                                       "use another checkpoint") from None
             if not self.world.is_main:
                 self._window.loss_sum = torch.zeros_like(self._window.loss_sum)
@@ -912,7 +912,7 @@ class Trainer:
         try:
             plot_losses(self.log.read(), self.out_dir / PLOT_FILE)
         except Exception as e:  # a plot must never cost the user a finished run
-            warnings.warn(f"could not draw {PLOT_FILE} ({ckpt._one_line(e)})", stacklevel=2)
+            warnings.warn(f"could not draw {PLOT_FILE} ({one_line(e)})", stacklevel=2)
 
     def _warn_inert_settings(self, has_eval: bool) -> None:
         """Say so where a setting cannot do what it is for in this run."""
