@@ -42,6 +42,19 @@ def test_logits_match_with_padding_mask(pair):
     torch.testing.assert_close(got[1, :8], expected[1, :8], atol=1e-4, rtol=1e-4)
 
 
+def test_hidden_states_match(pair):
+    """HF's last hidden state is taken after the final norm (ln_f), the states the LM head reads."""
+    hf, ours = pair
+    ids = torch.randint(0, 97, (2, 11))
+    with torch.no_grad():
+        expected = hf(ids, output_hidden_states=True).hidden_states
+        got = ours(ids, output_hidden_states=True)
+    assert len(got.hidden_states) == len(expected) == 3
+    for mine, theirs in zip(got.hidden_states, expected):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.lm_head(got.hidden_states[-1]), got.logits)
+
+
 def test_greedy_generation_identical(pair):
     hf, ours = pair
     prompt = torch.tensor([[5, 17, 42, 8]])

@@ -17,7 +17,8 @@ class ModelOutput:
         n_targets: how many targets `loss` averages over (a 0-dim long tensor); the trainer uses it to
             weight micro-batches so accumulated gradients equal the large-batch gradient.
         attentions: per layer, attention weights (B, H, T_q, T_k), only when asked for.
-        hidden_states: per layer output (B, T, D) including the embeddings first, only when asked for.
+        hidden_states: the embeddings (B, T, D), then each layer's output, only when asked for; in a stack with a
+            final norm (pre-norm) the last is taken after it, the states the head reads (as HF's GPT-2).
         extra: other named outputs (e.g. BERT's next-sentence logits, cross-attention weights).
     """
 

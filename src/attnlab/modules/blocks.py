@@ -149,6 +149,17 @@ class DecoderLayer(nn.Module):
         return x, self_w, cross_w
 
 
+def _stack_output(norm: nn.LayerNorm | None, x: Tensor, hidden: list[Tensor]) -> Tensor:
+    """A stack's output: its last layer's, through the final norm where there is one. The hidden states (if kept)
+    then end with this output, not the last layer's unnormalised one, as HF's GPT-2 reports them."""
+    if norm is None:
+        return x
+    x = norm(x)
+    if hidden:
+        hidden[-1] = x
+    return x
+
+
 class Encoder(nn.Module):
     """A stack of EncoderLayers with an optional final LayerNorm (needed by pre-norm stacks)."""
 
@@ -170,7 +181,8 @@ class Encoder(nn.Module):
         need_weights: bool = False,
         output_hidden_states: bool = False,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        """Returns (output, per-layer attention weights if asked, hidden states [input, layer 1..] if asked)."""
+        """Returns (output, per-layer attention weights if asked, hidden states if asked: the input, then each layer's
+        output, the last through the final norm where the stack has one)."""
         weights, hidden = [], [x] if output_hidden_states else []
         for i, layer in enumerate(self.layers):
             x, w = layer(x, mask=mask, causal=causal, positions=positions, key_positions=key_positions,
@@ -180,9 +192,7 @@ class Encoder(nn.Module):
                 weights.append(w)
             if output_hidden_states:
                 hidden.append(x)
-        if self.norm is not None:
-            x = self.norm(x)
-        return x, weights, hidden
+        return _stack_output(self.norm, x, hidden), weights, hidden
 
 
 class Decoder(nn.Module):
@@ -218,6 +228,4 @@ class Decoder(nn.Module):
                 cross_ws.append(cw)
             if output_hidden_states:
                 hidden.append(x)
-        if self.norm is not None:
-            x = self.norm(x)
-        return x, self_ws, cross_ws, hidden
+        return _stack_output(self.norm, x, hidden), self_ws, cross_ws, hidden
