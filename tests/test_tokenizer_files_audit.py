@@ -193,3 +193,31 @@ def test_the_wordpiece_docstring_says_what_decode_does(text, decoded):
     assert tok.decode(tok.encode(text)) == decoded
     doc = " ".join(WordPieceTokenizer.__doc__.split())
     assert f'"{decoded}"' in doc and "re-attaches punctuation" not in doc
+
+
+def test_embedded_bpe_dropout_is_ignored(tmp_path):
+    """BPE dropout skips merges at random, so a file that sets it encoded one text to other ids at every call."""
+    def set_dropout(hf):
+        hf["model"]["dropout"] = 0.5
+
+    tok = _tokenizer("bpe")
+    text = "the quick brown fox jumps against the lazy dog " * 3
+    loaded = load_tokenizer(_saved(tmp_path, "bpe", lambda d: _edit_hf(d, set_dropout)))
+    assert all(loaded.encode(text) == tok.encode(text) for _ in range(5))
+    assert json.loads(loaded.to_dict()["hf_tokenizer"])["model"]["dropout"] is None
+
+
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece"])
+def test_an_embedded_unknown_token_missing_from_the_vocabulary_is_refused(tmp_path, kind):
+    """HF would load it and fail at the first unknown word with an exception of its own."""
+    def rename_unk(hf):
+        hf["model"]["unk_token"] = "[UNK]"
+
+    message = _load_error(_saved(tmp_path, kind, lambda d: _edit_hf(d, rename_unk)))
+    assert "unknown token '[UNK]' is not in its vocabulary" in message and "save the tokenizer again" in message
+
+
+def test_char_decode_of_an_id_beyond_64_bits_is_out_of_range():
+    tok = _tokenizer("char")
+    with pytest.raises(DataError, match=f"token id {2**70} is out of range"):
+        tok.decode([1, 2**70])

@@ -410,7 +410,11 @@ class CharTokenizer(Tokenizer):
         keep = self._ids_to_keep(ids, skip_special_tokens)
         if not keep:
             return ""
-        arr = np.asarray(keep, dtype=np.int64)
+        try:
+            arr = np.asarray(keep, dtype=np.int64)
+        except OverflowError:  # an id beyond 64 bits: named as out of range, like any other
+            self._check_id(next(i for i in keep if not 0 <= i < self.vocab_size))
+            raise
         bad = (arr < 0) | (arr >= self.vocab_size)
         if bad.any():
             self._check_id(int(arr[bad][0]))
@@ -634,6 +638,15 @@ class _HFTokenizer(Tokenizer):
         # another program) would cut texts short or pad them. `encode` gives every id of a text and no more.
         hf.no_truncation()
         hf.no_padding()
+        # BPE dropout skips merges at random: the same text would encode to other ids at every call.
+        if getattr(hf.model, "dropout", None):
+            hf.model.dropout = None
+        unk = getattr(hf.model, "unk_token", None)
+        if unk is not None and hf.token_to_id(unk) is None:  # HF fails on the first unknown word instead
+            raise DataError(
+                f"the embedded {cls.kind} tokenizer's unknown token {unk!r} is not in its vocabulary; "
+                "save the tokenizer again"
+            )
         size, ids = hf.get_vocab_size(with_added_tokens=True), set(hf.get_vocab(with_added_tokens=True).values())
         if ids != set(range(size)):  # a gap or a shared id: encode would give ids beyond the embedding
             missing = min(set(range(size)) - ids)
@@ -699,7 +712,8 @@ class WordPieceTokenizer(_HFTokenizer):
 
     Decoding joins a word's "##" pieces and puts one space between words and punctuation marks, except
     before ".", ",", "!" and "?": "Hello, world!" comes back as written, but "It's (a) test." as
-    "It ' s ( a ) test." and "3.14" as "3. 14" (whitespace runs become one space).
+    "It ' s ( a ) test." and "3.14" as "3. 14" (whitespace runs become one space). A word of more than 100
+    characters encodes as one unk token (HF's `max_input_chars_per_word`).
     """
 
     kind = "wordpiece"
