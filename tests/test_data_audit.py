@@ -4,6 +4,7 @@ held-out part cut inside a word, UTF-16 read as text, a header read as an exampl
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 from cli_helpers import one_line_error, run_cli
@@ -101,6 +102,29 @@ def test_an_unknown_header_read_with_numbered_columns_is_warned_about(tmp_path):
     qqp.write_text(path.read_text(encoding="utf-8").replace("query\tpassage\tis_relevant",
                                                             "question1\tquestion2\tis_duplicate"), encoding="utf-8")
     assert read_classification_file(qqp, 1, 3).labels == ["1", "0", "1"]
+
+
+def test_an_unknown_header_over_word_labels_is_warned_about(tmp_path):
+    """With word labels the header's label is a class of its one row: it was read as an example without a word."""
+    from attnlab.data.text_files import read_classification_file
+
+    path = tmp_path / "words.tsv"
+    rows = "".join(f"{i}\tphrase number {i}\t{'pos' if i % 3 else 'neg'}\n" for i in range(12))
+    path.write_text("id\tphrase\tpolarity\n" + rows, encoding="utf-8")
+    with pytest.warns(UserWarning, match="line 1: the label 'polarity' is on no other row, while every other class "
+                                         "has several, so the row may name the columns"):
+        data = read_classification_file(path, 1, 2)
+    assert data.labels[0] == "polarity"  # still read as an example: the warning says how to read it as a header
+    assert read_classification_file(path, "phrase", "polarity").labels[0] == "neg"
+    # a headerless file whose first class is merely rare in a small file, or has other rows, is not warned about
+    small = tmp_path / "small.tsv"
+    small.write_text("a\tx\nb\ty\nc\ty\n", encoding="utf-8")
+    plain = tmp_path / "plain.tsv"
+    plain.write_text(rows.replace("phrase number 0\tneg", "phrase number 0\tpos"), encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        read_classification_file(small, 0, 1)
+        read_classification_file(plain, 1, 2)
 
 
 def test_a_json_array_is_told_apart_from_json_lines(tmp_path):

@@ -18,6 +18,7 @@ import json
 import os
 import unicodedata
 import warnings
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -598,14 +599,28 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
                       "files were joined); they are skipped", stacklevel=3)
     if not texts:
         raise DataError(f"data file '{path}' has a header but no examples; give a file with data in it")
-    if not header and len(labels) > 2 and not _is_int(labels[0]) and all(_is_int(x) for x in labels[1:]):
+    why = _header_like_first_label(labels) if not header else None
+    if why:
         # A header of names attnlab does not know (QQP's id, question1, question2, is_duplicate) read with
         # numbered columns would become an example whose label is a class of its own.
-        warnings.warn(f"data file '{path}' line {lines[0]}: the label {labels[0]!r} is the only one that is not a "
-                      f"number, so the row may name the columns; it is read as an example. If it is a header, "
+        warnings.warn(f"data file '{path}' line {lines[0]}: the label {labels[0]!r} {why}, so the row may name the "
+                      f"columns; it is read as an example. If it is a header, "
                       f"give the columns by name (data.text_column and data.label_column; evaluate: --text-column "
                       f"and --label-column), which reads the first row as the header", stacklevel=3)
     return ClassificationData(texts, labels if label_idx is not None else None, lines, str(path))
+
+
+def _header_like_first_label(labels: list[str]) -> str | None:
+    """Why the first row's label looks like a column name (None where it does not): the only label that is not a
+    number, or, in a file of 10 rows or more whose other classes each have several, a class of its one row."""
+    if len(labels) <= 2:
+        return None
+    if not _is_int(labels[0]) and all(_is_int(x) for x in labels[1:]):
+        return "is the only one that is not a number"
+    counts = Counter(labels)
+    if len(labels) >= 10 and counts[labels[0]] == 1 and min(n for x, n in counts.items() if x != labels[0]) > 1:
+        return "is on no other row, while every other class has several"
+    return None
 
 
 def _names_columns(cells: list[str], lowered: list[str] | None, text_idx: int, label_idx: int | None) -> bool:
