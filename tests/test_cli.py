@@ -117,6 +117,31 @@ def test_resume_continues_a_finished_run(tmp_path, capsys):
                                         "larger train.steps to train on", f"run folder: {out}"]
 
 
+def test_resume_that_redoes_the_final_evaluation_prints_its_summary(tmp_path, capsys, monkeypatch):
+    """Ctrl-C inside the last step's evaluation: the resumed run redoes it, which is work, not "nothing to train"."""
+    from attnlab.training.trainer import Trainer
+
+    out = tmp_path / "run"
+    common = ["--set", "model.preset=gpt-char-tiny", "--set", f"train.out_dir={json.dumps(str(out))}",
+              "--set", "train.steps=4", "--set", "train.eval_every=2", "--set", "train.warmup_steps=1", *TINY]
+    real = Trainer.evaluate
+
+    def interrupted_at_the_end(self, *args, **kwargs):
+        if self.step == 4:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "evaluate", interrupted_at_the_end)
+    assert run_cli(capsys, "train", *common)[0] == 130
+    monkeypatch.setattr(Trainer, "evaluate", real)
+    code, stdout, err = run_cli(capsys, "train", "--resume", *common)
+    assert code == 0, err
+    assert "nothing to train" not in stdout
+    assert "start_step=4" in stdout and "final_eval_loss=" in stdout
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "eval_loss" in r] == [2, 4]
+
+
 def test_classification_train_and_evaluate(tmp_path, capsys):
     rows = ["sentence\tlabel"] + [f"{w} movie {w}\t{lab}" for w, lab in
                                   [("great", "pos"), ("awful", "neg"), ("fine", "pos"), ("bad", "neg")] * 6]

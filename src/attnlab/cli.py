@@ -77,7 +77,7 @@ def train(
 
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, one summary (from rank 0) is enough
         return
-    if "steps" in summary and summary.get("start_step") == summary["steps"]:
+    if "steps" in summary and summary.get("start_step") == summary["steps"] and not summary.get("redid_eval"):
         if summary.get("stopped_early"):
             print(f"nothing to train: the run stopped early at step {summary['steps']} (no better evaluation in "
                   "train.early_stopping_patience evaluations); give a larger patience, or 0, to train on")

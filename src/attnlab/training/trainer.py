@@ -994,7 +994,8 @@ class Trainer:
 
         Returns:
             ``steps``, ``start_step``, ``final_train_loss``, ``final_eval`` (dict), ``final_eval_loss``,
-            ``best_eval_loss``, ``best`` (metric, value, step), ``stopped_early``, ``wall_time_s`` and
+            ``best_eval_loss``, ``best`` (metric, value, step), ``stopped_early``, ``redid_eval`` (a resumed run
+            first redid the evaluation its checkpoint was saved inside), ``wall_time_s`` and
             ``tokens_per_s`` (of this call: a resumed run's steps from ``start_step``), ``checkpoint`` (path).
 
         Raises:
@@ -1031,9 +1032,11 @@ class Trainer:
         stopped_early = bool(resume and cfg.early_stopping_patience and self._bad_evals >= cfg.early_stopping_patience)
         saved_at = None
         has_eval = self.eval_source is not None or self.metrics_fn is not None
+        redid_eval = False
         try:
             if self._resume_eval and has_eval and not stopped_early:  # stopped inside this step's evaluation
                 stopped_early = self._evaluate_step(progress)
+                redid_eval = True
                 if stopped_early and window.steps:  # logged before the save, as in the loop
                     window = self._log_window(progress)
                 if self._saves_at(stopped_early):
@@ -1109,6 +1112,7 @@ class Trainer:
             "best_eval_loss": self._best_eval_loss,
             "best": self.best,
             "stopped_early": stopped_early,
+            "redid_eval": redid_eval,
             "wall_time_s": wall,
             "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
             "precision": self.precision_used,
