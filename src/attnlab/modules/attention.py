@@ -643,8 +643,10 @@ class MultiHeadAttention(nn.Module):
         fused = None if cross else self.scores.fused_qkv(self.v_proj)
         if fused is not None:
             # One product for queries, keys and values (fewer calls, one larger matmul).
+            # Split on the (B, T, 3, H, Dh) layout, then transposed: the backward stacks the three gradients
+            # straight into that layout (one copy); a permute to (3, B, H, T, Dh) first cost a second one.
             qkv = F.linear(x, *fused).view(b, t, 3, self.n_heads, self.head_dim)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 × (B, H, T, Dh)
+            q, k, v = (part.transpose(1, 2) for part in qkv.unbind(2))  # 3 × (B, H, T, Dh)
         else:
             q = self.scores.queries(x, positions)  # (B, H, T, Dq)
         if cross and cache is not None and cache.ready:
