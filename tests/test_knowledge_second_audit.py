@@ -27,3 +27,15 @@ def test_a_backslash_in_a_prediction_is_doubled_so_an_escape_reads_one_way(tmp_p
     _write_predictions(path, [1, 2], ["Where was A born?", "Where was B born?"], ["a\\nb", "a\nb"], None)
     rows = path.read_text(encoding="utf-8").splitlines()
     assert rows[1:] == ["1\tWhere was A born?\ta\\\\nb", "2\tWhere was B born?\ta\\nb"]
+
+
+def test_questions_and_answers_are_escaped_as_predictions_are(tmp_path):
+    """A backslash in an answer was written as it is beside a prediction with it doubled: the row said correct
+    while its two columns differed."""
+    path = tmp_path / "dot.tsv"
+    _write_predictions(path, [1, 2], ["Where was A\\B born?", "Where was C born?"], ["Lyon\\Nord", "Oslo"],
+                       ["Lyon\\Nord", "Rome"])
+    rows = [r.split("\t") for r in path.read_text(encoding="utf-8").splitlines()[1:]]
+    assert rows == [["1", "Where was A\\\\B born?", "Lyon\\\\Nord", "Lyon\\\\Nord", "1"],
+                    ["2", "Where was C born?", "Oslo", "Rome", "0"]]
+    assert all((r[2] == r[3]) == (r[4] == "1") for r in rows)

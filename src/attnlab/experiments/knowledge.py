@@ -680,15 +680,15 @@ def _write_predictions(path: Path, line_numbers: list[int], questions: list[str]
 
     A prediction can hold a line end or a tab (a corpus's line end is in the vocabulary, and an undertrained
     model writes it): they are written as the two characters \\n, \\r and \\t, so that each question keeps
-    one row of its columns, and a backslash as two, so that a written \\n is always a line end (the 1 or 0 is
-    for the prediction as generated)."""
+    one row of its columns, and a backslash as two, so that a written \\n is always a line end. Questions and
+    answers are written the same way (a backslash in them doubled too), so that the columns compare as the texts
+    do; the 1 or 0 is for the prediction as generated."""
     lines = []
     for i, (n, q, p) in enumerate(zip(line_numbers, questions, predictions, strict=True)):
-        shown = p.translate(_ESCAPED)
-        if answers is None:
-            lines.append(f"{n}\t{q}\t{shown}")
-        else:
-            lines.append(f"{n}\t{q}\t{shown}\t{answers[i]}\t{int(p.strip() == answers[i].strip())}")
+        row = f"{n}\t{q.translate(_ESCAPED)}\t{p.translate(_ESCAPED)}"
+        if answers is not None:
+            row += f"\t{answers[i].translate(_ESCAPED)}\t{int(p.strip() == answers[i].strip())}"
+        lines.append(row)
     header = "line\tquestion\tprediction" + ("" if answers is None else "\tanswer\tcorrect")
     write_text_atomic(path, header + "\n" + "".join(line + "\n" for line in lines))
 
