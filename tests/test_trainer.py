@@ -508,6 +508,31 @@ def test_compile_failure_falls_back_with_a_warning(tmp_path, monkeypatch):
     assert summary["steps"] == 2
 
 
+def test_a_backward_that_cannot_compile_falls_back_like_a_forward(tmp_path, monkeypatch):
+    """AOTAutograd lowers a graph's backward at its first backward() by default: a failure there (a kernel
+    inductor cannot build) stopped the run with a traceback. It is now built with the forward, inside the
+    fallback, and the run trains eagerly: the eager run's weights exactly."""
+    pytest.importorskip("functorch.compile")
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def refuse_backward(graph, example_inputs):
+        raise RuntimeError("cannot build this backward kernel")
+
+    backend = aot_autograd(fw_compiler=lambda graph, example_inputs: make_boxed_func(graph.forward),
+                           bw_compiler=refuse_backward)
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: real_compile(module, backend=backend))
+    torch._dynamo.reset()
+    trainer = Trainer(tiny_model(), config(compile=True, steps=3), ToySource(), out_dir=tmp_path / "compiled")
+    with pytest.warns(UserWarning, match="torch.compile failed .*cannot build this backward kernel"):
+        assert trainer.fit()["steps"] == 3
+    eager = Trainer(tiny_model(), config(steps=3), ToySource(), out_dir=tmp_path / "eager")
+    eager.fit()
+    for a, b in zip(trainer.model.state_dict().values(), eager.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_fast_fp32_matmul_is_exact_and_scoped():
     """The oneDNN fp32 switch is used only where it computes in fp32 (checked against float64 here too),
     and the global torch setting is restored after the block."""

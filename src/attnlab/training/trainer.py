@@ -514,10 +514,13 @@ class Trainer:
         with autocast(self.device, self.dtype):
             if compiled is not None:
                 try:
-                    return compiled(**batch)
+                    with _backward_compiled_with_forward():
+                        return compiled(**batch)
                 except Exception as e:  # compile errors surface at the first call; eager re-raises real ones
-                    warnings.warn(f"torch.compile failed ({one_line(e)}); continuing without "
-                                  "compilation", stacklevel=2)
+                    # torch's BackendCompilerFailed says on its first line only which backend raised
+                    cause = getattr(e, "inner_exception", None)
+                    why = f"{type(cause).__name__}: {one_line(cause)}" if isinstance(cause, Exception) else one_line(e)
+                    warnings.warn(f"torch.compile failed ({why}); continuing without compilation", stacklevel=2)
                     self._compiled = None
             return module(**batch)
 
@@ -1118,6 +1121,27 @@ class Trainer:
             "precision": self.precision_used,
             "checkpoint": str(self.out_dir / CHECKPOINT_DIR),
         }
+
+
+@contextlib.contextmanager
+def _backward_compiled_with_forward():
+    """A context in which torch.compile builds a graph's backward with its forward: by default AOTAutograd lowers
+    the backward at the first `backward()`, outside the trainer's fallback, where a failure to compile it (a
+    kernel inductor cannot build) stopped the run instead of falling back to eager. The switch is set and put
+    back directly (torch's `config.patch` costs ~100 µs a call, this ~6); nothing in a torch without it."""
+    try:
+        from torch._functorch import config
+    except ImportError:
+        config = None
+    if config is None or not hasattr(config, "force_non_lazy_backward_lowering"):
+        yield
+        return
+    before = config.force_non_lazy_backward_lowering
+    config.force_non_lazy_backward_lowering = True
+    try:
+        yield
+    finally:
+        config.force_non_lazy_backward_lowering = before
 
 
 def _as_json(value: Any) -> Any:
