@@ -50,3 +50,29 @@ def test_compiled_gpt_gives_the_eager_loss_and_gradients(dtype):
     torch.testing.assert_close(compiled_loss, eager_loss, atol=tol, rtol=tol)
     for a, b in zip(compiled_grads, eager_grads):
         torch.testing.assert_close(a, b, atol=tol, rtol=tol * 10)
+
+
+@pytest.mark.parametrize("preset", ["encoder-tiny", "bert-tiny", "seq2seq-tiny", "gpt-char-tiny"])
+def test_padding_masks_and_sinusoidal_positions_keep_one_graph(preset):
+    """attnlab's own code reads no tensor value under torch.compile: a padding mask's check for rows with no
+    visible key, the sinusoidal table's bound and the oneDNN switch broke a padded encoder's graph in every
+    layer (10 breaks), and torch printed a long warning about them in every compiled run."""
+    import dataclasses
+
+    from attnlab.models.registry import build_model, get_preset
+
+    _, cfg = get_preset(preset)
+    if preset == "encoder-tiny":
+        cfg = dataclasses.replace(cfg, head="classification")
+    model = build_model(cfg).train()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 60, (2, 10), generator=g)
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 7:] = 0
+    batch = {"encoder-tiny": dict(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 1])),
+             "bert-tiny": dict(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids), labels=ids),
+             "seq2seq-tiny": dict(src_ids=ids, tgt_ids=ids[:, :8], src_mask=mask, labels=ids[:, :8]),
+             "gpt-char-tiny": dict(input_ids=ids, labels=ids)}[preset]
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(**batch)
+    assert explained.graph_break_count == 0, [r.reason.splitlines()[0] for r in explained.break_reasons]

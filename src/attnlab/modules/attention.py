@@ -156,10 +156,11 @@ def attention(
     # Only a user mask (or causal with more queries than keys) can hide every key of a row.
     may_hide_rows = mask is not None or (causal and t > s)
 
-    if ((_half_on_cpu(q) or _onednn_fp32(q)) and k.dtype == v.dtype == q.dtype and bias is None
+    # (Under torch.compile first: reading torch's oneDNN switch in `_onednn_fp32` would break the graph.)
+    if (not torch.compiler.is_compiling() and (_half_on_cpu(q) or _onednn_fp32(q))
+            and k.dtype == v.dtype == q.dtype and bias is None
             and not need_weights and (t == s or not causal) and t and s and q.shape[:-2].numel()
-            and _blockable(mask, q, s)
-            and not torch.compiler.is_compiling()):
+            and _blockable(mask, q, s)):
         # Blocked paths, unless keeping every probability for the backward would take more memory than
         # KEPT_PROBABILITY_BYTES at a length torch's flash kernel (memory linear in T) also serves well.
         keep = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -460,11 +461,12 @@ def _add_bias(mask: Tensor, bias: Tensor) -> Tensor:
 
 def _any_visible(attn_mask: Tensor, s: int) -> Tensor | None:
     """(…, T, 1) bool: True where a query row has at least one visible key; None if all rows do. Only on the CPU is
-    that last case looked for: on a GPU the answer would stop the host until the device caught up (every layer of
-    every step), and zeroing rows of a mask that is all True changes nothing."""
+    that last case looked for, and not under torch.compile: on a GPU the answer would stop the host until the device
+    caught up (every layer of every step), under compile it would break the graph, and zeroing rows of a mask that
+    is all True changes nothing."""
     visible = attn_mask.any(dim=-1, keepdim=True) if attn_mask.dtype == torch.bool \
         else (attn_mask > float("-inf")).any(dim=-1, keepdim=True)
-    if visible.device.type == "cpu" and bool(visible.all()):
+    if visible.device.type == "cpu" and not torch.compiler.is_compiling() and bool(visible.all()):
         return None
     return visible
 

@@ -144,7 +144,8 @@ class SinusoidalPosition(PositionScheme):
         return {"table": sinusoidal_table(positions, self.d_model, self.base, dtype=torch.float64)}
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
-        if positions.numel() and int(positions.max()) >= self.table.shape[0]:
+        # Under torch.compile computed, not looked up: reading the largest position would break the graph.
+        if positions.numel() and (torch.compiler.is_compiling() or int(positions.max()) >= self.table.shape[0]):
             pe = sinusoidal_table(positions, self.d_model, self.base,  # beyond the table
                                   dtype=_table_dtype(self.table.dtype)).to(x.device)
         else:
