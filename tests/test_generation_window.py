@@ -3,6 +3,8 @@ than the model's position table, and `attnlab generate` passes a run's data.bloc
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from cli_helpers import run_cli, toml_str
@@ -61,3 +63,13 @@ def test_attnlab_generate_decodes_in_the_runs_trained_window(capsys, tmp_path, m
     code, out, err = run_cli(capsys, "generate", str(run), "--prompt", "The", "-n", "40", "--greedy")
     assert code == 0, err
     assert seen == [16]
+
+    # A prompt longer than that window is read from its last 16 tokens: said, not done silently
+    with pytest.warns(UserWarning, match="a prompt of 32 tokens is longer than the windows of 16 the run trained on: "
+                                         "only its last 16 tokens are read"):
+        code, out, err = run_cli(capsys, "generate", str(run), "--prompt", "Return the list of all items in ",
+                                 "-n", "5", "--greedy")
+    assert code == 0, err
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert run_cli(capsys, "generate", str(run), "--prompt", "x" * 16, "-n", "5", "--greedy")[0] == 0

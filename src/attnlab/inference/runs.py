@@ -321,6 +321,10 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
     # beyond it lie positions its training never used.
     trained = run.data.get("block_size")
     context = trained if limit is not None and type(trained) is int and 0 < trained < limit else None
+    if context is not None and longest > context:
+        warnings.warn(f"a prompt of {longest} tokens is longer than the windows of {context} the run trained on: only "
+                      f"its last {context} tokens are read (the model's positions beyond them were never trained); "
+                      f"shorten it to at most {context} tokens to have all of it read", stacklevel=2)
     temperature = 1.0 if temperature is None else temperature
     new = generate(model, encoded, max_new_tokens, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
                    eos_id=tok.eos_id, pad_id=tok.pad_id if tok.pad_id is not None else 0,
