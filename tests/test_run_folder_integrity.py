@@ -552,3 +552,15 @@ def test_a_bare_translation_checkpoint_cuts_as_its_training_did(capsys, tmp_path
         assert code == 0, err
         losses[folder] = json.loads(out)["loss"]
     assert losses[bare] == pytest.approx(losses[run], abs=1e-6)
+    # generate cuts a long source as evaluate does (it failed the whole file: "source sequence of 27 tokens is
+    # longer than the model allows (22)", naming no line), and translates the bare checkpoint as its run folder
+    mixed = tmp_path / "mixed.src"
+    mixed.write_text("a b c\n" + " ".join(["a b c"] * 9) + "\nb c a\n", encoding="utf-8")
+    outputs = {}
+    for folder in (run, bare):
+        with pytest.warns(UserWarning, match="1 of 3 source sentences are longer than"):
+            code, out, err = run_cli(capsys, "generate", str(folder), "--input", str(mixed), "-n", "5", "--device",
+                                     "cpu")
+        assert code == 0, err
+        outputs[folder] = out
+    assert outputs[bare] == outputs[run] and len(outputs[run].splitlines()) == 3

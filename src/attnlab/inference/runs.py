@@ -182,14 +182,15 @@ def _scoring_length(run: LoadedRun, specials: int = 0) -> tuple[int, str]:
 
 
 def _cut_sources(run: LoadedRun, encoded: list[list[int]]) -> list[list[int]]:
-    """Sources cut to the run's data.max_length as its training cut them, with a warning that says so."""
+    """Sources cut as `evaluate` cuts them (`_scoring_length`): to the run's data.max_length, as its training cut
+    them, or for a checkpoint that keeps none to what the model's positions hold (a longer source failed the whole
+    batch, naming no line), with a warning that says so."""
     from attnlab.data.sources import _warn_cut, cut_advice
 
-    room = run.data.get("max_length")
-    if not (isinstance(room, int) and room > 0):
-        return encoded
-    with cut_advice(TRAINED_LENGTH):
-        _warn_cut([len(ids) for ids in encoded], room, "source sentences", "the run's data.max_length")
+    room, advice = _scoring_length(run, specials=2)  # training sized max_len as max_length + 2 (bos and eos)
+    setting = "the run's data.max_length" if advice == TRAINED_LENGTH else "the model's position table"
+    with cut_advice(advice):
+        _warn_cut([len(ids) for ids in encoded], room, "source sentences", setting)
     return [ids[:room] for ids in encoded]
 
 
