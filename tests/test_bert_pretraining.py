@@ -133,6 +133,27 @@ def test_command_line_train_and_evaluate(tmp_path, capsys):
     assert code == 2 and err.startswith(f"attnlab: error: {single}: no document has two sentences"), err
 
 
+def test_evaluate_masks_the_eval_file_as_training_did_whatever_the_seed(tmp_path, capsys):
+    """`evaluate` masked and paired with seed 0, training's evaluation with train.seed: a run of seed 5 scored its
+    own data.eval_path with other masks than its log's (6.6431 against 6.6411 in the audit's run)."""
+    docs, held_out = tmp_path / "docs.txt", tmp_path / "held_out.txt"
+    docs.write_text(corpus(), encoding="utf-8")
+    held_out.write_text(corpus(8, 3), encoding="utf-8")
+    out = tmp_path / "bert"
+    sets = [f"data.path={json.dumps(str(docs))}", f"data.eval_path={json.dumps(str(held_out))}",
+            "data.tokenizer=word", "data.vocab_size=100", "data.max_length=24", "train.steps=2", "train.eval_every=2",
+            "train.seed=5", "model.d_model=16", "model.d_ff=32", "model.n_layers=1",
+            f"train.out_dir={json.dumps(str(out))}", *TINY]
+    assert run_cli(capsys, "train", str(CONFIG), *[a for s in sets for a in ("--set", s)])[0] == 0
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "eval_loss" in line][-1]
+    code, stdout, err = run_cli(capsys, "evaluate", str(out), "--data", str(held_out), "--json", "--device", "cpu")
+    assert code == 0, err
+    scored = json.loads(stdout)
+    assert scored["loss"] == pytest.approx(logged["eval_loss"], rel=1e-6)
+    assert scored["mlm_accuracy"] == logged["eval_mlm_accuracy"]
+    assert scored["nsp_accuracy"] == logged["eval_nsp_accuracy"]
+
+
 def test_resumed_pre_training_ends_with_the_weights_of_an_uninterrupted_run(tmp_path):
     """Masking and pairing are functions of (seed, step), dropout's RNG is in the checkpoint: a run stopped
     after 3 steps and resumed to 6 ends bit for bit where 6 steps in one go end (the noam schedule does not

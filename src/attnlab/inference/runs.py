@@ -34,6 +34,7 @@ class LoadedRun:
     family: str
     folder: Path  # the checkpoint folder actually read
     data: dict[str, Any]  # the run's [data] table ({} for a bare checkpoint folder)
+    seed: int = 0  # the run's train.seed (0 where the checkpoint does not say)
 
 
 # Weight precisions for inference. Decoding one token reads every weight once, so halving the bytes can halve
@@ -92,9 +93,13 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
     # The run's data settings and class names as saved in the checkpoint itself: they travel with its weights,
     # whereas run.json may describe another run (one that replaced this one in the folder and failed before its
     # first checkpoint). run.json gives what a checkpoint written before they were saved lacks.
+    seed = 0
     try:
-        extra = read_trainer_state(folder).get("extra_state") or {}
+        state = read_trainer_state(folder)
+        extra = state.get("extra_state") or {}
         data = dict(extra.get("data") or {})
+        saved_seed = (state.get("trainer_config") or {}).get("seed")
+        seed = saved_seed if type(saved_seed) is int and saved_seed >= 0 else 0
     except (CheckpointError, AttributeError, TypeError, ValueError):
         data = {}
     labels = class_names(folder) or []
@@ -119,7 +124,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
         break
     if labels:
         data["labels"] = labels
-    return LoadedRun(model, tokenizer, read_config(folder)["family"], folder, data)
+    return LoadedRun(model, tokenizer, read_config(folder)["family"], folder, data, seed)
 
 
 # How evaluation and translation say a cut they make: the length is the trained model's.
@@ -463,7 +468,9 @@ def _token_loss_metrics(model: nn.Module, batches) -> dict[str, float]:
 
 def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> dict[str, float]:
     """BERT pre-training objectives on a text of documents (blank-line separated, a sentence per line),
-    masked and paired with a fixed seed: the same numbers every time."""
+    masked and paired with the run's train.seed, as its evaluations during training were: the same numbers every
+    time, and on the run's data.eval_path those of its training log (seed 0 drew other masks for a run of another
+    seed)."""
     from attnlab.data.sources import cut_advice
     from attnlab.data.text_files import read_text, split_documents
     from attnlab.training.recipe import DataConfig, pretraining_counts, sentence_pair_source
@@ -476,7 +483,7 @@ def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> 
     documents = split_documents(read_text(data))  # read_text's errors name the file already
     try:
         with cut_advice(advice):
-            source = sentence_pair_source(documents, tok, model.config, settings, batch_size, 0)
+            source = sentence_pair_source(documents, tok, model.config, settings, batch_size, run.seed)
     except DataError as e:  # no sentence pairs in the file, too few documents...: name the file
         raise DataError(f"{data}: {e}") from None
     batches = progress_bar(source.iter_batches(batch_size), math.ceil(len(source.pairs) / batch_size), "evaluate")
