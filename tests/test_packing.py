@@ -205,3 +205,24 @@ def test_a_model_that_cannot_keep_packed_examples_apart_is_refused(tmp_path):
     settings = {"steps": 1, "batch_size": 4, "precision": "fp32", "device": "cpu", "progress": False}
     with pytest.raises(DataError, match="cannot keep apart"):
         Trainer(model, settings, _sources("span", 4, pack=True), out_dir=tmp_path / "run").fit()
+
+
+def test_the_trainer_counts_packed_examples_as_the_model_reads_them(tmp_path):
+    """A run of equal document ids is one document (`packed_layout`): rows that each number their documents from
+    0 hold four examples here. Counting distinct ids made it two and refused the batch ("a batch of 2 examples
+    ... but batch_size is 4")."""
+    from attnlab.training.trainer import _batch_size
+
+    documents = torch.tensor([[0, 0, 0, 1, 1, -1], [0, 0, 1, 1, 1, 1]])
+    assert _batch_size({"document_ids": documents}) == 4
+    assert _batch_size({"document_ids": torch.tensor([[0, 0, 1, 1], [2, 2, 3, -1]])}) == 4  # numbered across rows
+
+    class RestartingIds:
+        def batch(self, step):
+            ids = torch.randint(0, 11, (2, 8), generator=torch.Generator().manual_seed(step))
+            return {"input_ids": ids, "labels": ids.clone(), "document_ids": torch.tensor([[0] * 4 + [1] * 4] * 2)}
+
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, d_model=16, n_heads=2, n_layers=1))
+    trainer = Trainer(model, {"steps": 1, "batch_size": 4, "precision": "fp32", "device": "cpu", "progress": False,
+                              "save_every": 0, "eval_every": 0}, RestartingIds(), out_dir=tmp_path)
+    assert trainer.fit()["steps"] == 1

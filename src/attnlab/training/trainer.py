@@ -326,11 +326,16 @@ def _rows(batch: dict[str, Any]) -> int:
 
 
 def _batch_size(batch: dict[str, Any]) -> int:
-    """The examples in `batch`: one per row, or, in packed rows, one per example index in ``document_ids``
-    (-1 marks padding)."""
+    """The examples in `batch`: one per row, or, in packed rows, one per run of equal ``document_ids`` in a row
+    (-1 marks padding), as the models read them (counting distinct ids refused rows that each number their
+    documents from 0)."""
     documents = batch.get("document_ids")
     if isinstance(documents, Tensor):
-        return int(torch.unique(documents[documents >= 0]).numel())
+        if documents.ndim != 2 or not documents.numel():
+            return 0
+        starts = torch.ones_like(documents, dtype=torch.bool)
+        starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+        return int((starts & (documents >= 0)).sum())
     return _rows(batch)
 
 
