@@ -141,6 +141,24 @@ def test_gpt_init_uses_init_std_and_scales_residual_projections():
         assert abs(float(w.detach().std()) - 0.05 / 2) < 0.002  # 1/sqrt(2 · n_layers)
 
 
+@pytest.mark.parametrize("position, attention, table", [
+    ("learned", "dot", lambda m: m.position.embedding.weight),
+    ("relative", "dot", lambda m: m.position.embedding.weight),
+    ("t5-bias", "dot", lambda m: m.position.embedding.weight),
+    ("none", "synthesizer-random", lambda m: m.blocks.layers[0].self_attn.scores.table)])
+def test_gpt_init_std_reaches_position_tables_and_random_scores(position, attention, table):
+    """HF's initializer_range draws GPT-2's position table too; attnlab's tables stayed at 0.02 whatever init_std
+    said. They are rescaled from the same draw, so the default init keeps every value it had."""
+    def built(init_std):
+        torch.manual_seed(0)
+        return GPT(GPTConfig(vocab_size=50, block_size=64, d_model=64, n_heads=4, n_layers=1, position=position,
+                             attention=attention, init_std=init_std))
+
+    default, wide = table(built(0.02)).detach(), table(built(0.1)).detach()
+    assert abs(float(default.std()) - 0.02) < 0.004 and abs(float(wide.std()) - 0.1) < 0.02
+    torch.testing.assert_close(wide, default * 5)
+
+
 def test_gpt_cache_past_a_bounded_model_is_a_clear_error():
     model = GPT(GPTConfig(vocab_size=31, block_size=24, d_model=16, n_heads=2, n_layers=2)).eval()
     cache = model.new_cache()

@@ -32,8 +32,8 @@ from attnlab.models.registry import register_family, register_preset
 from attnlab.modules.attention import KVCache, key_mask
 from attnlab.modules.blocks import NORM_PLACEMENTS, Encoder, LayerSpec
 from attnlab.modules.feedforward import ACTIVATIONS
-from attnlab.modules.positions import POSITIONS, build_position, check_compatible
-from attnlab.modules.variants import VARIANTS, BilinearScores
+from attnlab.modules.positions import POSITIONS, TABLE_INIT_STD, build_position, check_compatible
+from attnlab.modules.variants import VARIANTS, BilinearScores, RandomSynthesizerScores
 
 
 @dataclass
@@ -121,6 +121,15 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, BilinearScores):  # W_Q·W_K merged: drawn as those two linear layers would be
                 module.init_like_dot(std)
+        # Position tables (learned, Shaw, T5 bias) and synthesizer-random scores are drawn at N(0, TABLE_INIT_STD)
+        # by their modules; HF's initializer_range reaches GPT-2's position table too. Rescaled, not drawn again: at
+        # the default std every weight keeps the value it had.
+        if std != TABLE_INIT_STD:
+            tables = [m.weight for m in self.position.modules() if isinstance(m, nn.Embedding)]
+            tables += [m.table for m in self.modules() if isinstance(m, RandomSynthesizerScores)]
+            with torch.no_grad():
+                for table in tables:
+                    table.mul_(std / TABLE_INIT_STD)
 
     supports_cache = True  # decoding keeps keys and values (a causal model's earlier states never change)
 

@@ -71,6 +71,9 @@ class PositionScheme(nn.Module, PositionHook):
 
 
 POSITIONS: Registry[type[PositionScheme]] = Registry("position scheme")
+# The std of a learned position table's first draw (learned, Shaw relative, T5 bias), GPT-2's initializer range;
+# a model of another init std rescales its tables (see `GPT._init_weights`).
+TABLE_INIT_STD = 0.02
 
 
 def build_position(name: str, *, d_model: int, n_heads: int, max_len: int, causal: bool,
@@ -163,7 +166,7 @@ class LearnedPosition(PositionScheme):
         super().__init__()
         self.max_len = max_len
         self.embedding = nn.Embedding(max_len, d_model)
-        nn.init.normal_(self.embedding.weight, std=0.02)
+        nn.init.normal_(self.embedding.weight, std=TABLE_INIT_STD)
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         return x + self.embedding(positions)
@@ -276,7 +279,7 @@ class ShawRelativePosition(PositionScheme):
                               f"least 1, got {max_distance}")
         self.max_distance = max_distance
         self.embedding = nn.Embedding(2 * max_distance + 1, d_model // n_heads)
-        nn.init.normal_(self.embedding.weight, std=0.02)
+        nn.init.normal_(self.embedding.weight, std=TABLE_INIT_STD)
 
     def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, n_heads: int) -> Tensor:
         idx = _relative(q_pos, k_pos).clamp(-self.max_distance, self.max_distance) + self.max_distance
@@ -328,7 +331,7 @@ class T5RelativeBias(PositionScheme):
                               f"num_buckets = {num_buckets}, got {max_distance}")
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.embedding = nn.Embedding(num_buckets, n_heads)
-        nn.init.normal_(self.embedding.weight, std=0.02)
+        nn.init.normal_(self.embedding.weight, std=TABLE_INIT_STD)
 
     def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, n_heads: int) -> Tensor:
         buckets = t5_bucket(_relative(q_pos, k_pos), bidirectional=self.bidirectional,

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.errors import ConfigError
+from attnlab.modules.positions import TABLE_INIT_STD
 from attnlab.registry import Registry, construct
 
 
@@ -251,7 +252,7 @@ class RandomSynthesizerScores(ScoreVariant):
         if block_size is None:
             raise ConfigError("synthesizer-random attention needs block_size (the longest sequence)")
         self.n_heads, self.block_size = n_heads, block_size
-        self.table = nn.Parameter(torch.randn(n_heads, block_size, block_size) * 0.02,
+        self.table = nn.Parameter(torch.randn(n_heads, block_size, block_size) * TABLE_INIT_STD,
                                   requires_grad=not freeze)  # (H, block, block)
 
     def queries(self, x: Tensor, positions: Tensor) -> Tensor:
