@@ -254,3 +254,26 @@ def test_training_code_never_unpickles():
     for path in source.glob("*.py"):
         text = path.read_text()
         assert not re.search(r"torch\.load\s*\(|import pickle|pickle\.loads?\(", text), path
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads the process's mappings (Linux)")
+def test_loaded_optimizer_state_does_not_stay_mapped_onto_the_checkpoint(tmp_path):
+    """safetensors maps the file, and the optimizer kept its moments as loaded: mapped onto optimizer.safetensors
+    for the rest of a resumed run, which Windows refuses to rename or delete at the next save."""
+    import gc
+
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 13, (2, 6))
+    model(ids, labels=ids).loss.backward()
+    optimizer.step()
+    folder = tmp_path / "checkpoint"
+    ckpt.save_checkpoint(folder, model, optimizer)
+    again = tiny_model()
+    loaded = torch.optim.AdamW(again.parameters(), lr=1e-3)
+    ckpt.load_checkpoint_into(folder, again, loaded)
+    gc.collect()
+    mapped = [line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if str(folder) in line]
+    assert mapped == []
+    for saved, state in zip(optimizer.state.values(), loaded.state.values()):
+        assert torch.equal(saved["exp_avg"], state["exp_avg"])

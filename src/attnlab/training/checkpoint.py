@@ -377,6 +377,10 @@ def _optimizer_payload(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
 def _load_optimizer_state(folder: Path, optimizer: torch.optim.Optimizer) -> None:
     path = folder / OPTIMIZER_FILE
     tensors, metadata = _read_safetensors(path)
+    # safetensors maps the file and `load_state_dict` keeps tensors of the right dtype and device as they are: the
+    # moments would stay mapped onto the checkpoint for the whole run, which Windows then refuses to replace or
+    # remove at the next save. Copies own their memory. (Weights are copied into the model anyway.)
+    tensors = {key: t.clone() for key, t in tensors.items()}
     groups = _metadata_json(metadata, "param_groups", path, None)
     scalars = _metadata_object(metadata, "scalars", path)
     if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
