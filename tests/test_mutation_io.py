@@ -481,6 +481,39 @@ def test_mps_never_gets_bf16_autocast(monkeypatch):
     assert device.resolve_precision("auto", torch.device("mps")) is None
 
 
+@pytest.mark.parametrize("torch_says", [None, "error", "warning"])
+def test_explicit_bf16_on_mps_is_refused_where_torch_cannot_autocast_it(monkeypatch, torch_says):
+    """torch 2.4 has no MPS autocast (a traceback at the first forward); 2.5, or macOS 13, disables it with a
+    warning, and the run trained in fp32 while recorded as bf16. Where torch takes it, bf16 it is."""
+    import warnings
+
+    import torch
+
+    from attnlab.training import device
+
+    real = torch.autocast
+
+    def autocast(device_type, dtype=None, **kwargs):
+        if device_type == "mps" and torch_says == "error":
+            raise RuntimeError("User specified an unsupported autocast device_type 'mps'")
+        if device_type == "mps" and torch_says == "warning":
+            warnings.warn("In MPS autocast, but the target dtype is not supported. Disabling autocast.\n"
+                          "MPS Autocast only supports dtype of torch.float16 currently.", stacklevel=2)
+            return real("cpu", dtype=dtype, enabled=False)
+        return real(device_type, dtype=dtype, **kwargs)
+
+    monkeypatch.setattr(torch, "autocast", autocast)
+    if torch_says is None:
+        assert device.resolve_precision("bf16", torch.device("mps")) is torch.bfloat16
+        return
+    with pytest.raises(ConfigError) as info:
+        device.resolve_precision("bf16", torch.device("mps"))
+    message = str(info.value)
+    assert "\n" not in message and message.startswith('precision = "bf16" cannot run on this MPS device')
+    assert ("unsupported autocast device_type" if torch_says == "error" else "Disabling autocast") in message
+    assert message.endswith('use precision = "auto" or "fp32"')
+
+
 @pytest.mark.parametrize("flags, expected", [("fpu avx2 avx512f", False), ("fpu avx512_bf16 avx2", True),
                                              ("fpu amx_bf16 amx_tile", True)])
 def test_cpu_bf16_is_read_from_the_cpu_flags(monkeypatch, flags, expected):

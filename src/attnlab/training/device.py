@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import torch
 
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, one_line
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -138,7 +138,8 @@ def resolve_precision(precision: str, device: torch.device | str) -> torch.dtype
     without bf16 instructions or a GPU older than Ampere it is emulated, correct but slow).
 
     Raises:
-        ConfigError: an unknown precision, or "bf16" on a CUDA GPU without bf16 support.
+        ConfigError: an unknown precision, or "bf16" on a CUDA GPU without bf16 support or on an MPS device whose
+            torch or macOS cannot autocast to it.
     """
     device = torch.device(device)
     if precision not in PRECISIONS:
@@ -159,12 +160,31 @@ def resolve_precision(precision: str, device: torch.device | str) -> torch.dtype
         warnings.warn("precision = \"bf16\" on a GPU older than Ampere (compute capability below 8.0): bf16 is "
                       "emulated and slower than fp32; use precision = \"auto\" or \"fp32\"", SlowPrecisionWarning,
                       stacklevel=2)
+    if device.type == "mps":
+        problem = _mps_bf16_problem()
+        if problem:
+            raise ConfigError(f"precision = \"bf16\" cannot run on this MPS device with this torch ({problem}); use "
+                              "precision = \"auto\" or \"fp32\"")
     if device.type == "cpu" and not supported:
         # Without AVX512-BF16 or AMX, torch computes bf16 matmuls in a generic loop: correct, but on an
         # AVX2 CPU 50-100x slower than fp32 (1.3 vs 120 GFLOP/s measured on an AMD Zen 3).
         warnings.warn("precision = \"bf16\" on a CPU without bf16 instructions: matmuls are emulated and "
                       "far slower than fp32; use precision = \"auto\" or \"fp32\"", SlowPrecisionWarning, stacklevel=2)
     return torch.bfloat16
+
+
+def _mps_bf16_problem() -> str | None:
+    """Why bf16 autocast cannot run on MPS here, or None: torch before 2.5 has no MPS autocast (an error at the first
+    forward), 2.5 only fp16, and later ones bf16 only from macOS 14; there torch disables autocast with a warning,
+    and the run would train in fp32 while recorded as bf16."""
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.autocast(device_type="mps", dtype=torch.bfloat16)
+    except (RuntimeError, ValueError, AssertionError) as e:
+        return one_line(e)
+    disabled = [w for w in caught if "disabling autocast" in str(w.message).lower()]
+    return one_line(disabled[0].message) if disabled else None
 
 
 @contextlib.contextmanager
