@@ -211,6 +211,34 @@ def test_a_position_without_accounting_counts_each_stack_with_its_own_causal_fla
     assert table.total == n_params(model) and check_table(table, model) == []
 
 
+def test_a_position_without_accounting_is_counted_on_the_meta_device(monkeypatch):
+    """Counting built such a scheme for real, a table of max_len rows in memory, where everything else is counted
+    from its formula or from a meta-device module."""
+    from attnlab.modules.positions import POSITIONS, PositionScheme
+
+    devices = []
+
+    class Table(PositionScheme):
+        adds_to_embeddings = True
+
+        def __init__(self, *, d_model: int, max_len: int, causal: bool):
+            super().__init__()
+            self.table = nn.Parameter(torch.zeros(max_len, d_model))
+            devices.append(self.table.device.type)
+
+    monkeypatch.setitem(POSITIONS._items, "test-table", Table)
+    table = count_parameters(config_from_dict({**FAMILIES["gpt"], "position": "test-table"})[1])
+    assert table.row("embeddings", "positions (test-table)").total > 0
+    assert set(devices) == {"meta"}
+
+
+def test_short_totals_pick_their_unit_after_rounding():
+    from attnlab.analysis.params import _short
+
+    assert [_short(n) for n in (999, 1_000, 999_949, 999_999, 124_439_808, 999_960_000, 2 * 10**12)] == \
+        ["999", "1.0k", "999.9k", "1.0M", "124.4M", "1.0B", "2.0T"]  # 999,999 was "1000.0k"
+
+
 # --------------------------------------------------------------------------------------------------
 # 3. A preset name is the preset; ./NAME is the folder; `list` and --list
 # --------------------------------------------------------------------------------------------------

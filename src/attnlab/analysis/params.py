@@ -226,10 +226,14 @@ class ParamTable:
 
 
 def _short(n: int) -> str:
-    for unit, size in (("B", 10**9), ("M", 10**6), ("k", 10**3)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return str(n)
+    """A count with one decimal of its unit, the unit chosen after rounding: 999,960 is 1.0M, not 1000.0k."""
+    if n < 1000:
+        return str(n)
+    for unit, size in (("k", 10**3), ("M", 10**6), ("B", 10**9)):
+        text = f"{n / size:.1f}"
+        if float(text) < 1000:
+            return text + unit
+    return f"{n / 10**12:.1f}T"
 
 
 class TableBuilder:
@@ -458,7 +462,8 @@ def _position_rows(b: TableBuilder, name: str, options: dict, stacks: list[tuple
                       note=note, modules=_at(path, attr))
         return
     for label, path, causal in stacks:
-        built = build_position(name, **{**build_args, "causal": causal}, **options)
+        with torch.device("meta"):  # its parameters' sizes only: a table of max_len rows is not allocated
+            built = build_position(name, **{**build_args, "causal": causal}, **options)
         b.row(group, f"{label} positions ({name})".strip(), None, modules=_at(path),
               note="no closed form registered: counted from the module",
               count=sum(p.numel() for p in built.parameters()))
