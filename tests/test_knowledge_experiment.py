@@ -421,3 +421,59 @@ def test_a_resumed_row_whose_phases_are_all_done_answers_on_the_device_asked_for
     monkeypatch.setattr(device_module, "select_device", lambda name=None: torch.device("meta"))
     run_knowledge(tmp_path / "out", device="cpu", resume=True, **args)
     assert seen and set(seen) == {"meta"}
+
+
+def test_a_phase_whose_save_crashed_between_its_renames_resumes_from_the_old_copy(tmp_path, monkeypatch):
+    """A crash between the two renames of a save leaves only .checkpoint.old, which `attnlab train --resume`
+    continues from; the knowledge run retrained that phase from step 0 and deleted the copy."""
+    from attnlab.training import TrainingInterrupted
+    from attnlab.training.trainer import Trainer
+
+    files = write_files(tmp_path)
+    out = tmp_path / "out"
+    args = dict(corpus=files["corpus"], train=files["train"], eval_path=files["eval"], device="cpu",
+                overrides={**TINY, "finetune_epochs_scratch": 4}, progress=False, echo=lambda *_: None)
+    step, calls = Trainer._train_step, {"n": 0}
+
+    def interrupted_at_the_third_step(self, n):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return step(self, n)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "_train_step", interrupted_at_the_third_step)
+        with pytest.raises(TrainingInterrupted):
+            run_knowledge(out, variants="none", **args)
+    phase = out / "finetune-none"
+    (phase / "checkpoint").rename(phase / ".checkpoint.old")
+    resumed, real_fit = [], Trainer.fit
+
+    def fit(self, *a, **kw):
+        summary = real_fit(self, *a, **kw)
+        resumed.append(summary["start_step"])
+        return summary
+
+    monkeypatch.setattr(Trainer, "fit", fit)
+    run_knowledge(out, variants="none", resume=True, **args)
+    assert resumed == [2]
+
+
+def test_a_data_folder_of_the_users_own_files_is_never_replaced(tmp_path):
+    """A project folder given as --out, the user's files in its data/: the run deleted data/ with its inputs,
+    calling it "an unfinished knowledge run". A synthetic run, which writes its world into data/, is refused."""
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    files = write_files(project / "data")
+    (project / "notes.txt").write_text("mine\n", encoding="utf-8")
+    before = {p.name: p.read_bytes() for p in (project / "data").iterdir()}
+    args = dict(device="cpu", overrides=TINY, progress=False, echo=lambda *_: None)
+    for _ in range(2):  # into the bare folder, then beside the first run's results
+        run_knowledge(project, variants="none", corpus=files["corpus"], train=files["train"],
+                      eval_path=files["eval"], **args)
+        assert {p.name: p.read_bytes() for p in (project / "data").iterdir()} == before
+        assert (project / "notes.txt").is_file() and (project / "results.json").is_file()
+    # A synthetic run would write corpus.txt, train.tsv and dev.tsv over them
+    with pytest.raises(ConfigError, match="data' holds files that are not an earlier knowledge run's synthetic"):
+        run_knowledge(project, variants="none", **args)
+    assert {p.name: p.read_bytes() for p in (project / "data").iterdir()} == before

@@ -330,7 +330,9 @@ def _check_resumed_vocabulary(phases: list[Path], vocab) -> None:
 
     for folder in phases:
         try:
-            before = KnowledgeVocab.from_tokenizer(load_tokenizer(folder / "checkpoint")).itos
+            saved = folder / "checkpoint"  # or the .old copy a crashed save left in its place
+            before = KnowledgeVocab.from_tokenizer(load_tokenizer(
+                saved if saved.exists() else saved.with_name(".checkpoint.old"))).itos
         except AttnlabError:
             continue  # a damaged phase: its own checkpoint check reports it
         if before != vocab.itos:
@@ -387,7 +389,7 @@ def _check_resumable(folder: Path, model_settings: dict[str, Any], config: dict[
 
 def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer, *, resume: bool,
                  title: str, echo, fingerprint: str) -> dict[str, Any]:
-    from attnlab.training.checkpoint import load_checkpoint_into
+    from attnlab.training.checkpoint import checkpoint_present, load_checkpoint_into
     from attnlab.training.device import SlowPrecisionWarning
     from attnlab.training.trainer import Trainer
 
@@ -398,7 +400,7 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
         earlier = _earlier_seconds(folder)
         return {"steps": config["steps"], "wall_time_s": earlier, "earlier_s": earlier, "skipped": True,
                 **_finished_phase_figures(folder)}
-    resume_here = resume and (folder / "checkpoint").exists()
+    resume_here = resume and checkpoint_present(folder / "checkpoint")  # or the .old copy a crashed save left
     earlier = _earlier_seconds(folder) if resume_here else 0.0
     steps = f"{config['steps']} step{'' if config['steps'] == 1 else 's'}"
     echo(f"{title}: {steps} of {config['batch_size']} examples of up to {source.block_size} "
@@ -490,6 +492,37 @@ def answer_questions(model, vocab, questions: list[str], *, batch_size: int = 12
 _OUTPUT_FILES = ("results.json", "results.md", "curves.png", "accuracy.png")  # written at the end of a run
 
 
+# What a phase's trainer writes into its folder (and the hidden siblings of an atomic save).
+_PHASE_ENTRIES = ("checkpoint", "best", "metrics", "loss")
+
+
+def _earlier_outputs(out: Path, inputs: list[Path]) -> list[Path]:
+    """What an earlier knowledge run left in `out` for this run to replace: its tables and plots, its phase
+    folders (holding what a trainer writes and nothing else), and, where those show such a run, its predictions
+    (`<variant>.tsv` files) and its synthetic world (`corpus.txt`, `train.tsv`, `dev.tsv`). Never a folder of the
+    user's with other files (a `data/` of their own was deleted with them), nor one that holds an input file of
+    this run."""
+    def ours(folder: Path, allowed) -> bool:
+        return folder.is_dir() and all(allowed(entry.name) for entry in folder.iterdir())
+
+    def phase_entry(name: str) -> bool:
+        return name.lstrip(".").split(".")[0] in _PHASE_ENTRIES
+
+    phases = [path for path in [*sorted(out.glob("pretrain-*")), *sorted(out.glob("finetune-*"))]
+              if ours(path, phase_entry)]
+    tables = [out / name for name in _OUTPUT_FILES if (out / name).is_file()]
+    if not phases and not tables:
+        return []
+    # an earlier knowledge run was here: its predictions and world go with it
+    predictions = out / "predictions"
+    world = out / "data"
+    found = [*([predictions] if ours(predictions, lambda name: name.endswith(".tsv")) else []), *phases, *tables,
+             *([world] if ours(world, lambda name: name in ("corpus.txt", "train.tsv", "dev.tsv")) else [])]
+    given = [path.resolve() for path in inputs]
+    return [path for path in found
+            if not any(path.resolve() == p or path.resolve() in p.parents for p in given)]
+
+
 def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick",
                   variants: str | list[str] | None = None, corpus: str | None = None, train: str | None = None,
                   eval_path: str | None = None, predict: str | None = None, seed: int = 0,
@@ -529,10 +562,14 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
                           "of its own, e.g. runs/knowledge")
     # Without --resume, an earlier run's outputs (finished, or stopped before its table) are replaced: rows of
     # variants this run leaves out must not sit beside its table, nor a synthetic world's data/ beside the results
-    # of a run from the user's files.
-    earlier = [] if resume or not out.is_dir() else [
-        path for path in [out / "predictions", *sorted(out.glob("pretrain-*/")), *sorted(out.glob("finetune-*/")),
-                          *(out / name for name in _OUTPUT_FILES), out / "data"] if path.exists()]
+    # of a run from the user's files. Only what a knowledge run writes is replaced (see `_earlier_outputs`).
+    inputs = [Path(p) for p in (corpus, train, eval_path, predict) if p]
+    earlier = [] if resume or not out.is_dir() else _earlier_outputs(out, inputs)
+    if not resume and corpus is None and train is None and (out / "data").exists() and out / "data" not in earlier:
+        raise ConfigError(f"--out: {str(out / 'data')!r} holds files that are not an earlier knowledge run's synthetic "
+                          "world (or no such run's results lie beside them), and this run would write its world "
+                          "there; move them (or remove the folder, if an interrupted run left it), or choose "
+                          "another --out")
     # The user's files are read before the folder is made (a missing file leaves nothing behind), and checked
     # with the settings before the warning that this run replaces an earlier one (a refused run replaces nothing).
     data = load_data(out, settings, corpus=corpus, train=train, eval_path=eval_path, predict=predict, seed=seed)
@@ -596,11 +633,13 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick
         return plan
 
     if resume:  # every phase on disk is checked before any is trained
+        from attnlab.training.checkpoint import checkpoint_present
+
         trained = []
         for variant in rows:
             for kind, cfg in phases(variant):
                 folder = out / f"{kind}-{variant.name}"
-                if (folder / "checkpoint").exists():
+                if checkpoint_present(folder / "checkpoint"):
                     _check_resumable(folder, model_config(settings, vocab.vocab_size, variant).to_dict(), cfg,
                                      fingerprints[kind])
                     trained.append(folder)
