@@ -411,7 +411,7 @@ def test_stacks_of_no_layers_leave_no_rows():
 def test_short_sizes_at_the_unit_boundaries():
     from attnlab.analysis.params import _short
 
-    assert [_short(n) for n in (999, 1000, 999_999, 10**6, 10**9)] == ["999", "1.0k", "1000.0k", "1.0M", "1.0B"]
+    assert [_short(n) for n in (999, 1000, 999_999, 10**6, 10**9)] == ["999", "1.0k", "1.0M", "1.0M", "1.0B"]
 
 
 def test_params_list_as_a_name_lists_the_presets(capsys):
