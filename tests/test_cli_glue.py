@@ -796,6 +796,39 @@ def test_progress_bar_shows_count_and_eta_on_a_terminal_only(monkeypatch):
         assert ("evaluate" in stream.getvalue() and "/5 [" in stream.getvalue()) is shown  # the total: an ETA
 
 
+def test_training_progress_is_a_bar_on_a_terminal_and_plain_lines_elsewhere(monkeypatch):
+    """A log file or pipe got the bar's redrawn frames, carriage returns and all (37 for a 300-step run); it now
+    gets a plain line at most every LINE_EVERY_S seconds and at the end, with the loss, lr, tokens/s and ETA."""
+    import io
+    import sys
+
+    from attnlab.training.logging import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream, bar in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr("sys.stderr", stream)
+        monkeypatch.setattr(Progress, "LINE_EVERY_S", 0.0 if not bar else Progress.LINE_EVERY_S)
+        progress = Progress(4, 0, enabled=True)
+        for _ in range(4):
+            progress.update()
+            progress.show(loss=2.5, lr=1e-3, tok_s=1234.0)
+        progress.close()
+        text = stream.getvalue()
+        assert ("\r" in text) is bar
+        if not bar:
+            lines = text.splitlines()
+            assert lines[0].startswith("train: step 1/4  loss=2.5  lr=0.001  tok_s=1234  ETA ")
+            assert lines[-1] == "train: step 4/4  loss=2.5  lr=0.001  tok_s=1234"
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    quiet = Progress(4, 0, enabled=False)
+    quiet.update()
+    quiet.show(loss=1.0)
+    assert sys.stderr.getvalue() == ""
+
+
 def test_evaluate_shows_progress_over_every_batch(tmp_path, capsys, monkeypatch, lm_runs, cls_run, mt_run):
     """`attnlab evaluate` reports progress (with an ETA, so the bar is told how many batches there are) over
     each pass: the total it announces is the number of batches that pass yields."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -75,25 +77,41 @@ def _json_line(record: dict[str, Any]) -> str:
 class Progress:
     """A tqdm bar over optimizer steps showing loss, lr and tokens/s (tqdm adds the ETA); no bar when
     disabled (progress = false, or a process other than rank 0). `write` prints its line above the bar, or
-    alone where `echo` is set and there is no bar: progress = false hides the bar, not the evaluations."""
+    alone where `echo` is set and there is no bar: progress = false hides the bar, not the evaluations.
+
+    Where stderr is not a terminal (a log file, a pipe) a bar's redrawn frames would fill it with carriage
+    returns: it gets a plain line instead, at most every LINE_EVERY_S seconds, with the same figures and the ETA."""
+
+    LINE_EVERY_S = 30.0
 
     def __init__(self, total: int, initial: int, *, enabled: bool, echo: bool = False):
         self._bar = None
         self._echo = echo
-        if enabled:
+        self._lines = enabled and not _is_terminal(sys.stderr)
+        self._total, self._initial, self._n = total, initial, initial
+        self._start = self._last_line = time.perf_counter()
+        if enabled and not self._lines:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, desc="train")
 
     def update(self, n: int = 1) -> None:
+        self._n += n
         if self._bar is not None:
             self._bar.update(n)
 
     def show(self, **values: float) -> None:
+        formats = {"lr": "{:.3g}", "loss": "{:.4g}"}
+        shown = {key: formats.get(key, "{:.0f}").format(value) for key, value in values.items()}
         if self._bar is not None:
-            formats = {"lr": "{:.3g}", "loss": "{:.4g}"}
-            shown = {key: formats.get(key, "{:.0f}").format(value) for key, value in values.items()}
             self._bar.set_postfix(shown, refresh=False)
+        elif self._lines and (time.perf_counter() - self._last_line >= self.LINE_EVERY_S or self._n >= self._total):
+            self._last_line = now = time.perf_counter()
+            done = self._n - self._initial
+            eta = (now - self._start) / done * (self._total - self._n) if done > 0 else float("nan")
+            figures = "  ".join(f"{key}={value}" for key, value in shown.items())
+            when = f"ETA {_duration(eta)}" if math.isfinite(eta) and self._n < self._total else ""
+            print(f"train: step {self._n}/{self._total}  {figures}  {when}".rstrip(), file=sys.stderr, flush=True)
 
     def write(self, message: str) -> None:
         if self._bar is not None:
@@ -105,6 +123,20 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # replaced or closed streams
+        return False
+
+
+def _duration(seconds: float) -> str:
+    """h:mm:ss, or m:ss under an hour."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def progress_bar(iterable: Iterable[T], total: int, desc: str) -> Iterable[T]:
