@@ -189,3 +189,20 @@ def test_a_yml_config_is_read_as_yaml(tmp_path):
     config.write_text("model:\n  preset: gpt-char-tiny\ntrain:\n  lr: 3e-4\n  steps: 10\n", encoding="utf-8")
     run = load_run_config(config)
     assert run.model["preset"] == "gpt-char-tiny" and run.train.lr == 3e-4 and run.train.steps == 10
+
+
+def test_an_output_encoding_without_the_characters_gets_escapes_not_a_traceback():
+    """PYTHONIOENCODING=ascii (or an old console): `params` died on its × column, `params --json` on a formula's
+    ·, and `run knowledge` on its table's — after every phase had trained (UnicodeEncodeError, exit code 1)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    for args in (["params", "gpt-char-tiny"], ["params", "gpt-char-tiny", "--json"]):
+        done = subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, env=env,
+                              encoding="ascii", errors="strict", timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr
+    assert json.loads(done.stdout)["total"] > 0  # --json: escaped as JSON, so still JSON

@@ -362,6 +362,15 @@ def _report(message: str, *, same_in_every_process: bool = False) -> None:
 
 def _main(argv: list[str] | None, terminated: list[int]) -> None:
     exceptions = _click_exceptions()
+    # A terminal or pipe in another encoding than UTF-8 (PYTHONIOENCODING=ascii, an old Windows console) gets a
+    # character it cannot show as a backslash escape: a model's text or the results table ended in a
+    # UnicodeEncodeError after every phase had trained.
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        try:
+            reconfigure(errors="backslashreplace")
+        except (ValueError, OSError):  # a detached or closed stream
+            pass
     # Warnings as one line each, without the source line Python shows by default; under torchrun from rank 0
     # only (every process reads the same settings and data, so the others would repeat its warnings).
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"attnlab: warning: {message}\n"

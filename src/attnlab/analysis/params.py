@@ -980,4 +980,5 @@ def params_command(name: str | None, as_json: bool = False, list_all: bool = Fal
         if file is None:
             raise
         raise ConfigError(f"{file}: {e}") from None
-    print(json.dumps(table.to_dict(), indent=2, ensure_ascii=False) if as_json else table.render())
+    # JSON escapes its non-ASCII characters (the formulas' · and ×): valid in any output encoding.
+    print(json.dumps(table.to_dict(), indent=2) if as_json else table.render())
