@@ -1,5 +1,6 @@
 """Atomic writes: the target holds the old content or the new, never a part; no temporary file is left."""
 
+import json
 import os
 
 import numpy as np
@@ -98,3 +99,31 @@ def test_metrics_log_restart_and_plot(tmp_path):
     png = plot_losses(log.read(), tmp_path / "loss.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["loss.png", "metrics.jsonl"]
+
+
+def test_a_folder_lock_keeps_a_second_run_out(tmp_path, capsys):
+    """Two `attnlab train` runs into one folder interleaved their checkpoints, run.json and metrics.jsonl (the
+    second died on the first's temporary folder, or mixed the two runs); the second is now refused in words."""
+    from cli_helpers import one_line_error
+
+    from attnlab.errors import ConfigError
+    from attnlab.files import LOCK_FILE, folder_lock
+
+    run = tmp_path / "run"
+    with folder_lock(run, "train.out_dir"):
+        assert (run / LOCK_FILE).is_file()
+        with pytest.raises(ConfigError, match="train.out_dir: another attnlab run is writing into"):
+            with folder_lock(run, "train.out_dir"):
+                pass
+        line = one_line_error(capsys, "train", "--set", "model.preset=\"gpt-char-tiny\"", "--set", "train.steps=1",
+                              "--set", f"train.out_dir={json.dumps(str(run))}")
+        assert "another attnlab run is writing into" in line
+    with folder_lock(run, "train.out_dir"):  # released with its block
+        pass
+    assert not run.exists()  # made by the lock and left empty: removed again
+    (tmp_path / "afile").write_text("x", encoding="utf-8")
+    with pytest.raises(ConfigError, match="'.*afile' is a file, not a folder"):
+        with folder_lock(tmp_path / "afile", "train.out_dir"):
+            pass
+    with folder_lock(run, "x", enabled=False):  # not rank 0: holds nothing
+        assert not run.exists()

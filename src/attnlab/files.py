@@ -3,7 +3,8 @@
 Every file attnlab writes for the user to keep (results, plots, tokenizers, token files, run
 descriptions, metrics logs) goes through `atomic_path`: the content is written to a temporary file beside
 the target, flushed to disk, and renamed over the target only when writing finished without an error.
-Checkpoint folders use the same idea one level up (`attnlab.training.checkpoint`).
+Checkpoint folders use the same idea one level up (`attnlab.training.checkpoint`). `folder_lock` keeps a
+second run out of a folder one run is writing.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "fsync_path", "ordinary_permissions", "write_text_atomic"]
+__all__ = ["atomic_path", "folder_lock", "fsync_path", "ordinary_permissions", "write_text_atomic"]
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
@@ -77,3 +78,92 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
         f.write(text)
     return path
+
+
+LOCK_FILE = ".attnlab.lock"
+
+
+@contextmanager
+def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool = True) -> Iterator[Path]:
+    """Hold `folder` for one attnlab run for the block: an exclusive lock on its LOCK_FILE, taken through the OS
+    (released when the process ends, however it ends). A second run into the same folder is refused in one line
+    while this one writes there: two runs had interleaved their checkpoints, run.json and metrics.jsonl.
+
+    Creates the folder; one the block created and left holding only the lock file (a run refused before it wrote
+    anything) is removed again. Where the OS offers no lock (neither `fcntl` nor `msvcrt`), or with `enabled`
+    false (a process other than torchrun's rank 0, which writes nothing), nothing is held."""
+    from attnlab.errors import ConfigError
+
+    folder = Path(folder)
+    if not enabled:
+        yield folder
+        return
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{setting}: {str(folder)!r} is a file, not a folder; choose another path")
+    created = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{setting}: cannot create the folder {str(folder)!r} ({e.strerror or e}); "
+                          "choose another path") from None
+    lock = folder / LOCK_FILE
+    try:
+        handle = open(lock, "a+b")  # noqa: SIM115 - held open for the block
+    except OSError as e:
+        raise ConfigError(f"{setting}: cannot write into the folder {str(folder)!r} ({e.strerror or e}); "
+                          "choose another path") from None
+    try:
+        if not _try_lock(handle):
+            raise ConfigError(f"{setting}: another attnlab run is writing into {str(folder)!r}; wait for it to "
+                              "finish, or give this run another folder")
+        try:
+            yield folder
+        finally:
+            _unlock(handle)
+    finally:
+        handle.close()
+        if created and [p.name for p in folder.iterdir()] == [LOCK_FILE]:
+            lock.unlink(missing_ok=True)
+            folder.rmdir()
+
+
+def _try_lock(handle) -> bool:
+    """An exclusive, non-blocking lock on the open file `handle`: False if another process holds it."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        try:
+            import msvcrt
+        except ImportError:
+            return True
+        try:
+            handle.seek(0)
+            msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        return True
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:  # a file system without locks (some network mounts): run unguarded, as before
+        return True
+    return True
+
+
+def _unlock(handle) -> None:
+    try:
+        import fcntl
+    except ImportError:
+        try:
+            import msvcrt
+
+            handle.seek(0)
+            msvcrt.locking(handle.fileno(), msvcrt.LK_UNLCK, 1)
+        except (ImportError, OSError):
+            pass
+        return
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    except OSError:
+        pass

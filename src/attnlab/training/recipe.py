@@ -37,7 +37,7 @@ from typing import Any
 
 from attnlab.config import Config, check_choice, check_positive
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError, UnknownToken, one_line
-from attnlab.files import write_text_atomic
+from attnlab.files import folder_lock, write_text_atomic
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -1006,6 +1006,7 @@ def pretraining_accuracy(model, source) -> dict[str, float]:
 
 def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     """Prepare and train; writes the run folder (checkpoints, metrics.jsonl, loss.png, run.json)."""
+    from attnlab.training.distributed import env_world
     from attnlab.training.trainer import Trainer
 
     out = Path(run.train.out_dir)
@@ -1018,40 +1019,44 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     if run.train.best_metric not in ("loss", *evaluated):
         raise ConfigError(f"train.best_metric {run.train.best_metric!r} is not a metric that data.task = "
                           f"{run.data.task!r} evaluates; choose one of: loss, {', '.join(evaluated)}")
-    # Checked before anything is written into the folder. A resumed run keeps the vocabulary its weights
-    # were trained with (retraining a tokenizer can give another: see _from_first_process).
-    tokenizer_from = Trainer.checkpoint_to_resume(out) if resume else None
-    if tokenizer_from is not None:
-        _check_resumed_family(run, tokenizer_from)
-    replacing = not resume and (out / "checkpoint").is_dir()
-    # Preparing builds the model config, so a bad setting is refused before the folder is made or the warning
-    # below is given (only a language model's token files go into the folder, after that check).
-    prep = prepare(run, tokenizer_from=tokenizer_from)
-    make_folder(out, "train.out_dir")
-    if replacing:
-        warnings.warn(f"{out} already holds a trained run; training from scratch replaces it (--resume "
-                      "continues it instead)", stacklevel=2)
-    description = run.to_dict()
-    if "labels" in prep.info:  # the class names, in the order of the classifier's outputs
-        description["labels"] = list(prep.info["labels"])
-    # The data settings and class names go into every checkpoint too: generate and evaluate read them there, so
-    # a checkpoint is never scored with the labels of a run that replaced its run.json and then failed.
-    data_state = {"data": run.data.to_dict(), "batches_by_length": run.data.batches_by_length,
-                  "data_files": _data_file_stamps(run.data), **_label_state(prep.info)}
-    trainer = Trainer(prep.model, run.train, prep.train_source, eval_source=prep.eval_source,
-                      tokenizer=prep.tokenizer, out_dir=out, eval_counts=prep.eval_counts, extra_state=data_state)
-
-    def describe() -> None:  # once a resumed checkpoint has proved to fit: a failed resume leaves run.json alone
-        if tokenizer_from is not None and trainer.finished:  # trains nothing: run.json keeps what the run was
-            return
+    # One run at a time in a folder (two interleaved their checkpoints and logs); the folder is made here, and
+    # removed again if a bad setting refuses the run before anything is written (only rank 0 writes under torchrun).
+    with folder_lock(out, "train.out_dir", enabled=env_world().is_main):
+        # Checked before anything is written into the folder. A resumed run keeps the vocabulary its weights
+        # were trained with (retraining a tokenizer can give another: see _from_first_process).
+        tokenizer_from = Trainer.checkpoint_to_resume(out) if resume else None
         if tokenizer_from is not None:
-            _warn_changed_data(tokenizer_from, data_state["data"], run.data.batches_by_length,
-                               data_state["data_files"])
-        trainer.extra_state.update(data_state)  # resumed: this session's settings, as run.json says, not the saved
-        write_text_atomic(out / "run.json", json.dumps(description, indent=2))
+            _check_resumed_family(run, tokenizer_from)
+        replacing = not resume and (out / "checkpoint").is_dir()
+        # Preparing builds the model config, so a bad setting is refused before anything is written or the warning
+        # below is given (only a language model's token files go into the folder, after that check).
+        prep = prepare(run, tokenizer_from=tokenizer_from)
+        make_folder(out, "train.out_dir")
+        if replacing:
+            warnings.warn(f"{out} already holds a trained run; training from scratch replaces it (--resume "
+                          "continues it instead)", stacklevel=2)
+        description = run.to_dict()
+        if "labels" in prep.info:  # the class names, in the order of the classifier's outputs
+            description["labels"] = list(prep.info["labels"])
+        # The data settings and class names go into every checkpoint too: generate and evaluate read them there,
+        # so a checkpoint is never scored with the labels of a run that replaced its run.json and then failed.
+        data_state = {"data": run.data.to_dict(), "batches_by_length": run.data.batches_by_length,
+                      "data_files": _data_file_stamps(run.data), **_label_state(prep.info)}
+        trainer = Trainer(prep.model, run.train, prep.train_source, eval_source=prep.eval_source,
+                          tokenizer=prep.tokenizer, out_dir=out, eval_counts=prep.eval_counts,
+                          extra_state=data_state)
 
-    summary = trainer.fit(resume=resume, on_start=describe)
-    return {**summary, **prep.info}
+        def describe() -> None:  # once a resumed checkpoint has proved to fit: a failed resume leaves run.json
+            if tokenizer_from is not None and trainer.finished:  # trains nothing: run.json keeps what the run was
+                return
+            if tokenizer_from is not None:
+                _warn_changed_data(tokenizer_from, data_state["data"], run.data.batches_by_length,
+                                   data_state["data_files"])
+            trainer.extra_state.update(data_state)  # resumed: this session's settings, as run.json says
+            write_text_atomic(out / "run.json", json.dumps(description, indent=2))
+
+        summary = trainer.fit(resume=resume, on_start=describe)
+        return {**summary, **prep.info}
 
 
 def _check_resumed_family(run: RunConfig, checkpoint: Path) -> None:
