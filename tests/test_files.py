@@ -127,3 +127,6 @@ def test_a_folder_lock_keeps_a_second_run_out(tmp_path, capsys):
             pass
     with folder_lock(run, "x", enabled=False):  # not rank 0: holds nothing
         assert not run.exists()
+    with folder_lock(tmp_path / "runs" / "deep" / "run", "train.out_dir"):  # parents made for it go with it
+        pass
+    assert not (tmp_path / "runs").exists()

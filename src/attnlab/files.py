@@ -89,9 +89,10 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
     (released when the process ends, however it ends). A second run into the same folder is refused in one line
     while this one writes there: two runs had interleaved their checkpoints, run.json and metrics.jsonl.
 
-    Creates the folder; one the block created and left holding only the lock file (a run refused before it wrote
-    anything) is removed again. Where the OS offers no lock (neither `fcntl` nor `msvcrt`), or with `enabled`
-    false (a process other than torchrun's rank 0, which writes nothing), nothing is held."""
+    Creates the folder (and its parents); what the block created and left holding only the lock file (a run
+    refused before it wrote anything) is removed again. Where the OS offers no lock (neither `fcntl` nor
+    `msvcrt`), or with `enabled` false (a process other than torchrun's rank 0, which writes nothing), nothing is
+    held."""
     from attnlab.errors import ConfigError
 
     folder = Path(folder)
@@ -100,7 +101,8 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
         return
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{setting}: {str(folder)!r} is a file, not a folder; choose another path")
-    created = not folder.exists()
+    missing = [folder, *folder.parents]
+    created = missing[:next(i for i, path in enumerate(missing) if path.exists() or path == path.parent)]
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -124,7 +126,11 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
         handle.close()
         if created and [p.name for p in folder.iterdir()] == [LOCK_FILE]:
             lock.unlink(missing_ok=True)
-            folder.rmdir()
+            for path in created:  # the folder, then the parents made for it, while empty
+                try:
+                    path.rmdir()
+                except OSError:
+                    break
 
 
 def _try_lock(handle) -> bool:
