@@ -366,9 +366,9 @@ def test_a_run_names_the_settings_set_changed_everywhere(tmp_path):
     assert any(line.startswith("knowledge access, scale quick with n_layers=1") for line in lines)
 
 
-def test_a_continued_phase_counts_the_time_spent_before(tmp_path, monkeypatch):
-    # A phase interrupted and continued by --resume counts its checkpoint's elapsed time, as a skipped one does;
-    # its row and the total count it too. (Only skipped phases were tested, and rows only against their phases.)
+def _interrupted_run(tmp_path, monkeypatch, at_call: int):
+    """A files run of the "none" row stopped by Ctrl-C at the `at_call`-th training step (its checkpoint saved);
+    returns its folder and the arguments that continue it."""
     from attnlab.training import TrainingInterrupted
     from attnlab.training.trainer import Trainer
 
@@ -378,16 +378,23 @@ def test_a_continued_phase_counts_the_time_spent_before(tmp_path, monkeypatch):
                 overrides={**TINY, "finetune_epochs_scratch": 4}, progress=False, echo=lambda *_: None)
     step, calls = Trainer._train_step, {"n": 0}
 
-    def interrupted_at_the_second_step(self, n):
+    def interrupted(self, n):
         calls["n"] += 1
-        if calls["n"] == 2:
+        if calls["n"] == at_call:
             raise KeyboardInterrupt
         return step(self, n)
 
     with monkeypatch.context() as patch:
-        patch.setattr(Trainer, "_train_step", interrupted_at_the_second_step)
+        patch.setattr(Trainer, "_train_step", interrupted)
         with pytest.raises(TrainingInterrupted):
             run_knowledge(out, variants="none", **args)
+    return out, args
+
+
+def test_a_continued_phase_counts_the_time_spent_before(tmp_path, monkeypatch):
+    # A phase interrupted and continued by --resume counts its checkpoint's elapsed time, as a skipped one does;
+    # its row and the total count it too. (Only skipped phases were tested, and rows only against their phases.)
+    out, args = _interrupted_run(tmp_path, monkeypatch, at_call=2)
     state_file = out / "finetune-none" / "checkpoint" / "trainer_state.json"
     state = json.loads(state_file.read_text(encoding="utf-8"))
     assert state["step"] == 1
@@ -426,25 +433,9 @@ def test_a_resumed_row_whose_phases_are_all_done_answers_on_the_device_asked_for
 def test_a_phase_whose_save_crashed_between_its_renames_resumes_from_the_old_copy(tmp_path, monkeypatch):
     """A crash between the two renames of a save leaves only .checkpoint.old, which `attnlab train --resume`
     continues from; the knowledge run retrained that phase from step 0 and deleted the copy."""
-    from attnlab.training import TrainingInterrupted
     from attnlab.training.trainer import Trainer
 
-    files = write_files(tmp_path)
-    out = tmp_path / "out"
-    args = dict(corpus=files["corpus"], train=files["train"], eval_path=files["eval"], device="cpu",
-                overrides={**TINY, "finetune_epochs_scratch": 4}, progress=False, echo=lambda *_: None)
-    step, calls = Trainer._train_step, {"n": 0}
-
-    def interrupted_at_the_third_step(self, n):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return step(self, n)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(Trainer, "_train_step", interrupted_at_the_third_step)
-        with pytest.raises(TrainingInterrupted):
-            run_knowledge(out, variants="none", **args)
+    out, args = _interrupted_run(tmp_path, monkeypatch, at_call=3)
     phase = out / "finetune-none"
     (phase / "checkpoint").rename(phase / ".checkpoint.old")
     resumed, real_fit = [], Trainer.fit
