@@ -468,3 +468,14 @@ def test_a_data_folder_of_the_users_own_files_is_never_replaced(tmp_path):
     with pytest.raises(ConfigError, match="data' holds files that are not an earlier knowledge run's synthetic"):
         run_knowledge(project, variants="none", **args)
     assert {p.name: p.read_bytes() for p in (project / "data").iterdir()} == before
+
+
+def test_one_knowledge_run_at_a_time_in_a_folder(tmp_path):
+    from attnlab.files import folder_lock
+
+    out = tmp_path / "out"
+    with folder_lock(out, "--out"):
+        with pytest.raises(ConfigError, match="--out: another attnlab run is writing into"):
+            run_knowledge(out, variants="none", device="cpu", overrides=TINY, progress=False, echo=lambda *_: None)
+    with pytest.raises(ConfigError, match="--out is empty"):
+        run_knowledge("", variants="none")

@@ -36,7 +36,7 @@ import torch
 
 from attnlab.config import Config, check_positive, finite_number
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError
-from attnlab.files import atomic_path, write_text_atomic
+from attnlab.files import atomic_path, folder_lock, write_text_atomic
 
 # The course notes' figures (CS224n 2021 a5 reference solution, dev set of 500 questions).
 NOTES = {"none": 1.2, "dot": 22.2, "synthesizer-dense": 23.8, "london": 5.0}
@@ -523,13 +523,24 @@ def _earlier_outputs(out: Path, inputs: list[Path]) -> list[Path]:
             if not any(path.resolve() == p or path.resolve() in p.parents for p in given)]
 
 
-def run_knowledge(out_dir: str | Path = "runs/knowledge", *, scale: str = "quick",
-                  variants: str | list[str] | None = None, corpus: str | None = None, train: str | None = None,
-                  eval_path: str | None = None, predict: str | None = None, seed: int = 0,
-                  device: str = "auto", overrides: dict[str, Any] | None = None, resume: bool = False,
-                  progress: bool = True, echo=print) -> dict[str, Any]:
+def run_knowledge(out_dir: str | Path = "runs/knowledge", **options: Any) -> dict[str, Any]:
     """Run every variant and write ``results.md``, ``results.json``, ``curves.png``, ``accuracy.png``
-    and ``predictions/`` into `out_dir`; returns the results dict."""
+    and ``predictions/`` into `out_dir`; returns the results dict. Options: scale ("quick"), variants, corpus,
+    train, eval_path, predict (files), seed (0), device ("auto"), overrides (settings by name), resume, progress,
+    echo (print).
+
+    One run at a time in a folder (`folder_lock`): a second one into the same `out_dir` is refused in one line."""
+    if not str(out_dir).strip():  # "" would write into the working directory
+        raise ConfigError("--out is empty; give the experiment's folder, e.g. runs/knowledge")
+    with folder_lock(out_dir, "--out"):
+        return _run_knowledge(out_dir, **options)
+
+
+def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
+                   variants: str | list[str] | None = None, corpus: str | None = None, train: str | None = None,
+                   eval_path: str | None = None, predict: str | None = None, seed: int = 0,
+                   device: str = "auto", overrides: dict[str, Any] | None = None, resume: bool = False,
+                   progress: bool = True, echo=print) -> dict[str, Any]:
     from attnlab.data.knowledge import (
         KnowledgeVocab,
         QASource,
