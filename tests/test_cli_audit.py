@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_helpers import one_line_error
+from cli_helpers import one_line_error, run_cli
 from cli_helpers import toml_str as _q
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,3 +206,24 @@ def test_an_output_encoding_without_the_characters_gets_escapes_not_a_traceback(
         assert done.returncode == 0, done.stderr
         assert "Traceback" not in done.stderr
     assert json.loads(done.stdout)["total"] > 0  # --json: escaped as JSON, so still JSON
+
+
+def test_a_reader_that_stops_early_gets_the_pipe_writers_exit_code(tmp_path, capsys):
+    """`attnlab generate ... | head`: typer answered the broken pipe with exit code 1 (a bug's), which fails
+    `set -o pipefail` scripts for a reader's choice; a pipe's writer exits 141 (SIGPIPE), quietly."""
+    import os
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    assert run_cli(capsys, "train", "--set", "model.preset=\"gpt-char-tiny\"", "--set", "train.steps=1",
+                   "--set", "train.progress=false", "--set", f"train.out_dir={_q(run)}")[0] == 0
+    prompts = [arg for _ in range(3000) for arg in ("-p", "a" * 30)]  # ~100 KB of output: more than a pipe holds
+    child = subprocess.Popen([sys.executable, "-m", "attnlab", "generate", str(run), "-n", "1", "--device", "cpu",
+                              *prompts], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    child.stdout.read(5)
+    child.stdout.close()
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=300) == 141, err
+    assert "Traceback" not in err

@@ -378,6 +378,12 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
         warnings.simplefilter("ignore")
     try:
         result = app(args=argv, standalone_mode=False)
+    except SystemExit as e:
+        # A reader that stopped early (`attnlab generate ... | head`): typer answers the broken pipe with exit
+        # code 1, the code of a bug, after wrapping stdout to stay quiet; a pipe's writer exits 141 (SIGPIPE).
+        if e.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            sys.exit(141)
+        raise
     except (typer.Abort, KeyboardInterrupt):
         result = 130
     except typer.Exit as e:
