@@ -14,7 +14,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "folder_lock", "fsync_path", "ordinary_permissions", "write_text_atomic"]
+from attnlab.errors import ConfigError
+
+try:  # the OS's file locks (`folder_lock`): POSIX, else Windows, else none
+    import fcntl
+except ImportError:
+    fcntl = None
+try:
+    import msvcrt
+except ImportError:
+    msvcrt = None
+
+__all__ = ["atomic_path", "folder_lock", "fsync_path", "make_folder", "ordinary_permissions", "write_text_atomic"]
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
@@ -80,6 +91,17 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     return path
 
 
+def make_folder(path: str | os.PathLike[str], setting: str) -> Path:
+    """Create `path` (and its parents) or say in one line why it cannot be, naming the setting to change."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{setting}: cannot create the folder {str(path)!r} ({e.strerror or e}); "
+                          "choose another path") from None
+    return path
+
+
 LOCK_FILE = ".attnlab.lock"
 
 
@@ -93,8 +115,6 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
     refused before it wrote anything) is removed again. Where the OS offers no lock (neither `fcntl` nor
     `msvcrt`), or with `enabled` false (a process other than torchrun's rank 0, which writes nothing), nothing is
     held."""
-    from attnlab.errors import ConfigError
-
     folder = Path(folder)
     if not enabled:
         yield folder
@@ -103,11 +123,7 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
         raise ConfigError(f"{setting}: {str(folder)!r} is a file, not a folder; choose another path")
     missing = [folder, *folder.parents]
     created = missing[:next(i for i, path in enumerate(missing) if path.exists() or path == path.parent)]
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"{setting}: cannot create the folder {str(folder)!r} ({e.strerror or e}); "
-                          "choose another path") from None
+    make_folder(folder, setting)
     lock = folder / LOCK_FILE
     try:
         handle = open(lock, "a+b")  # noqa: SIM115 - held open for the block
@@ -115,13 +131,13 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
         raise ConfigError(f"{setting}: cannot write into the folder {str(folder)!r} ({e.strerror or e}); "
                           "choose another path") from None
     try:
-        if not _try_lock(handle):
+        if not _lock(handle, True):
             raise ConfigError(f"{setting}: another attnlab run is writing into {str(folder)!r}; wait for it to "
                               "finish, or give this run another folder")
         try:
             yield folder
         finally:
-            _unlock(handle)
+            _lock(handle, False)
     finally:
         handle.close()
         if created and [p.name for p in folder.iterdir()] == [LOCK_FILE]:
@@ -133,43 +149,16 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
                     break
 
 
-def _try_lock(handle) -> bool:
-    """An exclusive, non-blocking lock on the open file `handle`: False if another process holds it."""
+def _lock(handle, take: bool) -> bool:
+    """Take (without waiting) or release an exclusive lock on the open file `handle`; False only where another
+    process holds it. A system or file system without locks (some network mounts) runs unguarded, as before."""
     try:
-        import fcntl
-    except ImportError:  # Windows
-        try:
-            import msvcrt
-        except ImportError:
-            return True
-        try:
+        if fcntl is not None:
+            fcntl.flock(handle.fileno(), (fcntl.LOCK_EX | fcntl.LOCK_NB) if take else fcntl.LOCK_UN)
+        elif msvcrt is not None:
             handle.seek(0)
-            msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
-        except OSError:
-            return False
-        return True
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError:  # a file system without locks (some network mounts): run unguarded, as before
-        return True
+            msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK if take else msvcrt.LK_UNLCK, 1)
+    except OSError as e:
+        held = isinstance(e, BlockingIOError) or fcntl is None  # flock's refusal, or msvcrt's (a plain OSError)
+        return not (take and held)
     return True
-
-
-def _unlock(handle) -> None:
-    try:
-        import fcntl
-    except ImportError:
-        try:
-            import msvcrt
-
-            handle.seek(0)
-            msvcrt.locking(handle.fileno(), msvcrt.LK_UNLCK, 1)
-        except (ImportError, OSError):
-            pass
-        return
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-    except OSError:
-        pass

@@ -529,7 +529,12 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", **options: Any) -> dic
     train, eval_path, predict (files), seed (0), device ("auto"), overrides (settings by name), resume, progress,
     echo (print).
 
-    One run at a time in a folder (`folder_lock`): a second one into the same `out_dir` is refused in one line."""
+    One run at a time in a folder (`folder_lock`, which makes it, and names a file given as one): a second one into
+    the same `out_dir` is refused in one line."""
+    from attnlab.training.distributed import env_world
+
+    if env_world().size > 1:  # every process would write the same outputs and print the same table
+        raise ConfigError("attnlab run knowledge runs in one process; run it without torchrun")
     if not str(out_dir).strip():  # "" would write into the working directory
         raise ConfigError("--out is empty; give the experiment's folder, e.g. runs/knowledge")
     with folder_lock(out_dir, "--out"):
@@ -550,12 +555,8 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
     )
     from attnlab.models.gpt import GPT
     from attnlab.training.device import cpu_has_bf16, resolve_precision, select_device
-    from attnlab.training.distributed import env_world
-    from attnlab.training.recipe import make_folder
     from attnlab.training.trainer import seed_everything
 
-    if env_world().size > 1:  # every process would write the same outputs and print the same table
-        raise ConfigError("attnlab run knowledge runs in one process; run it without torchrun")
     start = time.perf_counter()
     settings = scale_settings(scale, overrides)
     rows = parse_variants(variants)
@@ -563,11 +564,7 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
         raise ConfigError(f"--seed must be an integer from 0 to 2**63 - 1, got {seed!r}")
     dev_name = select_device(device)  # settings that can be refused are checked before anything is written
     precision = "bf16 autocast" if resolve_precision(settings.precision, dev_name) is not None else "fp32"
-    if not str(out_dir).strip():  # "" would write into the working directory
-        raise ConfigError("--out is empty; give the experiment's folder, e.g. runs/knowledge")
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out: {str(out)!r} is a file, not a folder; choose another path")
+    out = Path(out_dir)  # made by `run_knowledge`'s lock
     if (out / "checkpoint").is_dir() or (out / "model.safetensors").is_file():
         raise ConfigError(f"--out: {str(out)!r} holds a training run or checkpoint; give the experiment a folder "
                           "of its own, e.g. runs/knowledge")
@@ -575,14 +572,15 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
     # variants this run leaves out must not sit beside its table, nor a synthetic world's data/ beside the results
     # of a run from the user's files. Only what a knowledge run writes is replaced (see `_earlier_outputs`).
     inputs = [Path(p) for p in (corpus, train, eval_path, predict) if p]
-    earlier = [] if resume or not out.is_dir() else _earlier_outputs(out, inputs)
+    earlier = [] if resume else _earlier_outputs(out, inputs)
     if not resume and corpus is None and train is None and (out / "data").exists() and out / "data" not in earlier:
         raise ConfigError(f"--out: {str(out / 'data')!r} holds files that are not an earlier knowledge run's synthetic "
                           "world (or no such run's results lie beside them), and this run would write its world "
                           "there; move them (or remove the folder, if an interrupted run left it), or choose "
                           "another --out")
-    # The user's files are read before the folder is made (a missing file leaves nothing behind), and checked
-    # with the settings before the warning that this run replaces an earlier one (a refused run replaces nothing).
+    # The user's files are read before anything is written (a missing file leaves nothing behind: the lock removes
+    # the folder it made), and checked with the settings before the warning that this run replaces an earlier one
+    # (a refused run replaces nothing).
     data = load_data(out, settings, corpus=corpus, train=train, eval_path=eval_path, predict=predict, seed=seed)
     # The characters of the training data only (as the assignment's): the files evaluated or answered must not
     # change the model (a new character would also move every initial weight).
@@ -619,7 +617,6 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
                 + (", ..." if len(earlier) > 3 else "") + ")")
         warnings.warn(f"{out} already holds {what}; this run replaces it (--resume continues it instead)",
                       stacklevel=2)
-    make_folder(out, "--out")
     for stale in earlier:  # everything is checked by now: the earlier run's rows must not sit beside the new ones
         if stale.is_dir():
             shutil.rmtree(stale)

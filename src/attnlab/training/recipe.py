@@ -37,7 +37,7 @@ from typing import Any
 
 from attnlab.config import Config, check_choice, check_positive
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError, UnknownToken, one_line
-from attnlab.files import folder_lock, write_text_atomic
+from attnlab.files import folder_lock, make_folder, write_text_atomic
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -806,17 +806,6 @@ def _lm_text_parts(d: DataConfig) -> tuple[Callable[[], Iterable[str]], Callable
                       "holds only whitespace; give data.eval_path, or raise data.val_fraction", stacklevel=2)
         return (lambda: iter_text_blocks(path)), None
     return (lambda: iter_text_blocks(path, stop=cut)), (lambda: iter_text_blocks(path, start=cut))
-
-
-def make_folder(path: str | Path, setting: str) -> Path:
-    """Create `path` (and its parents) or say in one line why it cannot be, naming the setting to change."""
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"{setting}: cannot create the folder {str(path)!r} ({e.strerror or e}); "
-                          "choose another path") from None
-    return path
 
 
 def parse_column(c: str | None) -> str | int | None:
