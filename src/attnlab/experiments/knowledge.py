@@ -327,12 +327,11 @@ def _check_resumed_vocabulary(phases: list[Path], vocab) -> None:
     left by another run can differ)."""
     from attnlab.data.knowledge import KnowledgeVocab
     from attnlab.data.tokenizers import load_tokenizer
+    from attnlab.training.checkpoint import checkpoint_in_place
 
     for folder in phases:
         try:
-            saved = folder / "checkpoint"  # or the .old copy a crashed save left in its place
-            before = KnowledgeVocab.from_tokenizer(load_tokenizer(
-                saved if saved.exists() else saved.with_name(".checkpoint.old"))).itos
+            before = KnowledgeVocab.from_tokenizer(load_tokenizer(checkpoint_in_place(folder / "checkpoint"))).itos
         except AttnlabError:
             continue  # a damaged phase: its own checkpoint check reports it
         if before != vocab.itos:

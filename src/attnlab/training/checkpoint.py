@@ -212,11 +212,17 @@ def _swap_into_place(new: Path, folder: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def checkpoint_in_place(folder: str | os.PathLike[str]) -> Path:
+    """`folder`, or where it is missing the `.old` copy a crash between two renames left in its place (complete
+    or not: either may not exist)."""
+    folder = Path(folder)
+    return folder if folder.exists() else _sibling(folder, "old")
+
+
 def checkpoint_present(folder: str | os.PathLike[str]) -> bool:
     """Whether a checkpoint folder is there (complete or not), or the `.old` copy a crash between two renames
     left in its place."""
-    folder = Path(folder)
-    return folder.exists() or _sibling(folder, "old").exists()
+    return checkpoint_in_place(folder).exists()
 
 
 def remove_checkpoint(folder: str | os.PathLike[str]) -> None:
