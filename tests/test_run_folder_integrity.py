@@ -216,7 +216,8 @@ def test_a_resumed_run_saves_its_data_settings_in_the_checkpoint(capsys, tmp_pat
     saved = json.loads((run / "checkpoint" / "trainer_state.json").read_text(encoding="utf-8"))["extra_state"]
     assert set(saved["data_files"]) == {"path", "eval_path"}  # stamps of the files read (see test_cli_glue)
     del saved["data_files"]
-    assert saved == {"data": described["data"], "labels": described["labels"], "batches_by_length": True}
+    assert saved == {"data": described["data"], "labels": described["labels"], "batches_by_length": True,
+                     "classification_sep": True}
     assert saved["data"]["max_length"] == 32
 
 

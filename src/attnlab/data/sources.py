@@ -662,6 +662,15 @@ class BertSource:
 # ------------------------------------------------------------------------------------------------
 # Classification
 # ------------------------------------------------------------------------------------------------
+def classification_ends(tokenizer: Tokenizer, *, sep: bool = True) -> tuple[list[int], list[int]]:
+    """The ids a classifier's text goes between: `[CLS] text [SEP]`, the layout of BERT's pre-training (every
+    segment ends in [SEP]) and of HF's tokenizers for one text, as far as the tokenizer has those tokens.
+    `sep=False`: `[CLS] text`, the layout of runs trained before 2026-12-06."""
+    prefix = [tokenizer.cls_id] if tokenizer.cls_id is not None else []
+    suffix = [tokenizer.sep_id] if sep and prefix and tokenizer.sep_id is not None else []
+    return prefix, suffix
+
+
 class ClassificationSource(_ExampleSource):
     """Padded batches of (text, label) examples, shuffled per epoch.
 

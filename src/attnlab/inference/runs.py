@@ -98,6 +98,8 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
         state = read_trainer_state(folder)
         extra = state.get("extra_state") or {}
         data = dict(extra.get("data") or {})
+        if data and "classification_sep" in extra:  # how the run laid out a classifier's texts (since 2026-12-06)
+            data["classification_sep"] = extra["classification_sep"]
         saved_seed = (state.get("trainer_config") or {}).get("seed")
         seed = saved_seed if type(saved_seed) is int and saved_seed >= 0 else 0
     except (CheckpointError, AttributeError, TypeError, ValueError):
@@ -495,7 +497,7 @@ def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> 
 
 def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, text_column: str | None = None,
                              label_column: str | None = None) -> dict[str, float]:
-    from attnlab.data.sources import ClassificationSource, cut_advice
+    from attnlab.data.sources import ClassificationSource, classification_ends, cut_advice
     from attnlab.data.text_files import FORMATS, read_classification_file
     from attnlab.training.recipe import classification_counts, parse_column
 
@@ -514,11 +516,13 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, 
     if unknown:
         raise DataError(f"{data}: labels {unknown[:5]} were not in the training data (known: {list(labels)}); "
                         "the classifier can only score the classes it was trained on")
-    prefix = [tok.cls_id] if tok.cls_id is not None else []
+    # As the run was trained: [CLS] text [SEP] since 2026-12-06, [CLS] text before; a checkpoint with no recorded
+    # data settings (weights converted from HF and saved with a tokenizer) reads texts as HF encodes them.
+    prefix, suffix = classification_ends(tok, sep=d.get("classification_sep", "task" not in d) is True)
     max_length, advice = _scoring_length(run)
     with cut_advice(advice):
-        source = ClassificationSource(examples, tok, batch_size, max_length=max_length,
-                                      label_names=labels, prefix_ids=prefix, bucket_by_length=True)
+        source = ClassificationSource(examples, tok, batch_size, max_length=max_length, label_names=labels,
+                                      prefix_ids=prefix, suffix_ids=suffix, bucket_by_length=True)
     order = source.eval_indices(batch_size)
     batches = progress_bar((source.collate(indices) for indices in order), len(order), "evaluate")
     values, sizes = evaluate_batches(model, batches, classification_counts)

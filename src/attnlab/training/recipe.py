@@ -620,6 +620,9 @@ class Prepared:
     eval_source: Any
     eval_counts: Any = None  # per-batch counts for the trainer's evaluation pass (accuracies)
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # How examples were laid out where an older run did it otherwise (recorded in the checkpoint's trainer state
+    # beside its data settings, read back by resume and evaluation): {"classification_sep": bool}.
+    layout: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 # The data settings that name files.
@@ -814,7 +817,7 @@ def parse_column(c: str | None) -> str | int | None:
 
 
 def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
-    from attnlab.data.sources import ClassificationSource
+    from attnlab.data.sources import ClassificationSource, classification_ends
     from attnlab.data.text_files import read_classification_file
 
     d, t = run.data, run.train
@@ -830,10 +833,13 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
     if saved is not None:  # resuming: the classifier's outputs stand for the checkpoint's classes, in its order
         _check_resumed_labels(saved, train_data.label_names, d.path)
     tokenizer = _tokenizer(run, train_data.texts, saved)
-    prefix = [tokenizer.cls_id] if tokenizer.cls_id is not None else []
+    # [CLS] text [SEP], as BERT was pre-trained and HF encodes one text; a resumed run keeps its checkpoint's layout.
+    sep = _saved_classification_sep(saved) if saved is not None else True
+    prefix, suffix = classification_ends(tokenizer, sep=sep)
     with _naming_unknown_tokens(run, saved, tokenizer, d.path):
         train_source = ClassificationSource(train_data, tokenizer, t.batch_size, max_length=d.max_length,
-                                            seed=t.seed, prefix_ids=prefix, bucket_by_length=d.batches_by_length)
+                                            seed=t.seed, prefix_ids=prefix, suffix_ids=suffix,
+                                            bucket_by_length=d.batches_by_length)
     eval_source = None
     if d.eval_path:
         eval_data = read_classification_file(d.eval_path, parse_column(d.text_column),
@@ -841,13 +847,26 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
         with _naming_unknown_tokens(run, saved, tokenizer, d.eval_path):
             eval_source = ClassificationSource(eval_data, tokenizer, t.batch_size, max_length=d.max_length,
                                                seed=t.seed, label_names=train_source.label_names,
-                                               prefix_ids=prefix, bucket_by_length=d.batches_by_length)
+                                               prefix_ids=prefix, suffix_ids=suffix,
+                                               bucket_by_length=d.batches_by_length)
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, n_classes=train_source.num_labels,
                           max_len=max(d.max_length, 8), head="classification", heads="classification",
                           pad_id=tokenizer.pad_id or 0)
     model = _build(run, config, labels=train_source.label_names)
     return Prepared(model, tokenizer, train_source, eval_source, classification_counts,
-                    info={"labels": train_source.label_names})
+                    info={"labels": train_source.label_names}, layout={"classification_sep": bool(suffix)})
+
+
+def _saved_classification_sep(checkpoint: Path) -> bool:
+    """Whether the classifier of `checkpoint` was trained on `[CLS] text [SEP]`: recorded since 2026-12-06; runs
+    before that ended their texts without [SEP]."""
+    from attnlab.training.checkpoint import read_trainer_state
+
+    try:
+        extra = read_trainer_state(checkpoint).get("extra_state") or {}
+    except AttnlabError:  # an unreadable state is refused by the trainer, with its own message
+        return True
+    return extra.get("classification_sep") is True
 
 
 def _check_resumed_labels(checkpoint: Path, labels: list[str], path: str | None) -> None:
@@ -1030,7 +1049,7 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
         # The data settings and class names go into every checkpoint too: generate and evaluate read them there,
         # so a checkpoint is never scored with the labels of a run that replaced its run.json and then failed.
         data_state = {"data": run.data.to_dict(), "batches_by_length": run.data.batches_by_length,
-                      "data_files": _data_file_stamps(run.data), **_label_state(prep.info)}
+                      "data_files": _data_file_stamps(run.data), **_label_state(prep.info), **prep.layout}
         trainer = Trainer(prep.model, run.train, prep.train_source, eval_source=prep.eval_source,
                           tokenizer=prep.tokenizer, out_dir=out, eval_counts=prep.eval_counts,
                           extra_state=data_state)
