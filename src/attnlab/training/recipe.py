@@ -130,6 +130,10 @@ class DataConfig(Config):
             if f.name not in reads:
                 raise ConfigError(f"data.{f.name} is not read by data.task = '{self.task}' (it reads "
                                   f"{', '.join('data.' + r for r in reads)}); drop it, or set data.task")
+        if self.eval_path is not None and self.val_fraction != DataConfig.val_fraction:
+            warnings.warn(f"data.val_fraction = {self.val_fraction} does nothing with data.eval_path given: the run "
+                          "trains on the whole of data.path and evaluates on that file; drop one of them",
+                          stacklevel=3)
         for name in ("path", "src_path", "tgt_path"):  # a blank evaluation file is none (__post_init__)
             value = getattr(self, name)
             if isinstance(value, str) and not value.strip():
@@ -259,6 +263,26 @@ def _yaml_loader() -> type:
         return int(text, 10)  # "010" is ten
 
     Loader.add_constructor("tag:yaml.org,2002:int", integer)
+
+    def unique_keys(loader, node, deep: bool = False) -> dict:
+        # PyYAML keeps the last of a repeated key: a second `train:` section replaced the first without a word,
+        # where TOML refuses the file. Keys a merge (<<) brings in may still be overridden, as YAML says.
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                line = first.setdefault(key, key_node.start_mark.line)
+            except TypeError:  # a list or mapping as a key: refused later with the names that are not text
+                continue
+            if line != key_node.start_mark.line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is given twice (first on line {line + 1}); keep one",
+                    key_node.start_mark)
+        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+    Loader.construct_mapping = unique_keys
     return Loader
 
 
@@ -351,10 +375,12 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     parsed = [parse_override(item) for item in overrides or []]
     if any(section == "model" and key == "init_from" for (section, key), _ in parsed):
         raw["model"] = {}  # the architecture is the pretrained run's: only --set model.* values change it
+    if path is None and any(section == "model" and key == "family" for (section, key), _ in parsed):
+        # The default run's GPT preset gives way to the family asked for (before the overrides: popped with each
+        # model.family, it dropped a preset an earlier --set had given, and the family's defaults were trained).
+        raw["model"].pop("preset", None)
     for (section, key), value in parsed:
         raw.setdefault(section, {})[key] = value
-        if path is None and section == "model" and key == "family":
-            raw["model"].pop("preset", None)  # the default run's GPT preset gives way to the family asked for
     for section in raw:
         if section not in SECTIONS:
             close = difflib.get_close_matches(section, SECTIONS, n=1)
@@ -425,10 +451,9 @@ def _validate_model_keys(model: dict[str, Any]) -> str:
                               f"not {family!r}; drop model.family or pick another preset")
         family = preset_family
     cls = FAMILIES.get(family).config_cls
-    names = cls.field_names()
+    # The table's own keys are candidates too: model.init_form was taken for model.norm, model.presett for nothing.
+    names = ["family", "preset", "init_from", *cls.field_names()]
     for key in model:
-        if key in ("family", "preset", "init_from"):
-            continue
         if key not in names:
             close = difflib.get_close_matches(key, names, n=1)
             hint = f" (did you mean model.{close[0]}?)" if close else ""

@@ -1,0 +1,62 @@
+"""Config loading: what a third audit of the config files and `--set` found."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from attnlab.errors import ConfigError
+from attnlab.training.recipe import load_run_config
+
+
+@pytest.mark.parametrize("overrides", [["model.family=gpt", "model.preset=gpt-char-tiny"],
+                                       ["model.preset=gpt-char-tiny", "model.family=gpt"]])
+def test_a_preset_given_before_the_family_is_kept(overrides):
+    # Given first, the user's preset was dropped by model.family (meant to drop only the default run's preset),
+    # and the family's defaults, 360 times the parameters, were trained without a word.
+    assert load_run_config(None, overrides).model == {"family": "gpt", "preset": "gpt-char-tiny"}
+
+
+def test_the_default_runs_preset_gives_way_to_a_family():
+    assert load_run_config(None, ["model.family=bert", "data.task=mlm"]).model == {"family": "bert"}
+    assert "preset" in load_run_config(None, []).model
+
+
+@pytest.mark.parametrize("text, line", [
+    ("train:\n  steps: 10\nmodel:\n  preset: gpt-char-tiny\ntrain:\n  seed: 3\n",
+     "(line 5, column 1): 'train' is given twice (first on line 1); keep one"),
+    ("train:\n  steps: 10\n  steps: 20\n", "(line 3, column 3): 'steps' is given twice (first on line 2)"),
+])
+def test_a_yaml_key_given_twice_is_refused(tmp_path, text, line):
+    # PyYAML keeps the last: the first train section was dropped, where the same file in TOML is refused.
+    path = tmp_path / "run.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError, match="invalid YAML " + line.replace("(", r"\(").replace(")", r"\)")):
+        load_run_config(path)
+
+
+def test_a_yaml_merge_may_still_be_overridden(tmp_path):
+    path = tmp_path / "run.yaml"
+    text = "model:\n  preset: gpt-char-tiny\ntrain:\n  <<: {steps: 10, lr: 0.001}\n  steps: 20\n"
+    path.write_text(text, encoding="utf-8")
+    train = load_run_config(path).train
+    assert (train.steps, train.lr) == (20, 0.001)
+
+
+@pytest.mark.parametrize("key, hint", [("init_form", "model.init_from"), ("presett", "model.preset"),
+                                       ("familly", "model.family")])
+def test_a_misspelt_model_key_is_matched_to_the_tables_own_keys(key, hint):
+    with pytest.raises(ConfigError, match=rf"unknown setting model\.{key} \(did you mean {hint}\?\); known "
+                                          r"settings: family, preset, init_from, "):
+        load_run_config(None, [f"model.{key}=x"])
+
+
+def test_a_val_fraction_beside_an_eval_file_is_named(tmp_path):
+    held_out = tmp_path / "eval.txt"
+    held_out.write_text("some text\n", encoding="utf-8")
+    with pytest.warns(UserWarning, match="data.val_fraction = 0.5 does nothing with data.eval_path given"):
+        load_run_config(None, ["data.val_fraction=0.5", f"data.eval_path='{held_out}'"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_run_config(None, [f"data.eval_path='{held_out}'"])  # the default fraction is not a setting given
