@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, ConfigError
 from attnlab.modules.dropout import Dropout
 from attnlab.modules.positions import PositionScheme
 
@@ -38,6 +38,18 @@ def check_given_positions(positions: Tensor | None, max_len: int | None, what: s
         bound = f"0 to {max_len - 1}" if max_len is not None else "0 and up"
         raise SequenceTooLong(f"{what} must lie in {bound} (the model's positions), got {low if low < 0 else high}; "
                               "give positions within them, or use a model with a larger max_len/block_size")
+
+
+def check_attention_mask(mask: Tensor | None, batch: int, keys: int, what: str = "attention_mask",
+                         covers: str = "every key: the cached tokens and the new ones") -> None:
+    """A (B, S) mask of real tokens must have one entry per key. A (B, 1) mask for a cached model's new token
+    alone was taken for a mask of every key (broadcast: the cache's padding became visible, the new token sat
+    at position 0), and other widths failed inside the attention with torch's broadcasting error."""
+    if mask is None:
+        return
+    if mask.dim() != 2 or mask.shape[1] != keys or mask.shape[0] not in (1, batch):
+        raise ConfigError(f"{what} has shape {tuple(mask.shape)}; it must be ({batch}, {keys}), 1 for a token "
+                          f"and 0 for padding, covering {covers}")
 
 
 def length_limit(attention: str, position: PositionScheme, block_size: int) -> int | None:

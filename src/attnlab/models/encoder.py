@@ -24,6 +24,7 @@ from attnlab.config import Config, check_choice, check_fractions, check_positive
 from attnlab.errors import ConfigError
 from attnlab.models.common import (
     Embedder,
+    check_attention_mask,
     check_length,
     default_positions,
     length_limit,
@@ -253,6 +254,8 @@ class EncoderModel(nn.Module):
             raise self._no_cache_error()
         past = cache[0].length if cache else 0
         check_length(past + t, self.max_len)
+        check_attention_mask(attention_mask, b, past + t, covers="every key: the cached tokens and the new ones"
+                             if past else "every token")
         # With a cache, padding comes from attention_mask over every key (config.pad_id sees only new tokens).
         keep = self._keep(input_ids, attention_mask) if cache is None else (
             None if attention_mask is None else attention_mask.bool())

@@ -264,7 +264,8 @@ class RandomSynthesizerScores(ScoreVariant):
 
     def keys(self, y: Tensor, positions: Tensor) -> Tensor:
         _check_positions(positions, self.block_size, "synthesizer-random")
-        k = F.one_hot(positions, self.block_size).to(self.table.dtype)  # (B|1, S, block)
+        # one_hot takes int64 alone; int32 positions, which every other variant takes, failed here.
+        k = F.one_hot(positions.long(), self.block_size).to(self.table.dtype)  # (B|1, S, block)
         return k[:, None].expand(y.shape[0], self.n_heads, -1, -1)  # (B, H, S, block)
 
 
