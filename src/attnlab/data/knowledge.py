@@ -77,7 +77,8 @@ class KnowledgeVocab:
                 f"a knowledge vocabulary must start with {PAD!r} (pad) and {MASK!r} (mask); "
                 "make it with build_char_vocab"
             )
-        if any(len(c) != 1 for c in chars) or len(set(chars)) != len(chars):
+        # A non-string (e.g. a number in a hand-edited tokenizer JSON) fails the same check, not with a TypeError.
+        if any(not isinstance(c, str) or len(c) != 1 for c in chars) or len(set(chars)) != len(chars):
             raise DataError(
                 "a knowledge vocabulary must list distinct single characters; make it with build_char_vocab"
             )
@@ -237,7 +238,8 @@ def read_qa_file(
         path: the file.
         require_answers: if False (for prediction), a line may hold only a question, or a question and an
             empty answer; its answer is then None.
-        block_size: if given, also check that every line fits the model's block (see `QASource`).
+        block_size: if given, also check that every line fits the model's block (see `QASource`); when
+            answers are not required, only the question (and room for an answer) is checked.
 
     Raises:
         DataError: missing, empty or non-UTF-8 file; a line without a tab, with more than one tab, with an
@@ -274,7 +276,8 @@ def read_qa_lines(
                 raise DataError(f"{where}: the answer (after the tab) is empty")
             answer = None
         if block_size is not None:
-            _check_fits(question, answer, block_size, where)
+            # Without required answers (prediction) the answer is ignored: only the question must fit.
+            _check_fits(question, answer if require_answers else None, block_size, where)
         pairs.append((number, question, answer))
     return pairs
 
@@ -540,18 +543,20 @@ def _check_no_marks(text: str, where: str) -> None:
             raise DataError(f"{where}: holds {mark!r}, the {name} character of the layout; remove it from the text")
 
 
-def _check_fits(question: str, answer: str | None, block_size: int, where: str) -> None:
+def _check_fits(question: str, answer: str | None, block_size: int, where: str,
+                fix: str = "shorten the line or raise block_size") -> None:
+    """A DataError unless the pair fits the block (`fix` ends the message: data that is generated, not written by
+    the user, cannot be shortened)."""
     if answer is None:  # to be answered: `question ⁇` and room for one character of answer in the block
         if len(question) + 2 > block_size:
             raise DataError(f"{where}: the question takes {len(question) + 1} characters with its {MASK} mark, "
-                            f"leaving no room for an answer in block_size = {block_size}; shorten the line or "
-                            "raise block_size")
+                            f"leaving no room for an answer in block_size = {block_size}; {fix}")
         return
     needed = len(question) + len(answer) + 2
     if needed > block_size + 1:
         raise DataError(
             f"{where}: question and answer take {needed} characters with the two {MASK} marks, more than "
-            f"block_size + 1 = {block_size + 1}; shorten the line or raise block_size"
+            f"block_size + 1 = {block_size + 1}; {fix}"
         )
 
 

@@ -225,6 +225,9 @@ class KnowledgeData:
     source: str = "synthetic"
     files: dict[str, str] = field(default_factory=dict)
     write: Any = None  # the synthetic world: writes its files into data/ once the run's checks have passed
+    # How errors about the fine-tuning pairs name them: the --train file, or the generated world (whose
+    # data/train.tsv is not written until the run is accepted, and may hold an earlier run's world until then).
+    train_name: str = "fine-tuning pairs"
 
 
 def load_data(out: Path, settings: KnowledgeScale, *, corpus: str | None, train: str | None,
@@ -245,20 +248,37 @@ def load_data(out: Path, settings: KnowledgeScale, *, corpus: str | None, train:
         dev_pairs = [(q, a) for _, q, a in dev_rows]
         data = KnowledgeData(docs, train_pairs, dev_pairs, dev_lines=[n for n, _, _ in dev_rows],
                              source="files", files={"corpus": str(corpus), "train": str(train),
-                                                    "eval": str(eval_path)})
+                                                    "eval": str(eval_path)}, train_name=str(train))
         _warn_repeated_questions(data, str(eval_path), str(train))
     else:
         world = make_world(settings.n_people, seed)
         train_pairs, dev_pairs = world.split(settings.eval_fraction, seed)
+        name = f"the synthetic world (--seed {seed}, n_people={settings.n_people})"
+        _check_world_fits(name, train_pairs, dev_pairs, settings.block_size)
         data = KnowledgeData(world.corpus_lines(), train_pairs, dev_pairs, source="synthetic",
                              dev_lines=list(range(1, len(dev_pairs) + 1)),  # data/dev.tsv: a pair a line
                              files={k: str(v) for k, v in world.paths(out / "data").items()},
-                             write=lambda: world.write(out / "data", eval_fraction=settings.eval_fraction, seed=seed))
+                             write=lambda: world.write(out / "data", eval_fraction=settings.eval_fraction, seed=seed),
+                             train_name=f"{name}, fine-tuning")
     if predict:
         rows = read_qa_lines(predict, require_answers=False, block_size=settings.block_size)
         data.predict, data.predict_lines = [q for _, q, _ in rows], [n for n, _, _ in rows]
         data.files["predict"] = str(predict)
     return data
+
+
+def _check_world_fits(name: str, train: list[tuple[str, str]], dev: list[tuple[str, str]], block_size: int) -> None:
+    """Refuse a generated world whose pairs do not fit the block, before anything is trained: a fine-tuning pair
+    would fail its phase, and an evaluation question would fail (or its answer be cut short and scored wrong)
+    only after every phase had trained. The files' pairs get the same check as they are read."""
+    from attnlab.data.knowledge import _check_fits
+
+    # question ⁇ answer ⁇ is len(q) + len(a) + 2 characters, and the block holds block_size + 1 of them.
+    need = max(len(q) + len(a) + 1 for q, a in [*train, *dev])
+    fix = f"a generated question cannot be shortened; raise block_size to {need} or more (--set block_size={need})"
+    for kind, pairs in (("fine-tuning", train), ("evaluation", dev)):
+        for i, (question, answer) in enumerate(pairs, start=1):
+            _check_fits(question, answer, block_size, f"{name}, {kind} pair {i}", fix=fix)
 
 
 def _warn_repeated_questions(data: KnowledgeData, eval_name: str, train_name: str) -> None:
@@ -608,7 +628,7 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
     pretrain_source = SpanCorruptionSource(data.corpus, vocab, settings.block_size, settings.pretrain_batch,
                                            seed=seed, pack=True)
     finetune_source = QASource(data.train, vocab, settings.block_size, settings.finetune_batch, seed=seed,
-                               name=data.files.get("train", "fine-tuning pairs"), pack=True)
+                               name=data.train_name, pack=True)
     results: list[dict[str, Any]] = []
     if earlier:
         what = ("the results of a knowledge run" if (out / "results.json").is_file() else
