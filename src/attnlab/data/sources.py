@@ -516,14 +516,23 @@ class NSPPairs:
         self.cls_id, self.sep_id = tokenizer.cls_id, tokenizer.sep_id
         self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
         self.max_length, self.random_next_prob = max_length, random_next_prob
-        docs = [list(doc) for doc in documents if len(doc) > 0]
-        flat = [s for doc in docs for s in doc]
+        documents = [list(doc) for doc in documents]
+        flat = [s for doc in documents for s in doc]
         strings = [i for i, s in enumerate(flat) if isinstance(s, str)]
         if strings:
             encoded = tokenizer.encode_batch([flat[i] for i in strings])
             for i, ids in zip(strings, encoded):
                 flat[i] = ids
-        self.sentences: list[list[int]] = [list(map(int, s)) for s in flat]
+        # A sentence of no tokens (a line of characters the normaliser drops, as WordPiece's drops U+FFFD) gave
+        # pairs "[CLS] [SEP] B [SEP]" without a masked token: it is left out, and a document left empty with it.
+        docs: list[list[list[int]]] = []
+        start = 0
+        for doc in documents:
+            kept = [list(map(int, s)) for s in flat[start:start + len(doc)] if len(s) > 0]
+            start += len(doc)
+            if kept:
+                docs.append(kept)
+        self.sentences: list[list[int]] = [s for doc in docs for s in doc]
         # A pair holds [CLS] A [SEP] B [SEP] with at least one token of the other sentence: longer sentences are
         # always cut (a paragraph on one line, as in WikiText, loses most of its tokens).
         _warn_cut([len(s) for s in self.sentences], max_length - 4, "sentences", "data.max_length", 4)
@@ -533,7 +542,7 @@ class NSPPairs:
         self.doc_of = np.repeat(np.arange(len(docs)), lengths)
         # An anchor is a sentence with a next sentence in the same document.
         doc_ends = self.doc_starts[self.doc_of + 1]
-        self.anchors = np.flatnonzero(np.arange(len(flat)) + 1 < doc_ends).astype(np.int64)
+        self.anchors = np.flatnonzero(np.arange(len(self.sentences)) + 1 < doc_ends).astype(np.int64)
         if len(self.anchors) == 0:
             raise DataError(
                 "no document has two sentences, so there are no sentence pairs; give longer documents"

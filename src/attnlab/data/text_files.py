@@ -138,12 +138,12 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
 def split_documents(text: str) -> list[list[str]]:
     """BERT's pre-training text layout: documents separated by blank lines, one sentence (or segment) per
     line. Returns each document's non-blank lines, stripped; documents without any are dropped. A line of
-    invisible format characters only (a zero-width space, a byte order mark) is blank: WordPiece and BPE
-    normalisers drop them, which left a sentence of no tokens."""
+    invisible format characters (a zero-width space, a byte order mark) or control characters (U+0001) only is
+    blank: WordPiece's normaliser (BERT's) drops them, which left a sentence of no tokens."""
     documents: list[list[str]] = [[]]
     for line in split_lines(text):
         line = line.strip()
-        if line and all(c.isspace() or unicodedata.category(c) == "Cf" for c in line):
+        if line and all(c.isspace() or unicodedata.category(c) in ("Cf", "Cc") for c in line):
             line = ""
         if line:
             documents[-1].append(line)

@@ -936,12 +936,17 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
     if not any(len(doc) > 1 for doc in documents):  # before holding any out: no pairs at all is the problem
         raise DataError(f"{d.path or 'the pydoc texts'}: no document has two sentences, so there are no sentence "
                         "pairs; write one sentence per line, with blank lines only between documents")
+    nsp = _predicts_next_sentence(run)
+    if nsp and len(documents) < 2:  # before holding any out: the held-out warning would be moot
+        raise DataError(f"{d.path or 'the pydoc texts'} (data.path) is one document (no blank line between its "
+                        "sentences), but next-sentence prediction draws random next sentences from other documents; "
+                        "separate the documents with blank lines, or train the masked LM alone with --set "
+                        "model.nsp=false")
     if d.eval_path:
         eval_documents = split_documents(read_text(d.eval_path))
     else:
         # Random next sentences need two held-out documents.
-        documents, eval_documents = held_out_documents(documents, d.val_fraction,
-                                                       min_documents=2 if _predicts_next_sentence(run) else 1)
+        documents, eval_documents = held_out_documents(documents, d.val_fraction, min_documents=2 if nsp else 1)
         if not eval_documents and d.val_fraction > 0:
             where = d.path or "the pydoc texts"
             warnings.warn(f"nothing held out for evaluation: {where} has {len(documents)} document(s), too few to "
