@@ -121,3 +121,24 @@ def test_an_untied_bert_mlm_head_takes_the_bias_hf_adds_in_any_key_order(order):
     ids = torch.randint(1, 53, (2, 9))
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
+
+
+def test_a_converted_encoder_without_a_head_is_not_sent_from_generate_to_evaluate(capsys, tmp_path):
+    # generate said "`attnlab evaluate` scores it on a file", and evaluate then refused it: both now say what such
+    # a model (a converted HF BertModel, all-MiniLM-L6-v2's kind) is for.
+    from cli_helpers import one_line_error
+
+    from attnlab.data.tokenizers import train_tokenizer
+    from attnlab.models.bert import BertConfig, BertModel
+    from attnlab.training import save_checkpoint
+
+    tok = train_tokenizer("word", "the cat sat on the mat")
+    model = BertModel(BertConfig(vocab_size=tok.vocab_size, d_model=16, n_heads=2, d_ff=32, n_layers=1, max_len=16,
+                                 heads="none"))
+    save_checkpoint(tmp_path / "run" / "checkpoint", model, tokenizer=tok)
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat\n", encoding="utf-8")
+    run = str(tmp_path / "run")
+    for argv in (["generate", run, "-p", "the"], ["evaluate", run, "-d", str(text)]):
+        line = one_line_error(capsys, *argv, "--device", "cpu")
+        assert "an encoder without a head" in line and "model.init_from" in line and "evaluate` scores" not in line

@@ -154,6 +154,27 @@ def test_the_embedded_truncation_and_padding_settings_are_ignored(tmp_path, kind
 
 
 @pytest.mark.parametrize("kind", ["bpe", "wordpiece"])
+def test_a_wrapped_hf_tokenizer_drops_its_truncation_padding_and_dropout(kind):
+    # An HF tokenizer.json brought in by the constructor (the way to use a converted model's vocabulary, e.g.
+    # all-MiniLM-L6-v2's, which pads and cuts to 128) kept those settings until saved and loaded again:
+    # encode("hello world") gave 128 ids, a long text was cut short, without a word.
+    from tokenizers import Tokenizer as HFTokenizer
+
+    tok = _tokenizer(kind)
+    text = "the quick brown fox jumps against the lazy dog"
+    hf = HFTokenizer.from_str(tok.hf.to_str())
+    hf.enable_truncation(max_length=3)
+    hf.enable_padding(length=50)
+    if kind == "bpe":
+        hf.model.dropout = 0.9
+    wrapped = type(tok)(hf, tok.specials)
+    assert wrapped.encode(text) == tok.encode(text) and len(tok.encode(text)) > 3
+    assert wrapped.encode_batch([text, "the"]) == [tok.encode(text), tok.encode("the")]
+    assert wrapped.encode_array("the\nlazy dog").tolist() == tok.encode_array("the\nlazy dog").tolist()
+    assert hf.truncation is not None and hf.padding is not None  # the caller's own tokenizer is left as it was
+
+
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece"])
 @pytest.mark.parametrize("new_id", [100_000, 9])  # a gap; an id two tokens share
 def test_a_vocabulary_whose_ids_are_not_0_to_size_is_refused(tmp_path, kind, new_id):
     def move_the(hf):

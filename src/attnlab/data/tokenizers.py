@@ -582,7 +582,7 @@ class _HFTokenizer(Tokenizer):
     """A trained HF `tokenizers.Tokenizer` with our specials; no post-processor, so encode adds nothing."""
 
     def __init__(self, hf: Any, specials: SpecialTokens | Mapping[str, str | None] | None = None):
-        self._hf = hf
+        self._hf = self._deterministic(hf)
         self.specials = SpecialTokens.coerce(specials)
         for name, tok in self.specials.items():
             if hf.token_to_id(tok) is None:
@@ -634,13 +634,6 @@ class _HFTokenizer(Tokenizer):
             raise DataError(
                 f"the embedded {cls.kind} tokenizer is corrupt ({e}); save the tokenizer again"
             ) from None
-        # HF applies its own truncation and padding settings in encode: a file that sets them (by hand, or from
-        # another program) would cut texts short or pad them. `encode` gives every id of a text and no more.
-        hf.no_truncation()
-        hf.no_padding()
-        # BPE dropout skips merges at random: the same text would encode to other ids at every call.
-        if getattr(hf.model, "dropout", None):
-            hf.model.dropout = None
         unk = getattr(hf.model, "unk_token", None)
         if unk is not None and hf.token_to_id(unk) is None:  # HF fails on the first unknown word instead
             raise DataError(
@@ -655,6 +648,23 @@ class _HFTokenizer(Tokenizer):
                 f"(none has id {missing}, the largest is {max(ids)}); save the tokenizer again"
             )
         return cls(hf, SpecialTokens(**data["specials"]))
+
+    @staticmethod
+    def _deterministic(hf: Any) -> Any:
+        """`hf` encoding every id of a text and no more, the same ids at every call: HF applies its own truncation
+        and padding settings in encode (an HF tokenizer.json, as all-MiniLM-L6-v2's, pads and cuts to 128), and BPE
+        dropout skips merges at random. A tokenizer with such settings is copied without them (the caller's own
+        object is left as it is); read from a file or wrapped, it encodes alike."""
+        if hf.truncation is None and hf.padding is None and not getattr(hf.model, "dropout", None):
+            return hf
+        from tokenizers import Tokenizer as HFTokenizer
+
+        hf = HFTokenizer.from_str(hf.to_str())
+        hf.no_truncation()
+        hf.no_padding()
+        if getattr(hf.model, "dropout", None):
+            hf.model.dropout = None
+        return hf
 
     @staticmethod
     def _train_hf(hf: Any, trainer: Any, texts: str | Iterable[str]) -> None:

@@ -132,6 +132,9 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
 # How evaluation and translation say a cut they make: the length is the trained model's.
 TRAINED_LENGTH = "the model was trained on sequences cut the same way"
 HEAD_NAMES = {"classification": " (a classifier)", "pretraining": " (masked LM + next sentence)"}
+# A model with no head (an encoder alone, as a converted HF BertModel) has nothing to generate or score.
+NO_HEAD = ("it is an encoder without a head, whose outputs are hidden states: train a head on it with "
+           "--set model.init_from=FOLDER (data.task = classification or mlm)")
 _TRANSLATE_BATCH = 64  # sources translated at once by `generate`; bounds the memory of a long list of prompts
 
 
@@ -315,8 +318,9 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
         return translate_ids(run, _cut_sources(run, encoded), beam_size=beam_size, max_len=max_new_tokens)
     if run.family not in LM_FAMILIES and not (run.family == "encoder" and model.config.head == "lm"):
         head = getattr(model.config, "head", None) or getattr(model.config, "heads", None)
+        scored = head in ("classification", "pretraining")  # `evaluate` takes these; a bare encoder neither
         raise ConfigError(f"a {run.family!r} model with the {head!r} head{HEAD_NAMES.get(head, '')} does not generate "
-                          "text; `attnlab evaluate` scores it on a file")
+                          "text; " + ("`attnlab evaluate` scores it on a file" if scored else NO_HEAD))
     if beam_size != 1:
         raise ConfigError("--beam-size is for translation models; language models take --greedy or sampling "
                           "options")
@@ -408,8 +412,8 @@ def _evaluate_file(run: LoadedRun, data: str | Path, target: str | Path | None, 
         return _evaluate_classification(run, data, batch_size, text_column, label_column)
     if run.family == "bert" and head == "pretraining":
         return _evaluate_pretraining(run, data, batch_size)
-    raise ConfigError(f"cannot evaluate a {run.family!r} model with head {head!r} on a file; "
-                      "evaluate supports language models, classifiers and translation models")
+    raise ConfigError(f"cannot evaluate a {run.family!r} model with head {head!r} on a file (evaluate scores language "
+                      "models, classifiers, BERT pre-training and translation models); " + NO_HEAD)
 
 
 def _device(model: nn.Module) -> torch.device:
