@@ -1062,6 +1062,7 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     with folder_lock(out, "train.out_dir", enabled=env_world().is_main):
         # Checked before anything is written into the folder. A resumed run keeps the vocabulary its weights
         # were trained with (retraining a tokenizer can give another: see _from_first_process).
+        _check_device(run.train)
         tokenizer_from = Trainer.checkpoint_to_resume(out) if resume else None
         if tokenizer_from is not None:
             _check_resumed_family(run, tokenizer_from)
@@ -1095,6 +1096,18 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
 
         summary = trainer.fit(resume=resume, on_start=describe)
         return {**summary, **prep.info}
+
+
+def _check_device(train: Any) -> None:
+    """Refuse a device or precision this machine lacks before preparing the data, which writes a language model's
+    token files into the folder: a run refused by the trainer (no GPU here) had replaced a finished run's data/."""
+    from attnlab.training.device import resolve_precision
+    from attnlab.training.distributed import init_distributed
+
+    _, device = init_distributed(train.device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the trainer gives them, once
+        resolve_precision(train.precision, device)
 
 
 def _check_resumed_family(run: RunConfig, checkpoint: Path) -> None:

@@ -825,6 +825,10 @@ class Trainer:
         if ("decay_steps" in changed and saved_config.get("decay_steps") is None
                 and self.config.decay_steps == saved_config.get("steps")):
             changed.remove("decay_steps")  # the old schedule written out, as the longer-run warning advises
+        used = state.get("precision_used")  # "auto" resolves by the machine: bf16 where trained, fp32 here
+        if "precision" not in changed and used in ("bf16", "fp16", "fp32") and used != self.precision_used:
+            changed.append(f"precision: train.precision = {self.config.precision!r} gives {self.precision_used} here, "
+                           f"the run trained in {used}")
         # Model settings a checkpoint loads under (dropout, the longest sequence...) change the numbers too.
         saved_model, model_now = ckpt.read_config(folder), ckpt._model_config(self.model)
         changed += [f"model.{k}" for k in ckpt.LOADABLE_CHANGES if k in saved_model and k in model_now
@@ -973,8 +977,10 @@ class Trainer:
             first = self.step - window.steps + 1
             when = f"at step {self.step}" if window.steps == 1 or self._checks_each_step else \
                 f"between steps {first} and {self.step}"
-            raise TrainingDiverged(f"the training loss became {loss} {when}; {_DIVERGED_FIX} (the last "
-                                   "checkpoint was kept)")
+            # A run from scratch that diverges before its first save has no checkpoint: the folder's is another run's.
+            kept = "the last checkpoint was kept" if not self._stale_checkpoint and ckpt.checkpoint_present(
+                self.out_dir / CHECKPOINT_DIR) else "this run saved no checkpoint"
+            raise TrainingDiverged(f"the training loss became {loss} {when}; {_DIVERGED_FIX} ({kept})")
         return loss
 
     @property
@@ -1034,6 +1040,8 @@ class Trainer:
             self._warn_inert_settings(has_eval=self.eval_source is not None or self.metrics_fn is not None)
         self.log.start(keep_until_step=self.step if resume else None,
                        drop_evals_at=self.step if resume and self._resume_eval else None)
+        if self.world.is_main and not resume:  # the log it drew is gone: a run failing before its first record
+            (self.out_dir / PLOT_FILE).unlink(missing_ok=True)  # left another run's curve beside its run.json
         start_step = self.step
         tokens_before, seconds_before = self._totals.tokens, self._totals.train_seconds  # a resumed run's so far
         self._fit_start = time.perf_counter()
