@@ -257,6 +257,7 @@ def test_a_run_from_files_replacing_a_synthetic_one_leaves_no_stale_data(tmp_pat
     out = tmp_path / "out"
     (out / "data").mkdir(parents=True)
     (out / "data" / "corpus.txt").write_text("An earlier world.\n", encoding="utf-8")
+    (out / "data" / "world.json").write_text("{}", encoding="utf-8")  # the mark a generated world has
     (out / "results.json").write_text("{}", encoding="utf-8")
     with pytest.warns(UserWarning, match="already holds the results of a knowledge run"):
         run_knowledge(out, variants="none", corpus=files["corpus"], train=files["train"], eval_path=files["eval"],
@@ -468,6 +469,40 @@ def test_a_data_folder_of_the_users_own_files_is_never_replaced(tmp_path):
     with pytest.raises(ConfigError, match="data' holds files that are not an earlier knowledge run's synthetic"):
         run_knowledge(project, variants="none", **args)
     assert {p.name: p.read_bytes() for p in (project / "data").iterdir()} == before
+
+
+def test_the_users_files_under_the_worlds_names_are_never_replaced(tmp_path):
+    """The user's data/corpus.txt, train.tsv and dev.tsv were taken for an earlier run's generated world by their
+    names alone: a synthetic run wrote its world over them, a run from copies elsewhere deleted the folder."""
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    files = write_files(project / "data")
+    (project / "data" / "wiki.txt").rename(project / "data" / "corpus.txt")
+    (project / "data" / "test.tsv").unlink()
+    before = {p.name: p.read_bytes() for p in (project / "data").iterdir()}
+    args = dict(variants="none", device="cpu", overrides=TINY, progress=False, echo=lambda *_: None)
+    mine = {"corpus": str(project / "data" / "corpus.txt"), "train": files["train"], "eval_path": files["eval"]}
+    run_knowledge(project, **mine, **args)
+    with pytest.raises(ConfigError, match="data' holds files that are not an earlier knowledge run's synthetic"):
+        run_knowledge(project, **args)
+    elsewhere = write_files(tmp_path)
+    run_knowledge(project, corpus=elsewhere["corpus"], train=elsewhere["train"], eval_path=elsewhere["eval"],
+                  **args)
+    assert {p.name: p.read_bytes() for p in (project / "data").iterdir()} == before
+
+
+def test_a_file_browsers_own_files_do_not_make_an_earlier_runs_folders_the_users(tmp_path):
+    """A .DS_Store in predictions/ kept the earlier run's rows beside the new table; in data/ it refused a rerun."""
+    out = tmp_path / "run"
+    args = dict(device="cpu", overrides=TINY, progress=False, echo=lambda *_: None)
+    run_knowledge(out, variants="none,dot", **args)
+    assert (out / "predictions" / "dot.tsv").is_file() and (out / "data" / "world.json").is_file()
+    for folder in ("predictions", "data", "pretrain-dot"):
+        (out / folder / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    with pytest.warns(UserWarning, match="already holds the results of a knowledge run"):
+        run_knowledge(out, variants="none", **args)
+    assert not (out / "predictions" / "dot.tsv").exists() and not (out / "pretrain-dot").exists()
+    assert (out / "predictions" / "none.tsv").is_file() and (out / "data" / "corpus.txt").is_file()
 
 
 def test_one_knowledge_run_at_a_time_in_a_folder(tmp_path):

@@ -17,6 +17,7 @@ keeps stable across versions and machines; nothing depends on `hash()` or set or
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 from itertools import accumulate
@@ -25,6 +26,8 @@ from pathlib import Path
 
 from attnlab.errors import ConfigError
 from attnlab.files import write_text_atomic
+
+WORLD_MARK = "world.json"  # written beside a generated world's files (see `World.write`)
 
 N_PLACES = 400  # towns in every world; birthplaces follow a mild Zipf law over them (the top one ≈ 2.7 %)
 ZIPF_OFFSET = 10  # town k is chosen with weight 1 / (k + ZIPF_OFFSET)
@@ -312,6 +315,11 @@ class World:
         write_text_atomic(paths["corpus"], "".join(line + "\n" for line in self.corpus_lines()))
         for key, pairs in (("train", train), ("dev", dev)):
             write_text_atomic(paths[key], "".join(f"{q}\t{a}\n" for q, a in pairs))
+        # The mark that this folder is a generated world, which a later run may replace: files of the user's with
+        # the same names (corpus.txt, train.tsv, dev.tsv) were taken for one and deleted.
+        world = {"written_by": "attnlab run knowledge", "n_people": len(self.people), "seed": self.seed,
+                 "eval_fraction": eval_fraction, "split_seed": seed}
+        write_text_atomic(Path(folder) / WORLD_MARK, json.dumps(world, indent=2) + "\n")
         return paths
 
 

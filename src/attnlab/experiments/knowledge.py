@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from attnlab.config import Config, check_positive, finite_number
+from attnlab.data.world import WORLD_MARK
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError
 from attnlab.files import atomic_path, folder_lock, write_text_atomic
 
@@ -521,8 +522,9 @@ def _earlier_outputs(out: Path, inputs: list[Path]) -> list[Path]:
     (`<variant>.tsv` files) and its synthetic world (`corpus.txt`, `train.tsv`, `dev.tsv`). Never a folder of the
     user's with other files (a `data/` of their own was deleted with them), nor one that holds an input file of
     this run."""
-    def ours(folder: Path, allowed) -> bool:
-        return folder.is_dir() and all(allowed(entry.name) for entry in folder.iterdir())
+    def ours(folder: Path, allowed) -> bool:  # a file browser's own files (.DS_Store) go with the folder
+        return folder.is_dir() and all(allowed(entry.name) or entry.name in _SYSTEM_FILES
+                                       for entry in folder.iterdir())
 
     def phase_entry(name: str) -> bool:
         return name.lstrip(".").split(".")[0] in _PHASE_ENTRIES
@@ -535,11 +537,28 @@ def _earlier_outputs(out: Path, inputs: list[Path]) -> list[Path]:
     # an earlier knowledge run was here: its predictions and world go with it
     predictions = out / "predictions"
     world = out / "data"
+    world_files = {"corpus.txt", "train.tsv", "dev.tsv", WORLD_MARK}
     found = [*([predictions] if ours(predictions, lambda name: name.endswith(".tsv")) else []), *phases, *tables,
-             *([world] if ours(world, lambda name: name in ("corpus.txt", "train.tsv", "dev.tsv")) else [])]
+             *([world] if ours(world, world_files.__contains__) and _generated_world(out) else [])]
     given = [path.resolve() for path in inputs]
     return [path for path in found
             if not any(path.resolve() == p or path.resolve() in p.parents for p in given)]
+
+
+# Files a file browser leaves in folders it shows (macOS, Windows): they do not make a folder the user's.
+_SYSTEM_FILES = (".DS_Store", "Thumbs.db", "desktop.ini")
+
+
+def _generated_world(out: Path) -> bool:
+    """Whether `out/data` holds the synthetic world of an earlier run, as its mark says (or, for a run from before the
+    mark, its results): the user's own files under the world's names were taken for one."""
+    if (out / "data" / WORLD_MARK).is_file():
+        return True
+    try:
+        earlier = json.loads((out / "results.json").read_text(encoding="utf-8"))
+        return earlier["data"]["source"] == "synthetic"
+    except (OSError, ValueError, KeyError, TypeError):  # no results, or not a knowledge run's
+        return False
 
 
 def run_knowledge(out_dir: str | Path = "runs/knowledge", **options: Any) -> dict[str, Any]:
