@@ -130,3 +130,52 @@ def test_a_folder_lock_keeps_a_second_run_out(tmp_path, capsys):
     with folder_lock(tmp_path / "runs" / "deep" / "run", "train.out_dir"):  # parents made for it go with it
         pass
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_refused_by_the_lock_leaves_the_holders_new_folder(tmp_path, monkeypatch):
+    """Two runs into a folder not yet made: the one refused by the lock had found the folder missing, and removed
+    it with the holder's lock file (a third run then took the folder beside the first)."""
+    import attnlab.files as files
+    from attnlab.errors import ConfigError
+
+    folder, real, held = tmp_path / "new" / "run", files.make_folder, []
+
+    def made_then_taken(path, setting):  # the other run takes the lock between this one's checks and its lock
+        real(path, setting)
+        if not held:
+            held.append(files.folder_lock(path, "--out"))
+            held[0].__enter__()
+
+    monkeypatch.setattr(files, "make_folder", made_then_taken)
+    with pytest.raises(ConfigError, match="another attnlab run is writing into"):
+        with files.folder_lock(folder, "--out"):
+            pass
+    monkeypatch.undo()
+    assert (folder / files.LOCK_FILE).is_file()
+    with pytest.raises(ConfigError, match="another attnlab run is writing into"):  # still held by the first
+        with files.folder_lock(folder, "--out"):
+            pass
+    held[0].__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("errno_name, held", [("EACCES", True), ("EINVAL", False)])
+def test_windows_counts_only_a_held_lock_as_held(monkeypatch, errno_name, held):
+    """msvcrt's refusal is a plain OSError: every error was read as another run holding the folder, so a file system
+    that cannot lock refused every run there (POSIX runs unguarded)."""
+    import errno
+    import io
+
+    import attnlab.files as files
+
+    class FakeMsvcrt:
+        LK_NBLCK, LK_UNLCK = 2, 0
+
+        @staticmethod
+        def locking(fd, mode, n):
+            raise OSError(getattr(errno, errno_name), "locking failed")
+
+    monkeypatch.setattr(files, "fcntl", None)
+    monkeypatch.setattr(files, "msvcrt", FakeMsvcrt)
+    handle = io.BytesIO()
+    handle.fileno = lambda: 3
+    assert files._lock(handle, True) is (not held)

@@ -9,6 +9,7 @@ second run out of a folder one run is writing.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -130,23 +131,42 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
     except OSError as e:
         raise ConfigError(f"{setting}: cannot write into the folder {str(folder)!r} ({e.strerror or e}); "
                           "choose another path") from None
+    remove = False
     try:
         if not _lock(handle, True):
+            # Refused, it removes nothing: the folder it found missing may be the run's that holds the lock.
             raise ConfigError(f"{setting}: another attnlab run is writing into {str(folder)!r}; wait for it to "
                               "finish, or give this run another folder")
         try:
             yield folder
         finally:
-            _lock(handle, False)
+            try:  # decided while the lock is held, so that no other run has taken the folder meanwhile
+                remove = bool(created) and _holds_only_the_lock(folder)
+                if remove:
+                    lock.unlink()
+            except OSError:  # Windows removes no open file: after closing it, below
+                pass
+            finally:
+                _lock(handle, False)
     finally:
         handle.close()
-        if created and [p.name for p in folder.iterdir()] == [LOCK_FILE]:
-            lock.unlink(missing_ok=True)
+        if remove:
+            try:
+                lock.unlink(missing_ok=True)
+            except OSError:
+                pass
             for path in created:  # the folder, then the parents made for it, while empty
                 try:
                     path.rmdir()
                 except OSError:
                     break
+
+
+def _holds_only_the_lock(folder: Path) -> bool:
+    try:
+        return [p.name for p in folder.iterdir()] == [LOCK_FILE]
+    except OSError:  # gone, or unreadable: nothing to remove
+        return False
 
 
 def _lock(handle, take: bool) -> bool:
@@ -159,6 +179,11 @@ def _lock(handle, take: bool) -> bool:
             handle.seek(0)
             msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK if take else msvcrt.LK_UNLCK, 1)
     except OSError as e:
-        held = isinstance(e, BlockingIOError) or fcntl is None  # flock's refusal, or msvcrt's (a plain OSError)
+        # flock's refusal, or msvcrt's (a plain OSError with one of these numbers; another, as a file system that
+        # cannot lock, runs unguarded as on POSIX)
+        held = isinstance(e, BlockingIOError) or (fcntl is None and e.errno in _MSVCRT_HELD)
         return not (take and held)
     return True
+
+
+_MSVCRT_HELD = (errno.EACCES, getattr(errno, "EDEADLOCK", errno.EDEADLK))
