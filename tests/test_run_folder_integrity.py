@@ -565,3 +565,23 @@ def test_a_bare_translation_checkpoint_cuts_as_its_training_did(capsys, tmp_path
         assert code == 0, err
         outputs[folder] = out
     assert outputs[bare] == outputs[run] and len(outputs[run].splitlines()) == 3
+
+
+def test_a_bare_checkpoint_of_an_unbounded_translation_model_reads_sources_whole():
+    # With no data.max_length kept, sources were cut to 128 tokens even where nothing bounds the model (sinusoidal
+    # positions), blaming "the model's position table"; a bounded model still cuts to its table.
+    import types
+
+    from attnlab.inference.runs import _cut_sources
+
+    long, short = list(range(300)), list(range(5))
+    unbounded = types.SimpleNamespace(data={}, model=types.SimpleNamespace(max_len=None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _cut_sources(unbounded, [long, short]) == [long, short]
+    bounded = types.SimpleNamespace(data={}, model=types.SimpleNamespace(max_len=64))
+    with pytest.warns(UserWarning, match="longer than the model's position table allows"):
+        assert [len(s) for s in _cut_sources(bounded, [long, short])] == [62, 5]
+    trained = types.SimpleNamespace(data={"max_length": 20}, model=types.SimpleNamespace(max_len=None))
+    with pytest.warns(UserWarning, match="the run's data.max_length"):
+        assert [len(s) for s in _cut_sources(trained, [long, short])] == [20, 5]

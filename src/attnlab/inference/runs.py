@@ -194,10 +194,13 @@ def _scoring_length(run: LoadedRun, specials: int = 0) -> tuple[int, str]:
 def _cut_sources(run: LoadedRun, encoded: list[list[int]]) -> list[list[int]]:
     """Sources cut as `evaluate` cuts them (`_scoring_length`): to the run's data.max_length, as its training cut
     them, or for a checkpoint that keeps none to what the model's positions hold (a longer source failed the whole
-    batch, naming no line), with a warning that says so."""
+    batch, naming no line), with a warning that says so; such a checkpoint of a model that nothing bounds
+    (sinusoidal positions) reads them whole."""
     from attnlab.data.sources import _warn_cut, cut_advice
 
     room, advice = _scoring_length(run, specials=2)  # training sized max_len as max_length + 2 (bos and eos)
+    if advice != TRAINED_LENGTH and getattr(run.model, "max_len", None) is None:
+        return encoded  # no trained length to keep, and no position table to fit: the sources are read whole
     setting = "the run's data.max_length" if advice == TRAINED_LENGTH else "the model's position table"
     with cut_advice(advice):
         _warn_cut([len(ids) for ids in encoded], room, "source sentences", setting)
