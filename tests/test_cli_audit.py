@@ -227,3 +227,28 @@ def test_a_reader_that_stops_early_gets_the_pipe_writers_exit_code(tmp_path, cap
     err = child.stderr.read().decode()
     assert child.wait(timeout=300) == 141, err
     assert "Traceback" not in err
+
+
+def test_a_broken_pipe_under_richs_help_screen_is_a_readers_exit_too(monkeypatch):
+    """`attnlab --help | head`: rich answers the broken pipe itself (its Console.on_broken_pipe exits 1, outside
+    click's quiet stdout wrapper), which the mapping to 141 missed."""
+    import io
+    import os
+    import sys
+
+    from rich.console import Console
+
+    from attnlab.cli import _reader_went_away
+
+    class Stdout(io.StringIO):
+        def fileno(self) -> int:
+            return 1
+
+    monkeypatch.setattr(sys, "stdout", Stdout())
+    monkeypatch.setattr(os, "dup2", lambda fd, fd2: None)  # rich points stdout at /dev/null before it exits
+    with pytest.raises(SystemExit) as exited:
+        Console(file=io.StringIO()).on_broken_pipe()
+    assert exited.value.code == 1 and _reader_went_away(exited.value)
+    with pytest.raises(SystemExit) as exited:
+        sys.exit(1)
+    assert not _reader_went_away(exited.value)  # any other exit 1 is left alone

@@ -315,6 +315,17 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+def _reader_went_away(e: SystemExit) -> bool:
+    """Whether exit code 1 is typer's or rich's answer to a broken pipe: click wraps stdout to stay quiet, and rich
+    (printing the help, `attnlab --help | head`) exits from its own `on_broken_pipe`."""
+    if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+        return True
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_name == "on_broken_pipe"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app; known errors become one line on stderr and exit code 2 (130 for Ctrl-C,
     143 for SIGTERM)."""
@@ -381,7 +392,7 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
     except SystemExit as e:
         # A reader that stopped early (`attnlab generate ... | head`): typer answers the broken pipe with exit
         # code 1, the code of a bug, after wrapping stdout to stay quiet; a pipe's writer exits 141 (SIGPIPE).
-        if e.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":
+        if e.code == 1 and _reader_went_away(e):
             sys.exit(141)
         raise
     except (typer.Abort, KeyboardInterrupt):
