@@ -24,10 +24,10 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from turns import time_in_turns
+from turns import count, device_or_exit, time_in_turns
 
 from attnlab.modules.attention import attention
-from attnlab.training.device import resolve_precision, select_device, synchronize
+from attnlab.training.device import resolve_precision, synchronize
 
 SHAPES = [
     (32, 4, 112, 32),  # the knowledge experiment's quick scale (block 128, trimmed batches)
@@ -83,16 +83,18 @@ def time_fns(fns: dict, shape, dtype, repeats: int, device: torch.device | str =
 
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--repeats", type=count, default=10)
     p.add_argument("--json", help="also write the rows to this JSON file")
     p.add_argument("--bf16", choices=("auto", "yes", "no"), default="auto",
                    help="run the bf16 rows: auto = only where bf16 is native (CPU bf16 instructions, Ampere+ GPU)")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps")
     args = p.parse_args(argv)
-    device = select_device(args.device)
+    device = device_or_exit(p, args.device)
     dtypes = [torch.float32]
     if args.bf16 == "yes" or (args.bf16 == "auto" and resolve_precision("auto", device) is not None):
         dtypes.append(torch.bfloat16)
+    elif args.bf16 == "no":
+        print("--bf16 no: bf16 rows left out")
     else:
         print(f"bf16 is not native on this {device.type}: bf16 rows left out (--bf16 yes runs them, emulated and "
               "slow)")

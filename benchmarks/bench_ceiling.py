@@ -34,8 +34,9 @@ from bench_attention import ours as attention_ours
 from bench_attention import sdpa, time_fns
 from bench_gpt import SHAPES, VOCAB, Shape, make_data, ours, time_decoding_rows, time_training_rows, train_step_fn
 from torch.utils._python_dispatch import TorchDispatchMode
+from turns import count, device_or_exit
 
-from attnlab.training.device import fast_fp32_matmul, resolve_precision, select_device, synchronize
+from attnlab.training.device import fast_fp32_matmul, resolve_precision, synchronize
 
 TARGETS = {  # the performance targets, as ratios to the reference of the row
     "train B default": 4.5, "train B fp32": 2.5, "train A default": 3.0,
@@ -142,11 +143,11 @@ def weight_bytes(shape: Shape, element_size: int) -> int:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=5,
+    p.add_argument("--repeats", type=count, default=5,
                    help="timed calls per measurement (workloads: the median; bare products and reads: the best)")
     p.add_argument("--shapes", default="A,B")
     p.add_argument("--no-attention", action="store_true", help="skip the attention rows")
-    p.add_argument("--decode-tokens", type=int, default=200)
+    p.add_argument("--decode-tokens", type=count, default=200)
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps")
     args = p.parse_args(argv)
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
         print("bench_ceiling: HF transformers is missing; install the peer with: pip install -e '.[bench]'",
               file=sys.stderr)
         raise SystemExit(2) from None
-    device = select_device(args.device)
+    device = device_or_exit(p, args.device)
     default = resolve_precision("auto", device)  # attnlab's default training dtype there (None: fp32)
     r = args.repeats
     shapes = args.shapes.split(",")

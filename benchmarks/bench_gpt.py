@@ -47,14 +47,13 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-from turns import time_in_turns, time_in_turns_apart
+from turns import count, device_or_exit, time_in_turns, time_in_turns_apart
 
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.training.device import (
     cpu_has_bf16,
     fast_fp32_matmul,
     resolve_precision,
-    select_device,
     synchronize,
     wants_onednn_fp32,
 )
@@ -345,10 +344,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--shapes", default="A,B", help="comma-separated shapes to run: A (4 layers, 128 wide, block 64, "
                    "batch 12), B (6 layers, 384 wide, block 256, batch 8), C (12 layers, 768 wide, "
                    "block 1024, batch 8: GPT-2 small's body, a size for a GPU)")
-    p.add_argument("--repeats", type=int, default=8, help="timed steps per row (median reported)")
+    p.add_argument("--repeats", type=count, default=8, help="timed steps per row (median reported)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per row before timing")
-    p.add_argument("--decode-tokens", type=int, default=200, help="tokens generated per decoding row (batch 1)")
-    p.add_argument("--decode-repeats", type=int, default=3, help="timed generations per decoding row (median)")
+    p.add_argument("--decode-tokens", type=count, default=200, help="tokens generated per decoding row (batch 1)")
+    p.add_argument("--decode-repeats", type=count, default=3, help="timed generations per decoding row (median)")
     p.add_argument("--accuracy-steps", type=int, default=300, help="0 skips the bf16-vs-fp32 accuracy row")
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory column")
@@ -381,16 +380,25 @@ def main(argv: list[str] | None = None) -> dict:
         if not keep_freed:
             print("--keep-freed-memory does nothing here (not glibc, ATTNLAB_MALLOC=system, or allocator settings of "
                   "your own): every row keeps the allocator as it is")
-    device = select_device(args.device)
+    device = device_or_exit(p, args.device)
     default_dtype = resolve_precision("auto", device)  # what `precision = "auto"` trains in there
     bf16 = args.bf16 == "yes" or (args.bf16 == "auto" and default_dtype is not None)
-    if not bf16:
+    if args.bf16 == "no":
+        print("--bf16 no: the bf16 training rows left out (the default row trains as `precision = \"auto\"` does, "
+              f"in {'bf16' if default_dtype is not None else 'fp32'} here)")
+    elif not bf16:
         print(f"bf16 is not native on this {device.type}: bf16 training rows left out (--bf16 yes runs them, "
               "emulated and slow)")
-    import transformers
+    try:
+        import transformers
+    except ImportError:
+        print("bench_gpt: HF transformers is missing; install the peer with: pip install -e '.[bench]'",
+              file=sys.stderr)
+        raise SystemExit(2) from None
 
     results: dict = {"torch": torch.__version__, "transformers": transformers.__version__,
                      "threads": torch.get_num_threads(), "device": str(device), "cpu_bf16": cpu_has_bf16(),
+                     "default_precision": "bf16" if default_dtype is not None else "fp32",  # the "ours default" row
                      "hf_attention": hf_attention_name(hf(SHAPES["A"])),
                      "rows_timed": "in one process" if args.one_process else "each in a process of its own",
                      "keep_freed_memory": keep_freed,

@@ -9,10 +9,10 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from turns import time_in_turns
+from turns import count, device_or_exit, time_in_turns
 
 from attnlab.models.registry import build_model
-from attnlab.training.device import resolve_precision, select_device, synchronize
+from attnlab.training.device import resolve_precision, synchronize
 from attnlab.training.optim import build_optimizer
 from attnlab.training.recipe import load_run_config, model_config
 
@@ -22,12 +22,12 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 def arguments(doc: str, argv: list[str] | None) -> argparse.Namespace:
     """The command line both scripts take: --repeats, --steps, --json and --device."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--repeats", type=count, default=10)
     p.add_argument("--steps", choices=("yes", "no"), default="yes", help="time the two models' training steps")
     p.add_argument("--json", help="also write the rows to this JSON file")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps")
     args = p.parse_args(argv)
-    args.device = select_device(args.device)
+    args.device = device_or_exit(p, args.device)
     return args
 
 

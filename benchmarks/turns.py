@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import statistics
 import time
 import traceback
 from collections.abc import Callable, Iterator
+
+
+def count(text: str) -> int:
+    """argparse type of --repeats and the like: an integer of at least 1 (a median of no timing failed with a
+    traceback)."""
+    value = int(text)  # a ValueError: argparse says "invalid count value"
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def device_or_exit(parser: argparse.ArgumentParser, name: str):
+    """The torch device `--device` names, or the parser's one-line error (exit 2) where this machine lacks it."""
+    from attnlab.errors import ConfigError
+    from attnlab.training.device import select_device
+
+    try:
+        return select_device(name)
+    except ConfigError as e:
+        parser.error(f"--device: {e}")
 
 
 def rounds(names: list[str], repeats: int) -> Iterator[tuple[int, str]]:

@@ -165,3 +165,29 @@ def test_bench_ceiling_runs(tmp_path, capsys):
     assert results["bare"]["read_bytes_per_s"] > 0
     assert json.loads(out.read_text())["rows"].keys() == rows.keys()
     assert "ceiling" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("script", ["bench_gpt", "bench_attention", "bench_ceiling", "bench_dropout", "bench_loss"])
+def test_bad_options_are_one_line_errors(script, capsys):
+    # --repeats 0 failed with "no median for empty data" (bench_gpt after starting and warming every row's
+    # process), and a device the machine lacks with a ConfigError traceback.
+    module = load(script)
+    bad = [["--repeats", "0"]]
+    if not torch.cuda.is_available():
+        bad.append(["--device", "cuda"])
+    for argv in bad:
+        with pytest.raises(SystemExit) as exited:
+            module.main(argv)
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and "Traceback" not in err
+        assert "must be at least 1, got 0" in err or "device 'cuda' is not available" in err
+
+
+def test_bench_gpt_says_when_bf16_rows_were_asked_away(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    results = load("bench_gpt").main(["--shapes", "A", "--repeats", "1", "--warmup", "0", "--decode-tokens", "2",
+                                      "--decode-repeats", "1", "--accuracy-steps", "0", "--bf16", "no",
+                                      "--no-memory", "--one-process", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert "--bf16 no: the bf16 training rows left out" in out and "is not native" not in out
+    assert results["default_precision"] in ("bf16", "fp32")
