@@ -79,3 +79,18 @@ def test_a_resume_where_auto_precision_resolves_otherwise_is_named(capsys, tmp_p
                                          r"gives fp32 here, the run trained in bf16\)"):
         code, _, err = run_cli(capsys, "train", "--resume", "--set", "train.steps=3", *common)
     assert code == 0, err
+
+
+@pytest.mark.parametrize("name", ["cpu:1", "mps:1", "cuda:01", "cuda:N", "cuda:x", "cuda:-1"])
+def test_only_a_gpu_is_taken_by_number(name):
+    # cpu:1 ran on the CPU, mps:1 named a second Apple GPU, cuda:01 passed train.device's check and then failed
+    # as no device name, and the literal cuda:N passed it too.
+    from attnlab.errors import ConfigError
+    from attnlab.training.device import select_device
+    from attnlab.training.trainer import TrainerConfig
+
+    with pytest.raises(ConfigError, match=f"device: '{name}' is not a device name"):
+        select_device(name)
+    with pytest.raises(ConfigError, match="^device: "):
+        TrainerConfig(device=name)
+    assert str(select_device("cpu:0")) == "cpu:0"

@@ -41,16 +41,21 @@ def select_device(name: str = "auto") -> torch.device:
         if _mps_available():
             return torch.device("mps")
         return torch.device("cpu")
-    kind = name.split(":", 1)[0]
+    kind, colon, index = name.partition(":")
     if kind not in DEVICES[1:]:
         raise ConfigError(f"device: unknown device {name!r}; choose one of: {', '.join(DEVICES)}")
+    # Only CUDA GPUs are taken by number (cpu:1 ran on the CPU, mps:1 named a second Apple GPU no Mac has; cpu:0
+    # and mps:0 are the one there is), written as torch writes it (cuda:01 passed the setting's check, then failed).
+    if colon and (not (index.isascii() and index.isdigit()) or str(int(index)) != index
+                  or (kind != "cuda" and index != "0")):
+        raise ConfigError(f"device: {name!r} is not a device name; use cpu, mps, cuda or cuda:N (N a GPU's number, "
+                          "e.g. cuda:0)")
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"device {name!r} is not available (torch sees no CUDA GPU); "
                               "use the device cpu or auto")
-        if ":" in name:
-            index = int(name.split(":", 1)[1]) if name.split(":", 1)[1].isdigit() else -1
-            if not 0 <= index < torch.cuda.device_count():
+        if colon:
+            if not int(index) < torch.cuda.device_count():
                 raise ConfigError(f"device {name!r} does not exist; this machine has "
                                   f"{torch.cuda.device_count()} CUDA device(s)")
     if kind == "mps" and not _mps_available():

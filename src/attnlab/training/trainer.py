@@ -169,8 +169,10 @@ class TrainerConfig(Config):
             self.best_mode = "max" if self.best_metric.endswith(HIGHER_IS_BETTER) else "min"
         check_choice("best_mode", self.best_mode, ("min", "max"))
         check_choice("precision", self.precision, PRECISIONS)
-        if not (isinstance(self.device, str) and re.fullmatch(r"cuda:\d+", self.device)):  # one GPU by number
+        if not (isinstance(self.device, str) and re.fullmatch(r"cuda:(0|[1-9][0-9]*)", self.device)):  # a GPU's number
             check_choice("device", self.device, (*DEVICES, "cuda:N"))
+            if self.device == "cuda:N":  # in the list of choices, but the N stands for a number
+                raise ConfigError("device: in cuda:N, N is a GPU's number (cuda:0 is the first); give one")
 
 
 class TrainingInterrupted(AttnlabError):
