@@ -187,21 +187,24 @@ def _scoring_length(run: LoadedRun, specials: int = 0) -> tuple[int, str]:
         return saved, TRAINED_LENGTH
     limit = getattr(run.model, "max_len", None)
     room = limit - specials if isinstance(limit, int) and limit > specials else None
-    return min(128, room) if room is not None else 128, \
-        "the checkpoint keeps no data.max_length, so they were cut to what the model's positions hold"
+    if room is not None and room < 128:
+        return room, POSITIONS_LENGTH
+    return 128, DEFAULT_LENGTH  # a model nothing bounds (sinusoidal positions) was named a position table's
+
+
+POSITIONS_LENGTH = "the checkpoint keeps no data.max_length, so they were cut to what the model's positions hold"
+DEFAULT_LENGTH = "the checkpoint keeps no data.max_length, so they were cut to that setting's default, 128"
 
 
 def _cut_sources(run: LoadedRun, encoded: list[list[int]]) -> list[list[int]]:
     """Sources cut as `evaluate` cuts them (`_scoring_length`): to the run's data.max_length, as its training cut
     them, or for a checkpoint that keeps none to what the model's positions hold (a longer source failed the whole
-    batch, naming no line), with a warning that says so; such a checkpoint of a model that nothing bounds
-    (sinusoidal positions) reads them whole."""
+    batch, naming no line) or data.max_length's default, with a warning that says so."""
     from attnlab.data.sources import _warn_cut, cut_advice
 
     room, advice = _scoring_length(run, specials=2)  # training sized max_len as max_length + 2 (bos and eos)
-    if advice != TRAINED_LENGTH and getattr(run.model, "max_len", None) is None:
-        return encoded  # no trained length to keep, and no position table to fit: the sources are read whole
-    setting = "the run's data.max_length" if advice == TRAINED_LENGTH else "the model's position table"
+    setting = {TRAINED_LENGTH: "the run's data.max_length", POSITIONS_LENGTH: "the model's position table"}.get(
+        advice, "data.max_length's default")
     with cut_advice(advice):
         _warn_cut([len(ids) for ids in encoded], room, "source sentences", setting)
     return [ids[:room] for ids in encoded]
