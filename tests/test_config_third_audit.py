@@ -27,6 +27,7 @@ def test_the_default_runs_preset_gives_way_to_a_family():
     ("train:\n  steps: 10\nmodel:\n  preset: gpt-char-tiny\ntrain:\n  seed: 3\n",
      "(line 5, column 1): 'train' is given twice (first on line 1); keep one"),
     ("train:\n  steps: 10\n  steps: 20\n", "(line 3, column 3): 'steps' is given twice (first on line 2)"),
+    ("train: {steps: 10, steps: 20}\n", "(line 1, column 20): 'steps' is given twice (first on line 1)"),
 ])
 def test_a_yaml_key_given_twice_is_refused(tmp_path, text, line):
     # PyYAML keeps the last: the first train section was dropped, where the same file in TOML is refused.

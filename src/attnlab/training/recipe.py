@@ -267,18 +267,18 @@ def _yaml_loader() -> type:
     def unique_keys(loader, node, deep: bool = False) -> dict:
         # PyYAML keeps the last of a repeated key: a second `train:` section replaced the first without a word,
         # where TOML refuses the file. Keys a merge (<<) brings in may still be overridden, as YAML says.
-        first: dict[Any, int] = {}
+        first: dict[Any, Any] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             key = loader.construct_object(key_node, deep=True)
             try:
-                line = first.setdefault(key, key_node.start_mark.line)
+                earlier = first.setdefault(key, key_node)
             except TypeError:  # a list or mapping as a key: refused later with the names that are not text
                 continue
-            if line != key_node.start_mark.line:
+            if earlier is not key_node:  # on another line, or in one flow mapping: {steps: 10, steps: 20}
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"{key!r} is given twice (first on line {line + 1}); keep one",
+                    None, None, f"{key!r} is given twice (first on line {earlier.start_mark.line + 1}); keep one",
                     key_node.start_mark)
         return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
