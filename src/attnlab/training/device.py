@@ -44,10 +44,9 @@ def select_device(name: str = "auto") -> torch.device:
     kind, colon, index = name.partition(":")
     if kind not in DEVICES[1:]:
         raise ConfigError(f"device: unknown device {name!r}; choose one of: {', '.join(DEVICES)}")
-    # Only CUDA GPUs are taken by number (cpu:1 ran on the CPU, mps:1 named a second Apple GPU no Mac has; cpu:0
-    # and mps:0 are the one there is), written as torch writes it (cuda:01 passed the setting's check, then failed).
-    if colon and (not (index.isascii() and index.isdigit()) or str(int(index)) != index
-                  or (kind != "cuda" and index != "0")):
+    # Only CUDA GPUs are taken by number (cpu:1 ran on the CPU, mps:1 named a second Apple GPU no Mac has; train.device
+    # takes neither, nor cpu:0), written as torch writes it (cuda:01 passed the setting's check, then failed).
+    if colon and (kind != "cuda" or not (index.isascii() and index.isdigit()) or str(int(index)) != index):
         raise ConfigError(f"device: {name!r} is not a device name; use cpu, mps, cuda or cuda:N (N a GPU's number, "
                           "e.g. cuda:0)")
     if kind == "cuda":
