@@ -4,6 +4,7 @@ scales (the assignment's parameter count), and the trimming of pad columns (same
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 from pathlib import Path
 
@@ -489,6 +490,38 @@ def test_the_users_files_under_the_worlds_names_are_never_replaced(tmp_path):
     run_knowledge(project, corpus=elsewhere["corpus"], train=elsewhere["train"], eval_path=elsewhere["eval"],
                   **args)
     assert {p.name: p.read_bytes() for p in (project / "data").iterdir()} == before
+
+
+def test_resuming_never_writes_the_world_over_the_users_files(tmp_path):
+    """--resume skipped the data/ check, and the world was written over the user's corpus.txt, train.tsv, dev.tsv."""
+    out = tmp_path / "out"
+    (out / "data").mkdir(parents=True)
+    mine = {name: f"my own {name}\n" for name in ("corpus.txt", "train.tsv", "dev.tsv")}
+    for name, text in mine.items():
+        (out / "data" / name).write_text(text, encoding="utf-8")
+    args = dict(variants="none", device="cpu", overrides=TINY, progress=False, echo=lambda *_: None)
+    with pytest.raises(ConfigError, match="data' holds files that are not an earlier knowledge run's synthetic"):
+        run_knowledge(out, resume=True, **args)
+    assert {name: (out / "data" / name).read_text(encoding="utf-8") for name in mine} == mine
+
+
+def test_a_world_written_before_the_mark_or_alone_is_still_the_runs(tmp_path):
+    """A run stopped after writing its marked world, before any phase folder, was refused on the rerun; a world
+    written before the mark (the same files, no world.json) resumes."""
+    from attnlab.data.world import WORLD_MARK
+
+    out = tmp_path / "out"
+    args = dict(variants="none", device="cpu", overrides=TINY, progress=False, echo=lambda *_: None)
+    run_knowledge(out, **args)
+    world = {p.name: p.read_bytes() for p in (out / "data").iterdir()}
+    for path in out.iterdir():  # as if stopped before the first phase: the marked world alone
+        if path.name not in ("data", ".attnlab.lock"):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    run_knowledge(out, **args)
+    assert {p.name: p.read_bytes() for p in (out / "data").iterdir()} == world
+    (out / "data" / WORLD_MARK).unlink()  # a world from before the mark
+    run_knowledge(out, resume=True, **args)
+    assert (out / "data" / WORLD_MARK).is_file() and (out / "results.json").is_file()
 
 
 def test_a_file_browsers_own_files_do_not_make_an_earlier_runs_folders_the_users(tmp_path):

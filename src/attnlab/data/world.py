@@ -304,23 +304,27 @@ class World:
         out = Path(folder)
         return {"corpus": out / "corpus.txt", "train": out / "train.tsv", "dev": out / "dev.tsv"}
 
+    def files(self, eval_fraction: float = 0.2, seed: int = 0) -> dict[str, str]:
+        """The contents `write` gives each file, by file name: ``corpus.txt`` (one biography a line), ``train.tsv``
+        and ``dev.tsv`` (``question<TAB>answer`` lines), and WORLD_MARK, the mark that they were generated (files
+        of the user's with the same names were taken for a world and deleted), with the world's recipe."""
+        train, dev = self.split(eval_fraction, seed)
+        recipe = {"written_by": "attnlab run knowledge", "n_people": len(self.people), "seed": self.seed,
+                  "eval_fraction": eval_fraction, "split_seed": seed}
+        return {"corpus.txt": "".join(line + "\n" for line in self.corpus_lines()),
+                "train.tsv": "".join(f"{q}\t{a}\n" for q, a in train),
+                "dev.tsv": "".join(f"{q}\t{a}\n" for q, a in dev),
+                WORLD_MARK: json.dumps(recipe, indent=2) + "\n"}
+
     def write(
         self, folder: str | PathLike[str], eval_fraction: float = 0.2, seed: int = 0
     ) -> dict[str, Path]:
-        """Write ``corpus.txt`` (one biography a line), ``train.tsv`` and ``dev.tsv``
-        (``question<TAB>answer`` lines) into `folder`, creating it; returns the three paths by name."""
+        """Write `files` into `folder`, creating it; returns the paths of the corpus and the question files by
+        name (see `paths`)."""
         Path(folder).mkdir(parents=True, exist_ok=True)
-        train, dev = self.split(eval_fraction, seed)
-        paths = self.paths(folder)
-        write_text_atomic(paths["corpus"], "".join(line + "\n" for line in self.corpus_lines()))
-        for key, pairs in (("train", train), ("dev", dev)):
-            write_text_atomic(paths[key], "".join(f"{q}\t{a}\n" for q, a in pairs))
-        # The mark that this folder is a generated world, which a later run may replace: files of the user's with
-        # the same names (corpus.txt, train.tsv, dev.tsv) were taken for one and deleted.
-        world = {"written_by": "attnlab run knowledge", "n_people": len(self.people), "seed": self.seed,
-                 "eval_fraction": eval_fraction, "split_seed": seed}
-        write_text_atomic(Path(folder) / WORLD_MARK, json.dumps(world, indent=2) + "\n")
-        return paths
+        for name, text in self.files(eval_fraction, seed).items():
+            write_text_atomic(Path(folder) / name, text)
+        return self.paths(folder)
 
 
 def _make_places(rng: random.Random, n: int) -> list[str]:

@@ -226,6 +226,7 @@ class KnowledgeData:
     source: str = "synthetic"
     files: dict[str, str] = field(default_factory=dict)
     write: Any = None  # the synthetic world: writes its files into data/ once the run's checks have passed
+    world_files: dict[str, str] | None = None  # and what they hold, by file name (`World.files`)
     # How errors about the fine-tuning pairs name them: the --train file, or the generated world (whose
     # data/train.tsv is not written until the run is accepted, and may hold an earlier run's world until then).
     train_name: str = "fine-tuning pairs"
@@ -260,6 +261,7 @@ def load_data(out: Path, settings: KnowledgeScale, *, corpus: str | None, train:
                              dev_lines=list(range(1, len(dev_pairs) + 1)),  # data/dev.tsv: a pair a line
                              files={k: str(v) for k, v in world.paths(out / "data").items()},
                              write=lambda: world.write(out / "data", eval_fraction=settings.eval_fraction, seed=seed),
+                             world_files=world.files(settings.eval_fraction, seed),
                              train_name=f"{name}, fine-tuning")
     if predict:
         rows = read_qa_lines(predict, require_answers=False, block_size=settings.block_size)
@@ -561,6 +563,16 @@ def _generated_world(out: Path) -> bool:
         return False
 
 
+def _holds_world(folder: Path, files: dict[str, str]) -> bool:
+    """Whether `folder`'s corpus and question files hold exactly the world a run would write (one written before
+    the mark, resumed): rewriting them loses nothing."""
+    try:
+        return all((folder / name).read_bytes() == text.encode("utf-8") for name, text in files.items()
+                   if name != WORLD_MARK)
+    except OSError:  # missing, or unreadable
+        return False
+
+
 def run_knowledge(out_dir: str | Path = "runs/knowledge", **options: Any) -> dict[str, Any]:
     """Run every variant and write ``results.md``, ``results.json``, ``curves.png``, ``accuracy.png``
     and ``predictions/`` into `out_dir`; returns the results dict. Options: scale ("quick"), variants, corpus,
@@ -611,15 +623,17 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
     # of a run from the user's files. Only what a knowledge run writes is replaced (see `_earlier_outputs`).
     inputs = [Path(p) for p in (corpus, train, eval_path, predict) if p]
     earlier = [] if resume else _earlier_outputs(out, inputs)
-    if not resume and corpus is None and train is None and (out / "data").exists() and out / "data" not in earlier:
-        raise ConfigError(f"--out: {str(out / 'data')!r} holds files that are not an earlier knowledge run's synthetic "
-                          "world (or no such run's results lie beside them), and this run would write its world "
-                          "there; move them (or remove the folder, if an interrupted run left it), or choose "
-                          "another --out")
     # The user's files are read before anything is written (a missing file leaves nothing behind: the lock removes
     # the folder it made), and checked with the settings before the warning that this run replaces an earlier one
     # (a refused run replaces nothing).
     data = load_data(out, settings, corpus=corpus, train=train, eval_path=eval_path, predict=predict, seed=seed)
+    world = out / "data"
+    if data.world_files is not None and world.exists() and world not in earlier and not _generated_world(out) \
+            and not _holds_world(world, data.world_files):  # resuming too: it rewrote the user's files
+        raise ConfigError(f"--out: {str(world)!r} holds files that are not an earlier knowledge run's synthetic "
+                          "world (or no such run's results lie beside them), and this run would write its world "
+                          "there; move them (or remove the folder, if an interrupted run left it), or choose "
+                          "another --out")
     # The characters of the training data only (as the assignment's): the files evaluated or answered must not
     # change the model (a new character would also move every initial weight).
     # A corpus file's line ends count, as in the assignment (its vocabulary is the set of wiki.txt's characters,
