@@ -61,3 +61,20 @@ def test_a_val_fraction_beside_an_eval_file_is_named(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_run_config(None, [f"data.eval_path='{held_out}'"])  # the default fraction is not a setting given
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model.attention=bilinear", "model.position=rotary"],  # the default run's GPT preset
+    ["model.family=encoder", "data.task=classification", "data.path=x.tsv", "model.attention=synthesizer-dense",
+     "model.position=relative"],
+])
+def test_an_attention_that_cannot_take_the_position_is_refused_with_the_config(overrides):
+    # It was refused when the model was built, after the data was read and a tokenizer trained (seconds on a large
+    # corpus, with the data's warnings printed before the one line that mattered).
+    with pytest.raises(ConfigError, match=r"^model\.position '(rotary|relative)' .* use it with attention 'dot'"):
+        load_run_config(None, overrides)
+
+
+def test_a_compatible_pair_and_values_of_the_wrong_kind_pass_to_the_model_config():
+    assert load_run_config(None, ["model.attention=bilinear", "model.position=alibi"]).model["position"] == "alibi"
+    load_run_config(None, ["model.attention=5"])  # named by the model's config when built, as before

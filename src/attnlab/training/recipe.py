@@ -398,7 +398,9 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     train = TrainerConfig.from_dict(raw.get("train", {}), where="train")
     if train.out_dir is None:  # a config file without train.out_dir: a folder named after the file
         train = train.replace(out_dir=str(Path("runs") / Path(path).stem))
-    family = _validate_model_keys(_resumed_init_from(model, train.out_dir) if resume else model)
+    resolved = _resumed_init_from(model, train.out_dir) if resume else model
+    family = _validate_model_keys(resolved)
+    _check_attention_with_position(resolved, family)
     if family not in TASK_FAMILIES[data.task]:
         families = " or ".join(TASK_FAMILIES[data.task])
         fix = "change model.family or model.preset"
@@ -406,6 +408,32 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
             fix = f"model.init_from names a {family} run: give it the run folder of a model of family {families}"
         raise ConfigError(f"data.task {data.task!r} needs a model of family {families}, not {family!r}; {fix}")
     return RunConfig(model=model, data=data, train=train)
+
+
+def _check_attention_with_position(model: dict[str, Any], family: str) -> None:
+    """The attention variant and position scheme the run will build, checked as a pair now: one that cannot work
+    was refused when the model was built, after the data was read and a tokenizer trained (seconds on a large
+    corpus, and warnings about the data before the one line that matters). Values of the wrong kind are left to
+    the model's config, which names them."""
+    from attnlab.models.registry import FAMILIES, get_preset
+    from attnlab.modules.positions import POSITIONS, check_compatible
+    from attnlab.modules.variants import VARIANTS
+
+    if "init_from" in model:
+        base = _init_from_config(model["init_from"])
+    elif "preset" in model:
+        base = get_preset(model["preset"])[1].to_dict()
+    else:
+        base = {f.name: f.default for f in dataclasses.fields(FAMILIES.get(family).config_cls)
+                if f.default is not dataclasses.MISSING}
+    values = {**base, **model}
+    attention, position = values.get("attention"), values.get("position")
+    options = [values.get("attention_options"), values.get("position_options")]
+    if attention in VARIANTS and position in POSITIONS and all(o is None or isinstance(o, dict) for o in options):
+        try:
+            check_compatible(attention, position, *options)
+        except ConfigError as e:
+            raise ConfigError(f"model.{e}") from None
 
 
 def _resumed_init_from(model: dict[str, Any], out_dir: str) -> dict[str, Any]:
