@@ -78,3 +78,15 @@ def test_an_attention_that_cannot_take_the_position_is_refused_with_the_config(o
 def test_a_compatible_pair_and_values_of_the_wrong_kind_pass_to_the_model_config():
     assert load_run_config(None, ["model.attention=bilinear", "model.position=alibi"]).model["position"] == "alibi"
     load_run_config(None, ["model.attention=5"])  # named by the model's config when built, as before
+
+
+def test_none_unsets_an_optional_number_a_config_file_set(tmp_path):
+    # TOML has no null, so a config file's train.decay_steps or data.block_size could not be taken back.
+    path = tmp_path / "run.toml"
+    path.write_text("[model]\npreset = \"gpt-char-tiny\"\n[data]\nblock_size = 16\n[train]\ndecay_steps = 50\n"
+                    "micro_batch_size = 4\n", encoding="utf-8")
+    run = load_run_config(path, ["train.decay_steps=none", "train.micro_batch_size=NULL", "data.block_size=none"])
+    assert (run.train.decay_steps, run.train.micro_batch_size, run.data.block_size) == (None, None, None)
+    assert load_run_config(None, ["data.path=none"]).data.path == "none"  # text: a file may have that name
+    with pytest.raises(ConfigError, match="train.steps: expected an integer, got 'none'"):
+        load_run_config(None, ["train.steps=none"])  # not optional

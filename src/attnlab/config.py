@@ -28,6 +28,10 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
         args = typing.get_args(annotation)
         if value is None and type(None) in args:
             return None
+        # TOML has no null: `--set train.decay_steps=none` unsets what a config file set. Not for settings that
+        # take text (a file may be called "none").
+        if type(None) in args and str not in args and isinstance(value, str) and value.lower() in ("none", "null"):
+            return None
         errors = []
         for arg in args:
             if arg is type(None):
