@@ -33,6 +33,15 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
 
+class NoTokens(DataError):
+    """A text that encodes to no token ids: empty, or only characters the tokenizer's normaliser drops (control
+    and zero-width characters under WordPiece). Callers that know the text's file name it."""
+
+
+NO_TOKENS_FIX = ("encodes to no tokens: every character is one the tokenizer drops (control or zero-width "
+                 "characters, for WordPiece); give a file of text")
+
+
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
     path = Path(path)
     return path.with_name(path.name + ".json")
@@ -159,7 +168,7 @@ def build_token_file(
                 f.write(ids.astype(dt).tobytes())
                 length += len(ids)
         if length == 0:
-            raise DataError(f"no tokens to write to '{out_path}': the text is empty; give a non-empty corpus")
+            raise NoTokens(f"no tokens to write to '{out_path}': the text is empty; give a non-empty corpus")
     meta = {
         "format": SIDECAR_FORMAT,
         "version": 1,

@@ -257,9 +257,12 @@ def line_split_offset(path: str | os.PathLike[str], fraction: float) -> int:
         f.seek(target)
         ahead = f.read(BLOCK_BYTES)
     newline = ahead.find(b"\n")
-    if newline >= 0:
+    at_end = target + len(ahead) >= size
+    if newline >= 0 and not (at_end and not ahead[newline + 1:].strip()):
         return target + newline + 1
-    if target + len(ahead) >= size and target > 0:  # the last line runs from before the target to the end
+    # No line starts after the target but a last one of blanks (a file's final line end among them): that one
+    # would hold out nothing, where the file without it holds out its last line.
+    if at_end and target > 0:  # the last line runs from before the target to the end
         # Its start, if that holds out at most twice the share asked for (a long last paragraph would
         # otherwise take most of the file); else a character boundary, as in any long line.
         back = max(0, target - BLOCK_BYTES, size - 2 * (size - target))

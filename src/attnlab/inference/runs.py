@@ -433,7 +433,7 @@ def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int,
     its held-out text: the same file gets the same loss."""
     import tempfile
 
-    from attnlab.data.corpus import TextStream, build_token_file, token_dtype
+    from attnlab.data.corpus import NO_TOKENS_FIX, NoTokens, TextStream, build_token_file, token_dtype
     from attnlab.data.sources import CausalLMSource
     from attnlab.data.text_files import check_text, iter_text_blocks
     from attnlab.training.recipe import _first_line_with, lm_window
@@ -456,6 +456,8 @@ def _evaluate_lm(model: nn.Module, tok: Any, data: str | Path, batch_size: int,
             raise DataError(f"cannot write the text's tokens to the temporary folder {tempfile.gettempdir()} "
                             f"({e.strerror or e}; up to {bound:,.0f} MiB are needed): set TMPDIR to a folder on a "
                             "disk with room") from None
+        except NoTokens:  # named by the temporary file it was to fill
+            raise DataError(f"{data}: {NO_TOKENS_FIX}") from None
         except UnknownToken as e:
             line = _first_line_with(str(path), e.token)
             where = "" if line is None else f" line {line}:"

@@ -27,7 +27,9 @@ import difflib
 import functools
 import itertools
 import json
+import os
 import re
+import shutil
 import sys
 import warnings
 from collections.abc import Callable, Iterable
@@ -704,7 +706,7 @@ def prepare(run: RunConfig, *, tokenizer_from: str | Path | None = None) -> Prep
 
 
 def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
-    from attnlab.data.corpus import TextStream, TokenFile, build_token_file, sidecar_path
+    from attnlab.data.corpus import TokenFile, sidecar_path
     from attnlab.data.sources import CausalLMSource
 
     d, t = run.data, run.train
@@ -731,38 +733,65 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     if limit is not None and block > limit:
         raise ConfigError(f"data.block_size {block} is longer than the model's {limit} positions; lower "
                           "data.block_size or raise the model's block_size")
-    data_dir = make_folder(Path(t.out_dir) / "data", "train.out_dir")
-
-    def encode(part: Callable[[], Iterable[str]], name: str, path: str | None):
-        with _naming_unknown_tokens(run, saved, tokenizer, path, texts):  # the blocks of one text: one text's ids
-            return build_token_file(TextStream(part()), tokenizer, data_dir / name)
-
-    train_tokens = encode(train_part, "train.bin", d.path)
-    if len(train_tokens) < block + 1:
-        raise DataError(f"the training text has {len(train_tokens)} tokens, fewer than one window of "
-                        f"{block + 1}; give a longer text or a smaller data.block_size")
+    # The token files are written beside data/ (a folder per process: torchrun's ranks each write theirs) and
+    # moved into it once every check has passed: a run refused for its data (a held-out file shorter than a window,
+    # a character outside the vocabulary) had rewritten a finished run's data/, or left one where no run was.
+    data_dir = Path(t.out_dir) / "data"
+    staging = make_folder(Path(t.out_dir) / f".data.{os.getpid()}.partial", "train.out_dir")
+    try:
+        n_train, n_val = _encode_lm_parts(run, saved, tokenizer, texts, train_part, eval_part, block, staging)
+        make_folder(data_dir, "train.out_dir")
+        for name in ("train.bin", "val.bin"):
+            for path in (staging / name, sidecar_path(staging / name)):
+                if path.exists():
+                    os.replace(path, data_dir / path.name)
+                else:  # nothing held out: no token file of an earlier run's held-out text left to mislead
+                    (data_dir / path.name).unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     train_source = CausalLMSource(TokenFile(data_dir / "train.bin"), block, t.batch_size, seed=t.seed)
-    eval_source = None
-    if eval_part:
-        val_tokens = encode(eval_part, "val.bin", d.eval_path or d.path)
-        if len(val_tokens) >= block + 1:  # one window of block + 1 tokens is enough to score
-            eval_source = CausalLMSource(TokenFile(data_dir / "val.bin"), block, t.batch_size, seed=t.seed)
-        elif d.eval_path:  # a file given for evaluation must not be dropped without a word
-            raise DataError(f"the evaluation text ({d.eval_path}) has {len(val_tokens)} tokens, fewer than one "
-                            f"window of {block + 1}; give a longer data.eval_path or a smaller data.block_size")
-        else:  # too short to score: trained on instead, as when no line starts in the tail
-            warnings.warn(f"nothing held out for evaluation: the last data.val_fraction = {d.val_fraction} of "
-                          f"{d.path or 'the pydoc texts'} has {len(val_tokens)} tokens, fewer than one window of "
-                          f"{block + 1}, so the whole text is trained on; raise data.val_fraction or give "
-                          "data.eval_path", stacklevel=2)
-            train_tokens = encode(lambda: itertools.chain(train_part(), eval_part()),  # cut at a line start
-                                  "train.bin", d.path)
-            train_source = CausalLMSource(TokenFile(data_dir / "train.bin"), block, t.batch_size, seed=t.seed)
-    if eval_source is None:  # nothing held out: no token file of an earlier run's held-out text left to mislead
-        for stale in (data_dir / "val.bin", sidecar_path(data_dir / "val.bin")):
-            stale.unlink(missing_ok=True)
-    return Prepared(model, tokenizer, train_source, eval_source,
-                    info={"train_tokens": len(train_tokens), "block_size": block})
+    eval_source = CausalLMSource(TokenFile(data_dir / "val.bin"), block, t.batch_size, seed=t.seed) \
+        if n_val is not None else None
+    return Prepared(model, tokenizer, train_source, eval_source, info={"train_tokens": n_train, "block_size": block})
+
+
+def _encode_lm_parts(run: RunConfig, saved: Path | None, tokenizer, texts, train_part, eval_part, block: int,
+                     folder: Path) -> tuple[int, int | None]:
+    """Write the training text's token file (and the held-out text's, where it fills a window) into `folder`, or
+    refuse the data; returns their token counts (None: nothing held out)."""
+    from attnlab.data.corpus import NO_TOKENS_FIX, NoTokens, TextStream, build_token_file
+
+    d = run.data
+
+    def encode(part: Callable[[], Iterable[str]], name: str, path: str | None) -> int:
+        with _naming_unknown_tokens(run, saved, tokenizer, path, texts):  # the blocks of one text: one text's ids
+            try:
+                return len(build_token_file(TextStream(part()), tokenizer, folder / name))  # closed again at once
+            except NoTokens:  # named by the token file it was to fill, not the user's
+                setting = "data.eval_path" if name == "val.bin" and d.eval_path else "data.path"
+                raise DataError(f"{path or 'the pydoc texts'} ({setting}): {NO_TOKENS_FIX}") from None
+
+    n_train = encode(train_part, "train.bin", d.path)
+    if n_train < block + 1:
+        raise DataError(f"the training text has {n_train} tokens, fewer than one window of "
+                        f"{block + 1}; give a longer text or a smaller data.block_size")
+    if not eval_part:
+        return n_train, None
+    n_val = encode(eval_part, "val.bin", d.eval_path or d.path)
+    if n_val >= block + 1:  # one window of block + 1 tokens is enough to score
+        return n_train, n_val
+    if d.eval_path:  # a file given for evaluation must not be dropped without a word
+        raise DataError(f"the evaluation text ({d.eval_path}) has {n_val} tokens, fewer than one "
+                        f"window of {block + 1}; give a longer data.eval_path or a smaller data.block_size")
+    # too short to score: trained on instead, as when no line starts in the tail
+    warnings.warn(f"nothing held out for evaluation: the last data.val_fraction = {d.val_fraction} of "
+                  f"{d.path or 'the pydoc texts'} has {n_val} tokens, fewer than one window of "
+                  f"{block + 1}, so the whole text is trained on; raise data.val_fraction or give "
+                  "data.eval_path", stacklevel=4)
+    for path in (folder / "val.bin", folder / "val.bin.json"):
+        path.unlink()
+    n_train = encode(lambda: itertools.chain(train_part(), eval_part()), "train.bin", d.path)  # cut at a line start
+    return n_train, None
 
 
 def lm_window(block_size: int | None, config: Any) -> int:

@@ -1,0 +1,70 @@
+"""Text corpora to token files: what an audit of the held-out split, the run folder's data/ and empty texts found."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+
+import pytest
+from cli_helpers import one_line_error, run_cli
+from cli_helpers import toml_str as _q
+
+from attnlab.data.text_files import line_split_offset
+
+LM = ["--set", "model.preset=gpt-char-tiny", "--set", "train.steps=2", "--set", "train.batch_size=4",
+      "--set", "train.precision=fp32", "--set", "train.progress=false", "--set", "train.device=cpu",
+      "--set", "train.eval_every=0"]
+PARAGRAPHS = [f"paragraph {i}: " + "the quick brown fox jumps over the lazy dog. " * 3 for i in range(8)]
+
+
+@pytest.mark.parametrize("blanks", ["", "   "])
+def test_a_final_line_end_does_not_decide_whether_anything_is_held_out(tmp_path, blanks):
+    # One paragraph a line: without a final line end the last paragraph was held out; with one (as files
+    # usually end), the line start found after the target was the end of the file, and nothing was.
+    bare, ended = tmp_path / "bare.txt", tmp_path / "ended.txt"
+    bare.write_text("\n".join(PARAGRAPHS), encoding="utf-8")
+    ended.write_text("\n".join(PARAGRAPHS) + "\n" + (blanks + "\n" if blanks else ""), encoding="utf-8")
+    last_line = len("\n".join(PARAGRAPHS[:-1])) + 1
+    assert line_split_offset(bare, 0.9) == last_line == line_split_offset(ended, 0.9)
+
+
+def _digests(folder):
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".attnlab.lock"}
+
+
+def test_a_run_refused_for_its_data_leaves_the_folder_as_it_was(capsys, tmp_path):
+    # The token files were written into data/ before the data's checks: a refused run had replaced a finished run's
+    # token files with another text's, or left a data/ where no run was.
+    text, other, short = tmp_path / "text.txt", tmp_path / "other.txt", tmp_path / "short.txt"
+    text.write_text("\n".join(PARAGRAPHS * 3) + "\n", encoding="utf-8")
+    other.write_text("\n".join(reversed(PARAGRAPHS * 3)) + "\n", encoding="utf-8")
+    short.write_text("short\n", encoding="utf-8")
+    run = tmp_path / "run"
+    assert run_cli(capsys, "train", *LM, "--set", f"data.path={_q(text)}", "--set", f"train.out_dir={_q(run)}")[0] == 0
+    before = _digests(run)
+    assert {"data/train.bin", "data/val.bin"} <= set(before)
+    for out in (run, tmp_path / "fresh"):
+        line = one_line_error(capsys, "train", *LM, "--set", f"data.path={_q(other)}", "--set",
+                              f"data.eval_path={_q(short)}", "--set", f"train.out_dir={_q(out)}")
+        assert "fewer than one window" in line
+    assert _digests(run) == before and not (tmp_path / "fresh").exists()
+    assert not list(run.glob(".data.*"))  # no staging folder left
+
+
+def test_a_text_of_no_tokens_is_named_by_its_file(capsys, tmp_path):
+    # Every character dropped by WordPiece's normaliser: the error named the token file it was to fill (a temporary
+    # one, or the run's data/val.bin) and called the text empty.
+    text, blank = tmp_path / "text.txt", tmp_path / "controls.txt"
+    text.write_text("\n".join(PARAGRAPHS * 3) + "\n", encoding="utf-8")
+    blank.write_text("\x01\x02\x03\n\u200b\n", encoding="utf-8")
+    wordpiece = [*LM, "--set", "data.tokenizer=wordpiece", "--set", "data.vocab_size=200"]
+    run = tmp_path / "run"
+    assert run_cli(capsys, "train", *wordpiece, "--set", f"data.path={_q(text)}", "--set",
+                   f"train.out_dir={_q(run)}")[0] == 0
+    line = one_line_error(capsys, "evaluate", str(run), "--data", str(blank), "--device", "cpu")
+    assert f"{blank}: encodes to no tokens" in line
+    shutil.rmtree(run)
+    line = one_line_error(capsys, "train", *wordpiece, "--set", f"data.path={_q(text)}", "--set",
+                          f"data.eval_path={_q(blank)}", "--set", f"train.out_dir={_q(run)}")
+    assert f"{blank} (data.eval_path): encodes to no tokens" in line
