@@ -68,3 +68,13 @@ def test_a_text_of_no_tokens_is_named_by_its_file(capsys, tmp_path):
     line = one_line_error(capsys, "train", *wordpiece, "--set", f"data.path={_q(text)}", "--set",
                           f"data.eval_path={_q(blank)}", "--set", f"train.out_dir={_q(run)}")
     assert f"{blank} (data.eval_path): encodes to no tokens" in line
+
+
+@pytest.mark.parametrize("kind, least", [("bpe", 263), ("wordpiece", 8)])
+def test_a_subword_tokenizer_without_a_size_says_to_set_one(kind, least):
+    # "must be at least 263 ..., got None; raise it": nothing was set to raise.
+    from attnlab.data.tokenizers import train_tokenizer
+    from attnlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"a {kind} tokenizer learns .* which is not set; set it, at least {least} "):
+        train_tokenizer(kind, "some text to learn from", None)

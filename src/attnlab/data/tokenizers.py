@@ -671,6 +671,11 @@ class _HFTokenizer(Tokenizer):
         hf.train_from_iterator(iter(_as_text_list(texts)), trainer=trainer)
 
 
+# A subword vocabulary's size is the user's choice: unset, the messages said "got None; raise it".
+_NEEDS_SIZE = ("a {kind} tokenizer learns as many tokens as vocab_size asks (data.vocab_size in a run config), which "
+               "is not set; set it, at least {least} (e.g. --set data.vocab_size=8000)")
+
+
 @TOKENIZERS.register("bpe")
 class BPETokenizer(_HFTokenizer):
     """Byte-level BPE (GPT-2 style): every text encodes without unk, and decode gives it back exactly.
@@ -696,7 +701,9 @@ class BPETokenizer(_HFTokenizer):
         specials = SpecialTokens.coerce(specials)
         alphabet = pre_tokenizers.ByteLevel.alphabet()
         smallest = len(alphabet) + len(specials.tokens())
-        if vocab_size is None or vocab_size < smallest:
+        if vocab_size is None:
+            raise ConfigError(_NEEDS_SIZE.format(kind="bpe", least=smallest))
+        if vocab_size < smallest:
             raise ConfigError(
                 f"bpe vocab_size (data.vocab_size in a run config) must be at least {smallest} "
                 f"(256 byte symbols + {len(specials.tokens())} specials), "
@@ -746,7 +753,9 @@ class WordPieceTokenizer(_HFTokenizer):
             raise ConfigError(
                 "wordpiece needs an unk special token for words it cannot split; set specials.unk"
             )
-        if vocab_size is None or vocab_size <= len(specials.tokens()):
+        if vocab_size is None:
+            raise ConfigError(_NEEDS_SIZE.format(kind="wordpiece", least=len(specials.tokens()) + 1))
+        if vocab_size <= len(specials.tokens()):
             raise ConfigError(f"wordpiece vocab_size must exceed the {len(specials.tokens())} special tokens, got "
                               f"{vocab_size}; raise vocab_size (data.vocab_size in a run config)")
         def pipeline(model):
