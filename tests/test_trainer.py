@@ -225,6 +225,8 @@ def test_settings_that_cannot_act_are_named(tmp_path):
                 out_dir=tmp_path / "d").fit()
     with pytest.warns(UserWarning, match='decay_steps = 3 does nothing under schedule = "constant"'):
         Trainer(tiny_model(), config(schedule="constant", decay_steps=3), ToySource(), out_dir=tmp_path / "e").fit()
+    with pytest.warns(UserWarning, match="best_metric = 'accuracy' cannot pick best/: there is no evaluation"):
+        Trainer(tiny_model(), config(best_metric="accuracy"), ToySource(), out_dir=tmp_path / "g").fit()
     with pytest.warns(UserWarning, match='min_lr_ratio = 0.5 does nothing under schedule = "noam"'):
         Trainer(tiny_model(), config(schedule="noam", warmup_steps=2, min_lr_ratio=0.5), ToySource(),
                 out_dir=tmp_path / "f").fit()

@@ -937,6 +937,9 @@ class Trainer:
                 f"train.eval_every = {cfg.eval_every} evaluates only at the end of {cfg.steps} steps"
             warnings.warn(f"train.early_stopping_patience = {cfg.early_stopping_patience} cannot stop this run: "
                           f"{why}", stacklevel=4)
+        if not has_eval and cfg.best_metric != TrainerConfig.best_metric:
+            warnings.warn(f"train.best_metric = {cfg.best_metric!r} cannot pick best/: there is no evaluation (nothing "
+                          "held out); give data.eval_path (or data.val_fraction), or drop it", stacklevel=4)
         if cfg.decay_steps is not None and cfg.schedule not in ("cosine", "linear"):
             warnings.warn(f"train.decay_steps = {cfg.decay_steps} does nothing under schedule = "
                           f"\"{cfg.schedule}\" (it ends the cosine and linear decays); drop it or pick one of those",
