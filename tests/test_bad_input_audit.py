@@ -85,17 +85,17 @@ def test_a_held_out_part_shorter_than_a_window_is_said(tmp_path, capsys):
     assert code == 0, err
 
 
-def test_a_text_of_one_line_says_nothing_is_held_out(tmp_path, capsys):
-    """The held-out part starts at a line start: one line (newline-terminated) leaves none, and says so."""
+def test_a_run_holding_nothing_out_leaves_no_earlier_held_out_tokens(tmp_path, capsys):
+    """A run that holds nothing out removes the held-out token file an earlier run left in the folder. (A text of
+    one line, newline-terminated, held nothing out, where the same text without its final line end held out its
+    tail: both now hold out the tail, cut at a character boundary, see test_corpus_audit.)"""
     text = tmp_path / "text.txt"
     text.write_text("abcdefghij" * 100 + "\nklmnopqrst" * 50 + "\n", encoding="utf-8")
     code, _, err = run_cli(capsys, "train", "--set", f"data.path={_q(text)}", "--set", "train.steps=2",
                            "--set", f"train.out_dir={_q(tmp_path / 'run')}", *LM)
     assert code == 0 and (tmp_path / "run" / "data" / "val.bin").exists(), err
-    text.write_text("abcdefghij" * 100 + "\n", encoding="utf-8")  # the same run folder trained anew
-    with pytest.warns(UserWarning, match="nothing held out for evaluation: no line of .*text.txt starts within"):
-        code, _, err = run_cli(capsys, "train", "--set", f"data.path={_q(text)}", "--set", "train.steps=2",
-                               "--set", f"train.out_dir={_q(tmp_path / 'run')}", *LM)
+    code, _, err = run_cli(capsys, "train", "--set", f"data.path={_q(text)}", "--set", "train.steps=2",
+                           "--set", "data.val_fraction=0", "--set", f"train.out_dir={_q(tmp_path / 'run')}", *LM)
     assert code == 0, err
     assert not (tmp_path / "run" / "data" / "val.bin").exists()  # the earlier run's held-out tokens are gone
 

@@ -28,6 +28,13 @@ def test_a_final_line_end_does_not_decide_whether_anything_is_held_out(tmp_path,
     assert line_split_offset(bare, 0.9) == last_line == line_split_offset(ended, 0.9)
 
 
+def test_a_text_of_one_line_holds_out_its_tail_whatever_its_line_end(tmp_path):
+    bare, ended = tmp_path / "bare.txt", tmp_path / "ended.txt"
+    bare.write_text("abcdefghij" * 100, encoding="utf-8")
+    ended.write_text("abcdefghij" * 100 + "\n", encoding="utf-8")
+    assert line_split_offset(bare, 0.9) == 900 == line_split_offset(ended, 0.9)
+
+
 def _digests(folder):
     return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".attnlab.lock"}

@@ -248,8 +248,9 @@ def line_split_offset(path: str | os.PathLike[str], fraction: float) -> int:
     """A byte offset near `fraction` of the file's size where a line starts (the first line end at or after
     it), or, in a line longer than a block, the nearest character boundary: the place to cut a file into a
     training and a held-out part without reading it whole. Where the file's last line spans the target (no
-    line starts after it), the start of that line if that holds out at most twice the share asked for and lies
-    within a block before the target; else a character boundary."""
+    line starts after it, or only lines of blanks: a final line end is no line to hold out), the start of that
+    line if that holds out at most twice the share asked for and lies within a block before the target; else a
+    character boundary."""
     path = check_file(path)
     size = path.stat().st_size
     target = min(size, max(0, int(size * fraction)))
