@@ -90,3 +90,23 @@ def test_none_unsets_an_optional_number_a_config_file_set(tmp_path):
     assert load_run_config(None, ["data.path=none"]).data.path == "none"  # text: a file may have that name
     with pytest.raises(ConfigError, match="train.steps: expected an integer, got 'none'"):
         load_run_config(None, ["train.steps=none"])  # not optional
+
+
+def test_an_options_table_error_names_its_setting_once():
+    with pytest.raises(ConfigError, match=r"^model\.attention_options sets 'd_model'"):
+        load_run_config(None, ["model.attention_options={d_model = 8}"])
+
+
+def test_none_for_an_encoders_causal_under_init_from_keeps_the_pretrained_mask(tmp_path):
+    # `--set model.causal=none` slipped past model_config's test for an unset mask as the string "none": the
+    # classifier of a causal encoder LM was fine-tuned bidirectionally.
+    from attnlab.training.recipe import model_config, train_run
+
+    run = tmp_path / "enc"
+    train_run(load_run_config(None, ["model.preset=encoder-tiny", "train.steps=1", "train.batch_size=2",
+                                     "data.block_size=16", "train.progress=false", "train.device=cpu",
+                                     "train.precision=fp32", "train.eval_every=0", f"train.out_dir='{run}'"]))
+    classify = ["data.task=classification", "data.path=x.tsv", f"model.init_from='{run}'"]
+    for extra in ([], ["model.causal=none"]):
+        config = model_config(load_run_config(None, classify + extra).model, head="classification", n_classes=2)
+        assert config.is_causal

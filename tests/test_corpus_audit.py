@@ -56,7 +56,7 @@ def test_a_run_refused_for_its_data_leaves_the_folder_as_it_was(capsys, tmp_path
                               f"data.eval_path={_q(short)}", "--set", f"train.out_dir={_q(out)}")
         assert "fewer than one window" in line
     assert _digests(run) == before and not (tmp_path / "fresh").exists()
-    assert not list(run.glob(".data.*"))  # no staging folder left
+    assert not list(run.glob(".data.*")) and not list((run / "data").glob(".partial*"))  # no staging folder left
 
 
 def test_a_text_of_no_tokens_is_named_by_its_file(capsys, tmp_path):
@@ -85,3 +85,56 @@ def test_a_subword_tokenizer_without_a_size_says_to_set_one(kind, least):
 
     with pytest.raises(ConfigError, match=rf"a {kind} tokenizer learns .* which is not set; set it, at least {least} "):
         train_tokenizer(kind, "some text to learn from", None)
+
+
+def test_a_held_out_tail_of_dropped_characters_is_trained_on_as_a_short_one(capsys, tmp_path):
+    # The tail held out of data.path encoding to no tokens (a DOS end-of-file run of \x1a under WordPiece) refused
+    # the run, saying every character of the file was dropped; a tail too short to score trains on instead.
+    text = tmp_path / "dos.txt"
+    text.write_text("\n".join(PARAGRAPHS * 3) + "\n" + "\x1a" * 300 + "\n", encoding="utf-8")
+    wordpiece = [*LM, "--set", "data.tokenizer=wordpiece", "--set", "data.vocab_size=200", "--set",
+                 "data.val_fraction=0.03"]
+    with pytest.warns(UserWarning, match="nothing held out for evaluation"):
+        code, _, err = run_cli(capsys, "train", *wordpiece, "--set", f"data.path={_q(text)}", "--set",
+                               f"train.out_dir={_q(tmp_path / 'run')}")
+    assert code == 0, err
+
+
+def test_a_stale_staging_folder_of_this_process_number_is_not_moved_in(capsys, tmp_path):
+    # A run killed while encoding leaves data/.partial.<pid>; a later process with that number (a container's
+    # pid 1) moved the stale val.bin into data/ as its own.
+    import os
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(PARAGRAPHS * 3) + "\n", encoding="utf-8")
+    run = tmp_path / "run"
+    stale = run / "data" / f".partial.{os.getpid()}"
+    stale.mkdir(parents=True)
+    (stale / "val.bin").write_bytes(b"\0" * 64)
+    (stale / "val.bin.json").write_text('{"stale": true}', encoding="utf-8")
+    code, _, err = run_cli(capsys, "train", *LM, "--set", f"data.path={_q(text)}", "--set", "data.val_fraction=0",
+                           "--set", f"train.out_dir={_q(run)}")
+    assert code == 0, err
+    assert not (run / "data" / "val.bin").exists() and not stale.exists()
+
+
+def test_token_files_stay_on_the_disk_data_links_to(capsys, tmp_path):
+    # Staged beside data/ on the run folder's disk, the files could not be moved into a data/ linking to another
+    # one ("Invalid cross-device link").
+    import os
+
+    other = os.environ.get("ATTNLAB_TEST_OTHER_DISK", "/dev/shm")
+    if not os.path.isdir(other) or os.stat(other).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs a folder on another file system (/dev/shm, or ATTNLAB_TEST_OTHER_DISK)")
+    import tempfile
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(PARAGRAPHS * 3) + "\n", encoding="utf-8")
+    with tempfile.TemporaryDirectory(dir=other) as elsewhere:
+        run = tmp_path / "run"
+        run.mkdir()
+        (run / "data").symlink_to(elsewhere, target_is_directory=True)
+        code, _, err = run_cli(capsys, "train", *LM, "--set", f"data.path={_q(text)}", "--set",
+                               f"train.out_dir={_q(run)}")
+        assert code == 0, err
+        assert (run / "data" / "train.bin").is_file() and (run / "data" / "val.bin").is_file()

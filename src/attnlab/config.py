@@ -21,6 +21,11 @@ from attnlab.errors import ConfigError
 C = TypeVar("C", bound="Config")
 
 
+def is_unset(value: Any) -> bool:
+    """None, or the words that stand for it on the command line (TOML has no null): none, null."""
+    return value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
+
+
 def _coerce(name: str, value: Any, annotation: Any) -> Any:
     """Check `value` against a (simple) type annotation, converting ints to floats where fitting."""
     origin = typing.get_origin(annotation)
@@ -30,7 +35,7 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
             return None
         # TOML has no null: `--set train.decay_steps=none` unsets what a config file set. Not for settings that
         # take text (a file may be called "none").
-        if type(None) in args and str not in args and isinstance(value, str) and value.lower() in ("none", "null"):
+        if type(None) in args and str not in args and is_unset(value):
             return None
         errors = []
         for arg in args:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnlab.config import Config, check_choice, check_positive
+from attnlab.config import Config, check_choice, check_positive, is_unset
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError, UnknownToken, one_line
 from attnlab.files import folder_lock, make_folder, write_text_atomic
 
@@ -434,8 +434,8 @@ def _check_attention_with_position(model: dict[str, Any], family: str) -> None:
     if attention in VARIANTS and position in POSITIONS and all(o is None or isinstance(o, dict) for o in options):
         try:
             check_compatible(attention, position, *options)
-        except ConfigError as e:
-            raise ConfigError(f"model.{e}") from None
+        except ConfigError as e:  # an options table's message names its setting already
+            raise ConfigError(str(e) if str(e).startswith("model.") else f"model.{e}") from None
 
 
 def _resumed_init_from(model: dict[str, Any], out_dir: str) -> dict[str, Any]:
@@ -531,7 +531,7 @@ def model_config(model: dict[str, Any], **derived: Any) -> Config:
         saved = _init_from_config(init_from)
         values = {**saved, **table}
         family = values.pop("family")
-        if family == "encoder" and values.get("causal") is None:
+        if family == "encoder" and is_unset(values.get("causal")):  # None, or --set model.causal=none
             # Keep the mask the encoder was trained with (its features differ without it), as with_head does.
             values["causal"] = saved.get("head", "lm") == "lm"
         # The pretrained weights fix the architecture: only what the task decides (the head) may change.
@@ -736,19 +736,29 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     # The token files are written beside data/ (a folder per process: torchrun's ranks each write theirs) and
     # moved into it once every check has passed: a run refused for its data (a held-out file shorter than a window,
     # a character outside the vocabulary) had rewritten a finished run's data/, or left one where no run was.
+    # The staging folder is inside data/, so that the move stays on one disk where data/ links to another.
     data_dir = Path(t.out_dir) / "data"
-    staging = make_folder(Path(t.out_dir) / f".data.{os.getpid()}.partial", "train.out_dir")
+    made = not data_dir.exists()
+    staging = data_dir / f".partial.{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)  # a killed run's, whose process number this one has
+    make_folder(staging, "train.out_dir")
+    done = False
     try:
         n_train, n_val = _encode_lm_parts(run, saved, tokenizer, texts, train_part, eval_part, block, staging)
-        make_folder(data_dir, "train.out_dir")
         for name in ("train.bin", "val.bin"):
             for path in (staging / name, sidecar_path(staging / name)):
                 if path.exists():
                     os.replace(path, data_dir / path.name)
                 else:  # nothing held out: no token file of an earlier run's held-out text left to mislead
                     (data_dir / path.name).unlink(missing_ok=True)
+        done = True
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if made and not done:
+            try:
+                data_dir.rmdir()
+            except OSError:  # another process of the run wrote into it
+                pass
     train_source = CausalLMSource(TokenFile(data_dir / "train.bin"), block, t.batch_size, seed=t.seed)
     eval_source = CausalLMSource(TokenFile(data_dir / "val.bin"), block, t.batch_size, seed=t.seed) \
         if n_val is not None else None
@@ -768,7 +778,9 @@ def _encode_lm_parts(run: RunConfig, saved: Path | None, tokenizer, texts, train
             try:
                 return len(build_token_file(TextStream(part()), tokenizer, folder / name))  # closed again at once
             except NoTokens:  # named by the token file it was to fill, not the user's
-                setting = "data.eval_path" if name == "val.bin" and d.eval_path else "data.path"
+                if name == "val.bin" and not d.eval_path:  # the tail of data.path: too short to score, as below
+                    return 0
+                setting = "data.eval_path" if name == "val.bin" else "data.path"
                 raise DataError(f"{path or 'the pydoc texts'} ({setting}): {NO_TOKENS_FIX}") from None
 
     n_train = encode(train_part, "train.bin", d.path)
@@ -789,7 +801,7 @@ def _encode_lm_parts(run: RunConfig, saved: Path | None, tokenizer, texts, train
                   f"{block + 1}, so the whole text is trained on; raise data.val_fraction or give "
                   "data.eval_path", stacklevel=4)
     for path in (folder / "val.bin", folder / "val.bin.json"):
-        path.unlink()
+        path.unlink(missing_ok=True)
     n_train = encode(lambda: itertools.chain(train_part(), eval_part()), "train.bin", d.path)  # cut at a line start
     return n_train, None
 
