@@ -733,10 +733,10 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     if limit is not None and block > limit:
         raise ConfigError(f"data.block_size {block} is longer than the model's {limit} positions; lower "
                           "data.block_size or raise the model's block_size")
-    # The token files are written beside data/ (a folder per process: torchrun's ranks each write theirs) and
-    # moved into it once every check has passed: a run refused for its data (a held-out file shorter than a window,
-    # a character outside the vocabulary) had rewritten a finished run's data/, or left one where no run was.
-    # The staging folder is inside data/, so that the move stays on one disk where data/ links to another.
+    # The token files are written into a folder of their own inside data/ (one per process: torchrun's ranks each
+    # write theirs; inside, so that the move stays on one disk where data/ links to another) and moved into data/
+    # once every check has passed: a run refused for its data (a held-out file shorter than a window, a character
+    # outside the vocabulary) had rewritten a finished run's data/, or left one where no run was.
     data_dir = Path(t.out_dir) / "data"
     made = not data_dir.exists()
     staging = data_dir / f".partial.{os.getpid()}"
