@@ -264,7 +264,7 @@ class BertModel(nn.Module):
         b, t = input_ids.shape
         check_length(t, self.max_len)
         check_given_positions(position_ids, self.max_len, "position_ids")
-        check_attention_mask(attention_mask, b, t, covers="every token")
+        check_attention_mask(attention_mask, b, t)
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask) if attention_mask is not None \
                 else default_positions(t, 0, input_ids.device)

@@ -40,14 +40,17 @@ def check_given_positions(positions: Tensor | None, max_len: int | None, what: s
                               "give positions within them, or use a model with a larger max_len/block_size")
 
 
-def check_attention_mask(mask: Tensor | None, batch: int, keys: int, what: str = "attention_mask",
-                         covers: str = "every key: the cached tokens and the new ones") -> None:
-    """A (B, S) mask of real tokens must have one entry per key. A (B, 1) mask for a cached model's new token
-    alone was taken for a mask of every key (broadcast: the cache's padding became visible, the new token sat
-    at position 0), and other widths failed inside the attention with torch's broadcasting error."""
+def check_attention_mask(mask: Tensor | None, batch: int, new: int, *, cached: int = 0, what: str = "attention_mask",
+                         tokens: str = "token") -> None:
+    """A (B, S) mask of real tokens must have one entry per key: the `cached` tokens and the `new` ones. A (B, 1)
+    mask for a cached model's new token alone was taken for a mask of every key (broadcast: the cache's padding
+    became visible, the new token sat at position 0), and other widths failed inside the attention with torch's
+    broadcasting error."""
     if mask is None:
         return
+    keys = cached + new
     if mask.dim() != 2 or mask.shape[1] != keys or mask.shape[0] not in (1, batch):
+        covers = "every key: the cached tokens and the new ones" if cached else f"every {tokens}"
         raise ConfigError(f"{what} has shape {tuple(mask.shape)}; it must be ({batch}, {keys}), 1 for a token "
                           f"and 0 for padding, covering {covers}")
 
@@ -114,6 +117,14 @@ def positions_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def document_starts(document_ids: Tensor) -> Tensor:
+    """(B, T) bool: True where a packed document begins, a token whose id differs from its left neighbour's (each
+    row's first token begins one)."""
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    return starts
+
+
 def packed_layout(document_ids: Tensor) -> tuple[Tensor, Tensor]:
     """Several documents packed into each row: (B, T) ids, each run of equal neighbouring ids one document.
 
@@ -123,8 +134,7 @@ def packed_layout(document_ids: Tensor) -> tuple[Tensor, Tensor]:
     """
     b, t = document_ids.shape
     index = torch.arange(t, device=document_ids.device).expand(b, t)
-    starts = torch.ones(b, t, dtype=torch.bool, device=document_ids.device)
-    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    starts = document_starts(document_ids)
     first = torch.where(starts, index, 0).cummax(dim=1).values  # the index of each token's document start
     run = starts.cumsum(dim=1)  # which document of its row a token belongs to
     return index - first, run[:, None, :, None] == run[:, None, None, :]

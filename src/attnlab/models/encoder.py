@@ -254,8 +254,7 @@ class EncoderModel(nn.Module):
             raise self._no_cache_error()
         past = cache[0].length if cache else 0
         check_length(past + t, self.max_len)
-        check_attention_mask(attention_mask, b, past + t, covers="every key: the cached tokens and the new ones"
-                             if past else "every token")
+        check_attention_mask(attention_mask, b, t, cached=past)
         # With a cache, padding comes from attention_mask over every key (config.pad_id sees only new tokens).
         keep = self._keep(input_ids, attention_mask) if cache is None else (
             None if attention_mask is None else attention_mask.bool())

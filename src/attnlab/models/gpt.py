@@ -163,8 +163,7 @@ class GPT(nn.Module):
             document_positions, mask = packed_layout(document_ids)
             positions = document_positions if positions is None else positions
         elif attention_mask is not None:
-            check_attention_mask(attention_mask, b, past + t, covers="every key: the cached tokens and the new ones"
-                                 if past else "every token")
+            check_attention_mask(attention_mask, b, t, cached=past)
             # attention_mask covers every key (cached and new); padded batches (left or right)
             # count positions over real tokens only, so each row sees the positions it would alone.
             # Positions given explicitly win (the keys' then come from them and the cache).

@@ -147,7 +147,7 @@ class Seq2SeqTransformer(nn.Module):
                output_hidden_states: bool = False) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """(B, S) ids -> memory (B, S, D), encoder attention weights, hidden states."""
         check_length(src_ids.shape[1], self.max_len, "source sequence")
-        check_attention_mask(src_mask, src_ids.shape[0], src_ids.shape[1], "src_mask", "every source token")
+        check_attention_mask(src_mask, *src_ids.shape, what="src_mask", tokens="source token")
         # With a mask, positions count real tokens, so a left-padded source reads as it does alone.
         positions = positions_from_mask(src_mask) if src_mask is not None else \
             default_positions(src_ids.shape[1], 0, src_ids.device)
@@ -164,7 +164,7 @@ class Seq2SeqTransformer(nn.Module):
         check_length(past + tgt_ids.shape[1], self.max_len, "target sequence")
         positions = default_positions(tgt_ids.shape[1], past, tgt_ids.device)
         y = self.tgt_embed(tgt_ids, positions, self.tgt_position)
-        check_attention_mask(src_mask, memory.shape[0], memory.shape[1], "src_mask", "every source token")
+        check_attention_mask(src_mask, *memory.shape[:2], what="src_mask", tokens="source token")
         memory_mask = key_mask(src_mask.bool()) if src_mask is not None else None
         y, self_w, cross_w, hidden = self.decoder(
             y, memory, memory_mask=memory_mask, positions=positions, position=self.tgt_position,

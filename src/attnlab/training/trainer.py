@@ -335,9 +335,9 @@ def _batch_size(batch: dict[str, Any]) -> int:
     if isinstance(documents, Tensor):
         if documents.ndim != 2 or not documents.numel():
             return 0
-        starts = torch.ones_like(documents, dtype=torch.bool)
-        starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
-        return int((starts & (documents >= 0)).sum())
+        from attnlab.models.common import document_starts  # here: its attention imports attnlab.training, this package
+
+        return int((document_starts(documents) & (documents >= 0)).sum())
     return _rows(batch)
 
 
