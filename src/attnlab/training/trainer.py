@@ -940,14 +940,12 @@ class Trainer:
         if not has_eval and cfg.best_metric != TrainerConfig.best_metric:
             warnings.warn(f"train.best_metric = {cfg.best_metric!r} cannot pick best/: there is no evaluation (nothing "
                           "held out); give data.eval_path (or data.val_fraction), or drop it", stacklevel=4)
-        if cfg.decay_steps is not None and cfg.schedule not in ("cosine", "linear"):
-            warnings.warn(f"train.decay_steps = {cfg.decay_steps} does nothing under schedule = "
-                          f"\"{cfg.schedule}\" (it ends the cosine and linear decays); drop it or pick one of those",
-                          stacklevel=4)
-        if cfg.min_lr_ratio != TrainerConfig.min_lr_ratio and cfg.schedule not in ("cosine", "linear"):
-            warnings.warn(f"train.min_lr_ratio = {cfg.min_lr_ratio} does nothing under schedule = "
-                          f"\"{cfg.schedule}\" (it is the floor of the cosine and linear decays); drop it or pick one "
-                          "of those", stacklevel=4)
+        for name, role in (("decay_steps", "it ends the cosine and linear decays"),
+                           ("min_lr_ratio", "it is the floor of the cosine and linear decays")):
+            value = getattr(cfg, name)
+            if value != getattr(TrainerConfig, name) and cfg.schedule not in ("cosine", "linear"):
+                warnings.warn(f"train.{name} = {value} does nothing under schedule = \"{cfg.schedule}\" ({role}); "
+                              "drop it or pick one of those", stacklevel=4)
         if cfg.warmup_steps > cfg.steps:  # the peak comes at step warmup_steps - 1
             warnings.warn(f"train.warmup_steps ({cfg.warmup_steps}) is larger than train.steps ({cfg.steps}): the "
                           f"learning rate never reaches train.lr (at most {lr_at(cfg.steps - 1, cfg):.3g}); lower "
