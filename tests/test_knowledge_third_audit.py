@@ -53,7 +53,7 @@ def test_an_evaluation_answer_that_cannot_be_written_in_full_is_refused(tmp_path
     with pytest.raises(DataError):
         load_data(tmp_path, scale_settings("quick", {"block_size": dev_need - 1}), corpus=None, train=None,
                   eval_path=None, predict=None, seed=2)
-    assert not (tmp_path / "data").exists()  # load_data writes nothing: data.write() does, once the run is accepted
+    assert not (tmp_path / "data").exists()  # load_data writes nothing: the run does, once accepted
 
 
 def test_a_world_whose_training_pairs_do_not_fit_names_the_world_not_an_unwritten_file(tmp_path):

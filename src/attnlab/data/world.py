@@ -321,10 +321,15 @@ class World:
     ) -> dict[str, Path]:
         """Write `files` into `folder`, creating it; returns the paths of the corpus and the question files by
         name (see `paths`)."""
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        for name, text in self.files(eval_fraction, seed).items():
-            write_text_atomic(Path(folder) / name, text)
+        write_files(folder, self.files(eval_fraction, seed))
         return self.paths(folder)
+
+
+def write_files(folder: str | PathLike[str], files: dict[str, str]) -> None:
+    """Write `files` (texts by file name, as `World.files` gives them) into `folder`, creating it."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        write_text_atomic(Path(folder) / name, text)
 
 
 def _make_places(rng: random.Random, n: int) -> list[str]:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from attnlab.config import Config, check_positive, finite_number
-from attnlab.data.world import WORLD_MARK
+from attnlab.data.world import WORLD_MARK, write_files
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError
 from attnlab.files import atomic_path, folder_lock, write_text_atomic
 
@@ -225,8 +225,8 @@ class KnowledgeData:
     predict_lines: list[int] = field(default_factory=list)
     source: str = "synthetic"
     files: dict[str, str] = field(default_factory=dict)
-    write: Any = None  # the synthetic world: writes its files into data/ once the run's checks have passed
-    world_files: dict[str, str] | None = None  # and what they hold, by file name (`World.files`)
+    # The synthetic world's files by name (`World.files`), written into data/ once the run's checks have passed.
+    world_files: dict[str, str] | None = None
     # How errors about the fine-tuning pairs name them: the --train file, or the generated world (whose
     # data/train.tsv is not written until the run is accepted, and may hold an earlier run's world until then).
     train_name: str = "fine-tuning pairs"
@@ -234,8 +234,8 @@ class KnowledgeData:
 
 def load_data(out: Path, settings: KnowledgeScale, *, corpus: str | None, train: str | None,
               eval_path: str | None, predict: str | None, seed: int) -> KnowledgeData:
-    """The user's files, or a synthetic world to be written to ``out/data`` (so the run can be inspected) by
-    ``data.write()``, called once everything is checked: a refused run leaves an earlier run's data alone."""
+    """The user's files, or a synthetic world to be written to ``out/data`` (so the run can be inspected) from
+    ``data.world_files`` once everything is checked: a refused run leaves an earlier run's data alone."""
     from attnlab.data.knowledge import read_corpus, read_qa_file, read_qa_lines
     from attnlab.data.world import make_world
 
@@ -260,7 +260,6 @@ def load_data(out: Path, settings: KnowledgeScale, *, corpus: str | None, train:
         data = KnowledgeData(world.corpus_lines(), train_pairs, dev_pairs, source="synthetic",
                              dev_lines=list(range(1, len(dev_pairs) + 1)),  # data/dev.tsv: a pair a line
                              files={k: str(v) for k, v in world.paths(out / "data").items()},
-                             write=lambda: world.write(out / "data", eval_fraction=settings.eval_fraction, seed=seed),
                              world_files=world.files(settings.eval_fraction, seed),
                              train_name=f"{name}, fine-tuning")
     if predict:
@@ -705,8 +704,8 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
                     trained.append(folder)
         # Settings and data first (they name what changed); then the characters (a --predict file with new ones).
         _check_resumed_vocabulary(trained, vocab)
-    if data.write is not None:  # the synthetic world's files, now that the run is accepted
-        data.write()
+    if data.world_files is not None:  # the synthetic world's files, now that the run is accepted
+        write_files(world, data.world_files)
     n_phases = sum(1 + v.pretrain for v in rows)
     phase = 0
     earlier_total = 0.0  # seconds spent in earlier runs on the phases --resume skipped or continued
