@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 
 import torch
@@ -34,7 +33,7 @@ from bench_attention import ours as attention_ours
 from bench_attention import sdpa, time_fns
 from bench_gpt import SHAPES, VOCAB, Shape, make_data, ours, time_decoding_rows, time_training_rows, train_step_fn
 from torch.utils._python_dispatch import TorchDispatchMode
-from turns import count, device_or_exit
+from turns import count, device_or_exit, require_transformers
 
 from attnlab.training.device import fast_fp32_matmul, resolve_precision, synchronize
 
@@ -151,12 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps")
     args = p.parse_args(argv)
-    try:
-        import transformers  # noqa: F401  (the reference of every training and decoding row)
-    except ImportError:
-        print("bench_ceiling: HF transformers is missing; install the peer with: pip install -e '.[bench]'",
-              file=sys.stderr)
-        raise SystemExit(2) from None
+    require_transformers("bench_ceiling")  # the reference of every training and decoding row
     device = device_or_exit(p, args.device)
     default = resolve_precision("auto", device)  # attnlab's default training dtype there (None: fp32)
     r = args.repeats

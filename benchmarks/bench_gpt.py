@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-from turns import count, device_or_exit, time_in_turns, time_in_turns_apart
+from turns import count, device_or_exit, require_transformers, time_in_turns, time_in_turns_apart
 
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.training.device import (
@@ -389,12 +389,7 @@ def main(argv: list[str] | None = None) -> dict:
     elif not bf16:
         print(f"bf16 is not native on this {device.type}: bf16 training rows left out (--bf16 yes runs them, "
               "emulated and slow)")
-    try:
-        import transformers
-    except ImportError:
-        print("bench_gpt: HF transformers is missing; install the peer with: pip install -e '.[bench]'",
-              file=sys.stderr)
-        raise SystemExit(2) from None
+    transformers = require_transformers("bench_gpt")
 
     results: dict = {"torch": torch.__version__, "transformers": transformers.__version__,
                      "threads": torch.get_num_threads(), "device": str(device), "cpu_bf16": cpu_has_bf16(),

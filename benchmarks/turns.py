@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import statistics
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -28,6 +29,18 @@ def device_or_exit(parser: argparse.ArgumentParser, name: str):
         return select_device(name)
     except ConfigError as e:
         parser.error(f"--device: {e}")
+
+
+def require_transformers(script: str):
+    """HF transformers (the peer of the training and decoding rows), or a one-line message naming the extra that
+    installs it and exit code 2."""
+    try:
+        import transformers
+    except ImportError:
+        print(f"{script}: HF transformers is missing; install the peer with: pip install -e '.[bench]'",
+              file=sys.stderr)
+        raise SystemExit(2) from None
+    return transformers
 
 
 def rounds(names: list[str], repeats: int) -> Iterator[tuple[int, str]]:
