@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 
 import pytest
@@ -116,6 +117,28 @@ def test_a_stale_staging_folder_of_this_process_number_is_not_moved_in(capsys, t
                            "--set", f"train.out_dir={_q(run)}")
     assert code == 0, err
     assert not (run / "data" / "val.bin").exists() and not stale.exists()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="a process's life is asked by signal 0 on POSIX only")
+def test_staging_folders_of_dead_processes_are_cleared(capsys, tmp_path):
+    # A run killed (SIGKILL) while encoding left data/.partial.<pid> with its partial token files for good; the
+    # staging folder of a process still running (another rank of a torchrun run) is left alone.
+    import subprocess
+    import sys
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(PARAGRAPHS * 3) + "\n", encoding="utf-8")
+    run = tmp_path / "run"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = run / "data" / f".partial.{int(gone.stdout)}"
+    live = run / "data" / f".partial.{os.getppid()}"
+    for folder in (dead, live):
+        folder.mkdir(parents=True)
+        (folder / "train.bin").write_bytes(b"\0" * 64)
+    code, _, err = run_cli(capsys, "train", *LM, "--set", f"data.path={_q(text)}", "--set",
+                           f"train.out_dir={_q(run)}")
+    assert code == 0, err
+    assert not dead.exists() and (live / "train.bin").exists()
 
 
 def test_token_files_stay_on_the_disk_data_links_to(capsys, tmp_path):

@@ -740,6 +740,7 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     data_dir = Path(t.out_dir) / "data"
     made = not data_dir.exists()
     staging = data_dir / f".partial.{os.getpid()}"
+    _clear_dead_staging(data_dir)
     shutil.rmtree(staging, ignore_errors=True)  # a killed run's, whose process number this one has
     make_folder(staging, "train.out_dir")
     done = False
@@ -763,6 +764,25 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     eval_source = CausalLMSource(TokenFile(data_dir / "val.bin"), block, t.batch_size, seed=t.seed) \
         if n_val is not None else None
     return Prepared(model, tokenizer, train_source, eval_source, info={"train_tokens": n_train, "block_size": block})
+
+
+def _clear_dead_staging(data_dir: Path) -> None:
+    """Remove the staging folders (data/.partial.<pid>) of processes that no longer run: a run killed while
+    encoding (SIGKILL, a lost machine) left its partial token files there, a corpus's worth of disk, for good.
+    Only where a process can be asked whether it lives without touching it (POSIX): the live ones are the other
+    ranks of this torchrun run, writing theirs."""
+    if os.name != "posix" or not data_dir.is_dir():
+        return
+    for folder in data_dir.glob(".partial.*"):
+        pid = folder.name.removeprefix(".partial.")
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)  # signal 0: nothing is sent, only whether the process exists
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (PermissionError, OverflowError, OSError):  # another user's process, or no such number
+            continue
 
 
 def _encode_lm_parts(run: RunConfig, saved: Path | None, tokenizer, texts, train_part, eval_part, block: int,
