@@ -26,6 +26,7 @@ from attnlab.models.common import (
     default_positions,
     labelled_rows,
     length_limit,
+    lookup,
     positions_from_mask,
     token_loss,
 )
@@ -159,9 +160,12 @@ class BertEmbeddings(nn.Module):
         self.dropout = Dropout(c.dropout)
 
     def forward(self, ids: Tensor, positions: Tensor, token_type_ids: Tensor | None) -> Tensor:
-        x = self.token(ids)  # (B, T, D)
-        if self.segment is not None:
-            x = x + (self.segment(token_type_ids) if token_type_ids is not None else self.segment.weight[0])
+        x = lookup(self.token, ids)  # (B, T, D)
+        if self.segment is not None and token_type_ids is not None:
+            x = x + lookup(self.segment, token_type_ids, "token_type_ids",
+                           "give each token its segment's number (0 for the first, 1 for the second)")
+        elif self.segment is not None:
+            x = x + self.segment.weight[0]
         x = self.position.embed(x, positions)
         return self.dropout(self.norm(x))
 
@@ -265,6 +269,10 @@ class BertModel(nn.Module):
         check_length(t, self.max_len)
         check_given_positions(position_ids, self.max_len, "position_ids")
         check_attention_mask(attention_mask, b, t)
+        if token_type_ids is not None and (token_type_ids.dim() != 2 or token_type_ids.shape[1] != t
+                                           or token_type_ids.shape[0] not in (1, b)):
+            raise ConfigError(f"token_type_ids has shape {tuple(token_type_ids.shape)}; it must be ({b}, {t}), the "
+                              "segment id of each token of input_ids")
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask) if attention_mask is not None \
                 else default_positions(t, 0, input_ids.device)

@@ -20,6 +20,27 @@ class SequenceTooLong(AttnlabError):
     """An input longer than the model's position scheme or block allows."""
 
 
+class IdOutOfRange(AttnlabError, IndexError):
+    """A token (or segment) id outside the model's table (an IndexError still, for code that caught torch's)."""
+
+
+def lookup(table: nn.Embedding | Tensor, ids: Tensor, what: str = "input_ids",
+           fix: str = "encode the input with the model's own tokenizer") -> Tensor:
+    """`table`'s rows at `ids`. An id outside the table is named with the table's range: torch's own error
+    ("index out of range in self") named neither. Nothing is checked while the ids are valid; on a GPU a bad id
+    stops the device with torch's assert instead, as there is no error to catch without waiting for the device."""
+    weight = table.weight if isinstance(table, nn.Embedding) else table
+    try:
+        return table(ids) if isinstance(table, nn.Embedding) else F.embedding(ids, table)
+    except IndexError:
+        n = weight.shape[0]
+        low, high = int(ids.min()), int(ids.max())
+        if 0 <= low and high < n:  # not the ids after all
+            raise
+        raise IdOutOfRange(f"{what} must lie in 0 to {n - 1} (the model's table of {n}), got "
+                           f"{low if low < 0 else high}; {fix}") from None
+
+
 def check_length(length: int, max_len: int | None, what: str = "sequence") -> None:
     if max_len is not None and length > max_len:
         raise SequenceTooLong(
@@ -145,15 +166,16 @@ class Embedder(nn.Module):
     scheme, plus dropout."""
 
     def __init__(self, vocab_size: int, d_model: int, *, scale: bool, dropout: float,
-                 init_std: float | None = None):
+                 init_std: float | None = None, what: str = "input_ids"):
         super().__init__()
+        self.what = what  # the ids' name in a caller's error
         self.token = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.token.weight, std=init_std if init_std is not None else d_model ** -0.5)
         self.scale = math.sqrt(d_model) if scale else 1.0
         self.dropout = Dropout(dropout)
 
     def forward(self, ids: Tensor, positions: Tensor, position: PositionScheme) -> Tensor:
-        x = self.token(ids)
+        x = lookup(self.token, ids, self.what)
         if self.scale != 1.0:
             x = x * self.scale
         return self.dropout(position.embed(x, positions))

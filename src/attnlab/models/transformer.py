@@ -124,8 +124,10 @@ class Seq2SeqTransformer(nn.Module):
         super().__init__()
         self.config = c = config
         spec = c.layer_spec()
-        self.src_embed = Embedder(c.src_vocab_size, c.d_model, scale=c.scale_embeddings, dropout=c.dropout)
-        self.tgt_embed = Embedder(c.tgt_vocab_size, c.d_model, scale=c.scale_embeddings, dropout=c.dropout)
+        self.src_embed = Embedder(c.src_vocab_size, c.d_model, scale=c.scale_embeddings, dropout=c.dropout,
+                                  what="src_ids")
+        self.tgt_embed = Embedder(c.tgt_vocab_size, c.d_model, scale=c.scale_embeddings, dropout=c.dropout,
+                                  what="tgt_ids")
         if c.share_embeddings:
             self.tgt_embed.token = self.src_embed.token
         # Two schemes: the encoder's bias schemes are bidirectional, the decoder's causal.

@@ -552,8 +552,8 @@ class KVCache:
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
-    b, t, _ = x.shape
-    return x.view(b, t, n_heads, -1).transpose(1, 2)  # (B, H, T, Dh)
+    b, t, d = x.shape  # the head width given, not -1, which an empty batch or sequence cannot infer
+    return x.view(b, t, n_heads, d // n_heads).transpose(1, 2)  # (B, H, T, Dh)
 
 
 def merge_heads(x: Tensor) -> Tensor:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.errors import ConfigError
+from attnlab.modules.attention import split_heads
 from attnlab.modules.positions import TABLE_INIT_STD
 from attnlab.registry import Registry, construct
 
@@ -62,11 +63,6 @@ def build_variant(name: str, *, d_model: int, n_heads: int, kv_dim: int, bias: b
     cls = VARIANTS.get(name)
     common = dict(d_model=d_model, n_heads=n_heads, kv_dim=kv_dim, bias=bias, block_size=block_size)
     return construct(cls, f"attention {name!r}", common, options)
-
-
-def _split(x: Tensor, n_heads: int) -> Tensor:
-    b, t, _ = x.shape
-    return x.view(b, t, n_heads, -1).transpose(1, 2)  # (B, H, T, Dh)
 
 
 # The positions tensor last found within a block size: (weak reference, version, block size). Every layer of
@@ -105,10 +101,10 @@ class DotScores(ScoreVariant):
         self.k_proj = nn.Linear(kv_dim or d_model, d_model, bias=bias)
 
     def queries(self, x: Tensor, positions: Tensor) -> Tensor:
-        return _split(self.q_proj(x), self.n_heads)
+        return split_heads(self.q_proj(x), self.n_heads)
 
     def keys(self, y: Tensor, positions: Tensor) -> Tensor:
-        return _split(self.k_proj(y), self.n_heads)
+        return split_heads(self.k_proj(y), self.n_heads)
 
     def fused_qkv(self, v_proj: nn.Linear) -> tuple[Tensor, Tensor | None] | None:
         layers = (self.q_proj, self.k_proj, v_proj)
@@ -227,7 +223,7 @@ class DenseSynthesizerScores(ScoreVariant):
         self.b2 = nn.Parameter(torch.zeros(block_size))
 
     def queries(self, x: Tensor, positions: Tensor) -> Tensor:
-        a = _split(F.relu(self.w1(x)), self.n_heads)  # (B, H, T, Dh)
+        a = split_heads(F.relu(self.w1(x)), self.n_heads)  # (B, H, T, Dh)
         return F.pad(a, (0, 1), value=1.0)  # (B, H, T, Dh+1): the trailing 1 picks up b2
 
     def keys(self, y: Tensor, positions: Tensor) -> Tensor:
