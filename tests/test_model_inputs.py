@@ -74,3 +74,23 @@ def test_the_seq2seq_model_takes_an_empty_batch_or_target(src, tgt):
     model = _model("seq2seq-tiny")
     out = model(torch.full(src, 3), torch.full(tgt, 1))
     assert out.logits.shape == (*tgt, model.config.tgt_vocab_size)
+
+
+@pytest.mark.parametrize("preset, keyword", [("gpt-char-tiny", "position_ids"), ("encoder-tiny", "document_ids"),
+                                             ("bert-tiny", "positions"), ("gpt-char-tiny", "need_weight")])
+def test_a_keyword_the_model_does_not_take_is_refused(preset, keyword):
+    # Each was ignored: GPT read its own positions, the encoder let packed documents attend to each other, a
+    # misspelt switch returned no weights.
+    model = _model(preset)
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{keyword}'; it takes input_ids"):
+        model(torch.full((1, 4), 3), **{keyword: torch.zeros(1, 4, dtype=torch.long)})
+
+
+def test_the_keys_of_sentence_pair_batches_are_ignored_by_models_without_segments():
+    model = _model("gpt-char-tiny")
+    ids = torch.full((2, 4), 3)
+    ignored = {"token_type_ids": torch.zeros(2, 4, dtype=torch.long), "next_sentence_label": torch.zeros(2)}
+    assert torch.equal(model(ids, **ignored).logits, model(ids).logits)
+    seq2seq = _model("seq2seq-tiny")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'input_ids'; it takes src_ids, tgt_ids"):
+        seq2seq(src_ids=ids, tgt_ids=ids, input_ids=ids)

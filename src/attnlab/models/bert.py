@@ -28,6 +28,7 @@ from attnlab.models.common import (
     length_limit,
     lookup,
     positions_from_mask,
+    refuse_unknown_keywords,
     token_loss,
 )
 from attnlab.models.encoder import first_pool
@@ -286,7 +287,8 @@ class BertModel(nn.Module):
                 token_type_ids: Tensor | None = None, labels: Tensor | None = None,
                 next_sentence_label: Tensor | None = None, position_ids: Tensor | None = None, *,
                 need_weights: bool = False, output_hidden_states: bool = False,
-                **_unused: Tensor) -> ModelOutput:
+                **ignored: Tensor) -> ModelOutput:
+        refuse_unknown_keywords(self, ignored)
         h, weights, hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids,
                                          need_weights=need_weights, output_hidden_states=output_hidden_states)
         pooled = self.pooler(h, attention_mask) if self.pooler is not None else None

@@ -41,6 +41,25 @@ def lookup(table: nn.Embedding | Tensor, ids: Tensor, what: str = "input_ids",
                            f"{low if low < 0 else high}; {fix}") from None
 
 
+# Batch entries a model may be given and not read: BERT's sentence-pair batches carry them, and a model that takes
+# no segments ignores them (HF's models take the same keys). Any other keyword a model does not take is refused:
+# `gpt(ids, position_ids=...)` (BERT's name for GPT's `positions`), `encoder(ids, document_ids=...)` or a
+# misspelt `need_weight=True` returned results computed without them, silently.
+IGNORED_BATCH_KEYS = frozenset({"token_type_ids", "next_sentence_label"})
+
+
+def refuse_unknown_keywords(model: nn.Module, keywords: dict) -> None:
+    """Raise TypeError, as Python does, for a keyword in `keywords` (a forward's **kwargs) that is not an
+    ignored batch key."""
+    unknown = [k for k in keywords if k not in IGNORED_BATCH_KEYS]
+    if unknown:
+        import inspect
+
+        takes = [n for n, p in inspect.signature(model.forward).parameters.items() if p.kind != p.VAR_KEYWORD]
+        raise TypeError(f"{type(model).__name__}.forward() got an unexpected keyword argument {unknown[0]!r}; it "
+                        f"takes {', '.join(takes)}")
+
+
 def check_length(length: int, max_len: int | None, what: str = "sequence") -> None:
     if max_len is not None and length > max_len:
         raise SequenceTooLong(

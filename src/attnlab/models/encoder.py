@@ -29,6 +29,7 @@ from attnlab.models.common import (
     default_positions,
     length_limit,
     positions_from_mask,
+    refuse_unknown_keywords,
     token_loss,
 )
 from attnlab.models.output import ModelOutput
@@ -270,7 +271,8 @@ class EncoderModel(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None,
                 *, cache: list[KVCache] | None = None, need_weights: bool = False,
-                output_hidden_states: bool = False, **_unused: Tensor) -> ModelOutput:
+                output_hidden_states: bool = False, **ignored: Tensor) -> ModelOutput:
+        refuse_unknown_keywords(self, ignored)
         h, weights, hidden = self.encode(input_ids, attention_mask, cache=cache, need_weights=need_weights,
                                          output_hidden_states=output_hidden_states)
         keep = None if cache is not None else self._keep(input_ids, attention_mask)  # the LM head reads no keep

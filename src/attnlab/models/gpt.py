@@ -26,6 +26,7 @@ from attnlab.models.common import (
     length_limit,
     packed_layout,
     positions_from_mask,
+    refuse_unknown_keywords,
     token_loss,
 )
 from attnlab.models.output import ModelOutput
@@ -149,8 +150,9 @@ class GPT(nn.Module):
         cache: list[KVCache] | None = None,
         need_weights: bool = False,
         output_hidden_states: bool = False,
-        **_unused: Tensor,
+        **ignored: Tensor,
     ) -> ModelOutput:
+        refuse_unknown_keywords(self, ignored)
         b, t = input_ids.shape
         past = cache[0].length if cache else 0
         check_length(past + t, self.max_len, "input")

@@ -27,6 +27,7 @@ from attnlab.models.common import (
     labelled_rows,
     length_limit,
     positions_from_mask,
+    refuse_unknown_keywords,
     token_loss,
 )
 from attnlab.models.output import ModelOutput
@@ -189,7 +190,8 @@ class Seq2SeqTransformer(nn.Module):
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None,
                 labels: Tensor | None = None, *, need_weights: bool = False,
-                output_hidden_states: bool = False, **_unused: Tensor) -> ModelOutput:
+                output_hidden_states: bool = False, **ignored: Tensor) -> ModelOutput:
+        refuse_unknown_keywords(self, ignored)
         memory, enc_w, enc_h = self.encode(src_ids, src_mask, need_weights=need_weights,
                                            output_hidden_states=output_hidden_states)
         y, self_w, cross_w, dec_h = self.decode_states(tgt_ids, memory, src_mask, need_weights=need_weights,
