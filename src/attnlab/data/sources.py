@@ -716,8 +716,12 @@ class ClassificationSource(_ExampleSource):
         self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
         body = None if max_length is None else max_length - len(prefix_ids) - len(suffix_ids)
         if body is not None and body < 1:
+            # Also reached by `evaluate`, which cuts to the run's own length, so the message names both fixes.
+            ends = len(prefix_ids) + len(suffix_ids)
             raise ConfigError(
-                f"max_length {max_length} leaves no room for text beside the prefix and suffix ids"
+                f"data.max_length {max_length} leaves no room for text beside the {ends} special token"
+                f"{'s' if ends != 1 else ''} put around each text; raise data.max_length to at least {ends + 1} "
+                "(evaluate cuts texts to the run's own length: retrain the run with at least that)"
             )
         encoded = tokenizer.encode_batch(data.texts)
         if body is not None:

@@ -16,6 +16,7 @@ import dataclasses
 import io
 import json
 import os
+import struct
 import unicodedata
 import warnings
 from collections import Counter
@@ -37,6 +38,8 @@ LABEL_COLUMN_NAMES = ("label", "labels", "class", "category", "target", "sentime
 PAIR_COLUMNS = (("sentence1", "sentence2"), ("question", "sentence"), ("question1", "question2"),
                 ("premise", "hypothesis"), ("#1 string", "#2 string"))
 FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
+# The longest CSV field read: no limit but the most a C long (csv's limit) holds, 2**31 - 1 where it is 32 bits.
+CSV_FIELD_LIMIT = 2 ** (8 * struct.calcsize("l") - 1) - 1
 
 
 def check_file(path: str | os.PathLike[str], what: str = "data file") -> Path:
@@ -121,18 +124,30 @@ def read_text(path: str | os.PathLike[str]) -> str:
     return text
 
 
-def split_lines(text: str) -> list[str]:
+def split_lines(text: str, path: str | os.PathLike[str] | None = None) -> list[str]:
     r"""Lines split on "\n" only (not on the other characters `str.splitlines` treats as breaks, which
-    would misalign parallel files), without a final empty line and without "\r"."""
+    would misalign parallel files), without a final empty line and without "\r". With the `path` the text was
+    read from, DataError where its lines end in a lone "\r" (classic Mac OS), which would read as one line."""
+    if path is not None and "\r" in text:  # the common file has no "\r": one scan
+        _check_line_ends(Path(path), text)
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     return [line.removesuffix("\r") for line in lines]
 
 
+def _check_line_ends(path: Path, text: str) -> None:
+    """DataError where lone CRs (not followed by LF) outnumber the LFs: a file whose lines end in CR only, whose
+    lines, sentences or rows would run together; a CR in a line of a file of LF or CRLF line ends passes."""
+    lone = text.count("\r") - text.count("\r\n")
+    if lone > text.count("\n"):
+        raise DataError(f"data file '{path}' uses CR-only line ends (classic Mac OS), so its lines would read as "
+                        f"one; convert them to LF (e.g. tr '\\r' '\\n' < '{path}' > new.txt, or mac2unix)")
+
+
 def read_lines(path: str | os.PathLike[str]) -> list[str]:
     """The lines of a file (see `split_lines`)."""
-    return split_lines(read_text(path))
+    return split_lines(read_text(path), path)
 
 
 def split_documents(text: str) -> list[list[str]]:
@@ -400,13 +415,22 @@ def read_classification_file(
     return data
 
 
+# How to name the text and the label column: training's setting, and the flag of `evaluate` (which reads the same
+# files with the same messages).
+_SETTING = {"text": "set data.text_column (evaluate: --text-column)",
+            "label": "set data.label_column (evaluate: --label-column)"}
+# What a JSON value that is not a string is, in JSON's words.
+_JSON_TYPES = {dict: "an object", list: "an array", int: "a number", float: "a number", bool: "true or false",
+               type(None): "null"}
+
+
 def _read_jsonl(path, text, text_column, label_column, require_labels) -> ClassificationData:
     texts: list[str] = []
     labels: list[str] = []
     lines: list[int] = []
     text_key, label_key = text_column, label_column
     array = "; a JSON array is not JSON Lines: write one object per line (e.g. jq -c '.[]' FILE > new.jsonl)"
-    for number, line in enumerate(split_lines(text), start=1):
+    for number, line in enumerate(split_lines(text, path), start=1):
         if not line.strip():
             continue
         try:
@@ -424,26 +448,35 @@ def _read_jsonl(path, text, text_column, label_column, require_labels) -> Classi
                 f"data file '{path}' line {number}: expected a JSON object, got {type(obj).__name__}{hint}"
             )
         text_key, label_key = _json_key(text_key, obj, path, number), _json_key(label_key, obj, path, number)
+        first = not texts  # where a field is missing from the first object, the fix is the setting, not the line
         if text_key is None:
             _refuse_pairs(path, obj, "field")
             text_key = next((k for k in TEXT_COLUMN_NAMES if k in obj), None)
             if text_key is None:
-                raise DataError(
-                    f"data file '{path}' line {number}: no text field among {sorted(obj)}; pass text_column"
-                )
+                raise DataError(f"data file '{path}' line {number}: no text field among the fields {sorted(obj)}; "
+                                f"{_missing_fix('text')}")
         if label_key is None and (require_labels or any(k in obj for k in LABEL_COLUMN_NAMES)):
             label_key = next((k for k in LABEL_COLUMN_NAMES if k in obj), None)
             if label_key is None:
-                raise DataError(
-                    f"data file '{path}' line {number}: no label field among {sorted(obj)}; pass label_column"
-                )
+                raise DataError(f"data file '{path}' line {number}: no label field among the fields {sorted(obj)}; "
+                                f"{_missing_fix('label')}")
             if texts:  # the lines before this one had no label (possible only when labels are optional)
                 raise DataError(f"data file '{path}' line {lines[0]}: no field {label_key!r}, which line {number} "
                                 "has; give every line a label or none")
         if text_key == label_key:
             raise _same_columns(path, repr(text_key))
-        if text_key not in obj or not isinstance(obj[text_key], str):
+        for key, what in ((text_key, "text"), (label_key, "label")):
+            if first and key is not None and key not in obj:  # the setting names a field the file lacks
+                raise DataError(f"data file '{path}' line {number}: no {what} field {key!r} among the fields "
+                                f"{sorted(obj)}; {_missing_fix(what)}")
+        if text_key not in obj:
             raise DataError(f"data file '{path}' line {number}: no string field {text_key!r}; fix the line")
+        if not isinstance(obj[text_key], str):
+            kind = _JSON_TYPES.get(type(obj[text_key]), type(obj[text_key]).__name__)
+            fix = (f"if another of the fields {sorted(obj)} holds the texts, {_SETTING['text']} to it, else fix the "
+                   "line") if first else "fix the line"
+            raise DataError(f"data file '{path}' line {number}: no string field {text_key!r}: it holds {kind}, not "
+                            f"a string; {fix}")
         texts.append(obj[text_key])
         lines.append(number)
         if label_key is not None:
@@ -453,6 +486,15 @@ def _read_jsonl(path, text, text_column, label_column, require_labels) -> Classi
     if not texts:
         raise DataError(f"data file '{path}' has no examples; give a file with data in it")
     return ClassificationData(texts, labels if label_key is not None else None, lines, str(path))
+
+
+def _missing_fix(what: str, header: bool = False) -> str:
+    """The fix where a file's header (`header`) or first JSON object has no text or label column that is named or
+    known: name one of those it has; for labels, a file without any (a test split) may be meant."""
+    if what == "text":
+        return f"{_SETTING['text']} to one of them"
+    example, which = ("as GLUE's test.tsv", "the column of the labels") if header else ("a test split", "one of them")
+    return f"if the file has no labels ({example}), give a labelled file, else {_SETTING['label']} to {which}"
 
 
 def _json_key(key: str | int | None, obj: dict, path: Path, number: int) -> str | None:
@@ -469,21 +511,29 @@ def _table_rows(path: Path, text: str, fmt: str) -> Iterator[tuple[int, list[str
     """(line number, cells) of each non-blank row."""
     if fmt == "tsv":
         # GLUE TSVs hold unbalanced quotes, so no quoting: split on tabs.
-        for number, line in enumerate(split_lines(text), start=1):
+        for number, line in enumerate(split_lines(text, path), start=1):
             if line.strip():
                 yield number, line.split("\t")
         return
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    rows = []
     start = 1
+    # csv refuses a field over 131,072 characters (a long document, which TSV and JSONL read) unless its
+    # process-wide limit is raised: raised for this read only, the rows kept rather than yielded so that the
+    # limit is back before the caller goes on (or stops reading).
+    limit = csv.field_size_limit(CSV_FIELD_LIMIT)
     try:
         for row in reader:
             if any(cell.strip() for cell in row):
-                yield start, row
+                rows.append((start, row))
             start = reader.line_num + 1
     except csv.Error as e:
         raise DataError(
             f"data file '{path}' line {reader.line_num}: malformed CSV ({e}); fix the line"
         ) from None
+    finally:
+        csv.field_size_limit(limit)
+    yield from rows
 
 
 def _same_columns(path: Path, column: str) -> DataError:
@@ -492,8 +542,14 @@ def _same_columns(path: Path, column: str) -> DataError:
                      "the texts")
 
 
+def _header_cell(cell: str) -> str:
+    """A cell as a column name: stripped, and without a leading byte-order mark, which str.strip keeps (a header
+    of a file saved with one and joined to another by `cat`, where `read_text` drops only the file's first)."""
+    return cell.strip().removeprefix("\ufeff").strip()
+
+
 def _is_header(cells: list[str]) -> bool:
-    names = {c.strip().lower() for c in cells}
+    names = {_header_cell(c).lower() for c in cells}
     return bool(names & set(TEXT_COLUMN_NAMES)) or bool(names & set(LABEL_COLUMN_NAMES)) or \
         any(first in names and second in names for first, second in PAIR_COLUMNS)
 
@@ -512,19 +568,16 @@ def _column_index(path: Path, column: str | int, names: list[str] | None, what: 
             "header; if the file has none, give the columns by 0-based number (evaluate: --text-column 0 "
             "--label-column 1; train: data.text_column and data.label_column), else name one of those columns"
         )
-    if column not in names:
-        fix = (f"set data.{what}_column (evaluate: --{what}-column) to one of them" if what != "label" else
-               # a test split without labels looks just like this
-               "if the file has no labels (as GLUE's test.tsv), give a labelled file, else set data.label_column "
-               "(evaluate: --label-column) to the column of the labels")
-        raise DataError(f"data file '{path}': no {what} column {column!r} in the header {names}; {fix}")
+    if column not in names:  # for labels, a test split without any looks just like this
+        raise DataError(f"data file '{path}': no {what} column {column!r} in the header {names}; "
+                        f"{_missing_fix(what, header=True)}")
     return names.index(column)
 
 
 def _refuse_pairs(path: Path, names, what: str) -> None:
     """DataError where `names` (a header's, or a JSON object's keys) hold both texts of a sentence pair, named
     as the file spells them (a named column is matched as written)."""
-    spelled = {str(n).strip().lower(): str(n).strip() for n in names}
+    spelled = {_header_cell(str(n)).lower(): _header_cell(str(n)) for n in names}
     for first, second in PAIR_COLUMNS:
         if first in spelled and second in spelled:
             raise DataError(f"data file '{path}' has two text {what}s, {spelled[first]!r} and {spelled[second]!r} "
@@ -534,8 +587,6 @@ def _refuse_pairs(path: Path, names, what: str) -> None:
 
 def _read_table(path, text, fmt, text_column, label_column, header, require_labels) -> ClassificationData:
     sep = "tab-separated" if fmt == "tsv" else "comma-separated"
-    flag = {"text": "set data.text_column (evaluate: --text-column)",
-            "label": "set data.label_column (evaluate: --label-column)"}
     rows = _table_rows(path, text, fmt)
     first = next(rows, None)
     if first is None:
@@ -543,7 +594,7 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
     _, first_cells = first
     if header is None:
         header = isinstance(text_column, str) or isinstance(label_column, str) or _is_header(first_cells)
-    names = [c.strip() for c in first_cells] if header else None
+    names = [_header_cell(c) for c in first_cells] if header else None
     lowered = [n.lower() for n in names] if names else None
 
     def pick(column, known, what, default):
@@ -554,7 +605,7 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
         found = next((lowered.index(k) for k in known if k in lowered), None)
         if found is None and (what == "text" or require_labels):
             raise DataError(
-                f"data file '{path}': cannot find the {what} column in the header {names}; {flag[what]}"
+                f"data file '{path}': cannot find the {what} column in the header {names}; {_SETTING[what]}"
             )
         return found
 
@@ -571,13 +622,13 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
             raise DataError(
                 f"data file '{path}' line {first[0]}: {what} column {idx} does not exist, "
                 f"the row has {width} "
-                f"{sep} columns; {flag[what]}"
+                f"{sep} columns; {_SETTING[what]}"
             )
         if idx is not None and lowered is not None and lowered.count(lowered[idx]) > 1:  # named twice
             twice = [i for i, n in enumerate(lowered) if n == lowered[idx]]
             raise DataError(f"data file '{path}': the header names columns {twice[0]} and {twice[1]} "
                             f"{names[idx]!r}, so the {what} column is ambiguous; rename one, or give the column "
-                            f"by 0-based number ({flag[what]})")
+                            f"by 0-based number ({_SETTING[what]})")
 
     texts: list[str] = []
     labels: list[str] = []
@@ -632,9 +683,10 @@ def _names_columns(cells: list[str], lowered: list[str] | None, text_idx: int, l
     without one, a text and a label cell that are both column names (`sentence<TAB>label`: a file with a header
     appended to one without, by `cat`). Read as an example, it made a class of its own."""
     if lowered is not None:
-        return len(cells) == len(lowered) and [c.strip().lower() for c in cells] == lowered
+        return len(cells) == len(lowered) and [_header_cell(c).lower() for c in cells] == lowered
     return label_idx is not None and len(cells) > max(text_idx, label_idx) and \
-        cells[text_idx].strip().lower() in TEXT_COLUMN_NAMES and cells[label_idx].strip().lower() in LABEL_COLUMN_NAMES
+        _header_cell(cells[text_idx]).lower() in TEXT_COLUMN_NAMES and \
+        _header_cell(cells[label_idx]).lower() in LABEL_COLUMN_NAMES
 
 
 def _chain_first(first, rest):
