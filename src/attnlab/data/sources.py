@@ -830,7 +830,11 @@ class ParallelTextSource(_ExampleSource):
                           f"line {blank[0] + 1} of '{_name(src_path)}' and '{_name(tgt_path)}'): they teach "
                           "translating nothing into nothing; remove the blank lines from both files", stacklevel=2)
         body = None if max_tgt_length is None else max_tgt_length - 1
-        src_ids, tgt_ids = src_tokenizer.encode_batch(src_lines), tgt_tokenizer.encode_batch(tgt_lines)
+        # A line of whitespace only is blank, as the warnings above and `generate --input` take it (no tokens): a
+        # tokenizer that keeps spaces (BPE) made tokens of it, so `evaluate` translated it into words where
+        # `generate` printed nothing, and scored other translations than it prints.
+        src_ids, tgt_ids = (tokenizer.encode_batch([line if line.strip() else "" for line in lines])
+                            for tokenizer, lines in ((src_tokenizer, src_lines), (tgt_tokenizer, tgt_lines)))
         if max_src_length is not None:
             _warn_cut([len(ids) for ids in src_ids], max_src_length, "source sentences", "data.max_length")
         if body is not None:

@@ -318,6 +318,8 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
     check_beam_size(beam_size)
     check_decoding_options(run.family, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                            beam_size=beam_size)
+    if run.family == "seq2seq" and any(not prompt.strip() for prompt in prompts):  # `-i` gives blank lines ""
+        raise DataError("a prompt is blank (whitespace only): there is nothing to translate; give a sentence")
     encoded = [_encode_prompt(tok, prompt) for prompt in prompts]
     if run.family == "seq2seq":
         _check_translation_lengths(max_new_tokens, beam_size)
