@@ -169,3 +169,12 @@ def test_a_max_length_too_short_for_cls_and_sep_is_one_line_naming_the_setting(t
                           "--set", "data.eval_path=\"\"", "--set", "data.max_length=2",
                           "--set", f"train.out_dir={_q(tmp_path / 'run')}", *TINY)
     assert "data.max_length 2 leaves no room" in line and "raise data.max_length to at least 3" in line
+
+
+def test_bert_pretraining_text_with_cr_only_line_ends_is_refused(tmp_path, capsys):
+    # Documents of one sentence a line, separated by blank lines, made one document of one "sentence" there.
+    path = tmp_path / "docs.txt"
+    path.write_text("The cat sat.\rIt was warm.\r\rA dog ran.\rIt was fast.\r" * 20, encoding="utf-8", newline="")
+    line = one_line_error(capsys, "train", "configs/bert-mlm.toml", "--set", f"data.path={_q(path)}",
+                          "--set", f"train.out_dir={_q(tmp_path / 'run')}", *TINY)
+    assert f"'{path}' uses CR-only line ends" in line

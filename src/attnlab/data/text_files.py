@@ -150,13 +150,15 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
     return split_lines(read_text(path), path)
 
 
-def split_documents(text: str) -> list[list[str]]:
+def split_documents(text: str, path: str | os.PathLike[str] | None = None) -> list[list[str]]:
     """BERT's pre-training text layout: documents separated by blank lines, one sentence (or segment) per
     line. Returns each document's non-blank lines, stripped; documents without any are dropped. A line of
     invisible format characters (a zero-width space, a byte order mark) or control characters (U+0001) only is
-    blank: WordPiece's normaliser (BERT's) drops them, which left a sentence of no tokens."""
+    blank: WordPiece's normaliser (BERT's) drops them, which left a sentence of no tokens. With the `path` the
+    text was read from, lines ending in a lone "\r" are refused (see `split_lines`): they made one document of
+    one sentence."""
     documents: list[list[str]] = [[]]
-    for line in split_lines(text):
+    for line in split_lines(text, path):
         line = line.strip()
         if line and all(c.isspace() or unicodedata.category(c) in ("Cf", "Cc") for c in line):
             line = ""

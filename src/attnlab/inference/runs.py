@@ -496,7 +496,7 @@ def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> 
     settings = DataConfig.from_dict({k: v for k, v in run.data.items() if k in known}, where="data")
     max_length, advice = _scoring_length(run)  # a bare checkpoint: what its positions hold, not 128
     settings = settings.replace(max_length=max(max_length, 5))  # [CLS] A [SEP] B [SEP] needs 5
-    documents = split_documents(read_text(data))  # read_text's errors name the file already
+    documents = split_documents(read_text(data), data)  # read_text's errors name the file already
     try:
         with cut_advice(advice):
             source = sentence_pair_source(documents, tok, model.config, settings, batch_size, run.seed)

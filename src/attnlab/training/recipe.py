@@ -1021,7 +1021,7 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
     from attnlab.data.text_files import held_out_documents, read_text, split_documents
 
     d, t = run.data, run.train
-    documents = split_documents(read_text(d.path) if d.path else pydoc_corpus())
+    documents = split_documents(read_text(d.path), d.path) if d.path else split_documents(pydoc_corpus())
     if not any(len(doc) > 1 for doc in documents):  # before holding any out: no pairs at all is the problem
         raise DataError(f"{d.path or 'the pydoc texts'}: no document has two sentences, so there are no sentence "
                         "pairs; write one sentence per line, with blank lines only between documents")
@@ -1032,7 +1032,7 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
                         "separate the documents with blank lines, or train the masked LM alone with --set "
                         "model.nsp=false")
     if d.eval_path:
-        eval_documents = split_documents(read_text(d.eval_path))
+        eval_documents = split_documents(read_text(d.eval_path), d.eval_path)
     else:
         # Random next sentences need two held-out documents.
         documents, eval_documents = held_out_documents(documents, d.val_fraction, min_documents=2 if nsp else 1)
