@@ -185,6 +185,8 @@ class TrainingDiverged(AttnlabError):
     """The training loss (or the weights) became NaN or infinite; the last checkpoint was not overwritten."""
 
 
+# A Ctrl-C once the last step is done: nothing is left to resume.
+_FINISHED = "training finished at step {step} (the last), interrupted before its summary; checkpoint saved in {folder}"
 _DIVERGED_FIX = "lower lr, raise warmup_steps, enable grad_clip or use precision = \"fp32\""
 
 
@@ -904,6 +906,8 @@ class Trainer:
         self._save(folder, gather=False)
         if self.world.is_main:
             self._plot()
+        if self.step >= self.config.steps and self._eval_pending is None and not self._in_step:
+            raise TrainingInterrupted(_FINISHED.format(step=self.step, folder=folder)) from None
         raise TrainingInterrupted(
             f"training interrupted at step {self.step} of {self.config.steps}; checkpoint saved in {folder}; "
             "to continue, run the same command with --resume"
@@ -1114,12 +1118,19 @@ class Trainer:
             raise
         finally:
             progress.close()
-        if window.steps:  # stopped early between two log records
-            self._log_train(window, progress)
-        if saved_at != self.step and self.step > start_step:
-            self.save()
-        if self.world.is_main:
-            self._plot()
+        # The run is done: a Ctrl-C now takes effect once the last checkpoint and the plot are written. It cut the
+        # final save (the steps since the last checkpoint lost) or the plot (none left), and the run was reported
+        # as interrupted with no word of what it had finished.
+        try:
+            with _interrupts_deferred():
+                if window.steps:  # stopped early between two log records
+                    self._log_train(window, progress)
+                if saved_at != self.step and self.step > start_step:
+                    self.save()
+                if self.world.is_main:
+                    self._plot()
+        except KeyboardInterrupt:
+            raise TrainingInterrupted(_FINISHED.format(step=self.step, folder=self.out_dir / CHECKPOINT_DIR)) from None
         # Every process leaves together, once the main one has written the checkpoint and the plot: a process
         # that exits while another still works can make gloo abort that one ("Connection closed by peer").
         barrier()
