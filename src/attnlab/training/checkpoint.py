@@ -180,6 +180,14 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
         CheckpointError: the path does not exist or holds no checkpoint.
     """
     path = Path(path)
+    # A run's latest checkpoint that lost its weights (they are written before the folder is put in place), given
+    # as the run or as itself: taking best/ instead, as model.init_from did, started from older weights unsaid.
+    latest = path if path.name == "checkpoint" else path / "checkpoint"
+    if not _complete(path) and latest.is_dir() and _resolve(latest) is None:
+        best = _resolve(latest.parent / "best")
+        raise CheckpointError(f"{latest} has no {MODEL_FILE} (removed since it was saved); "
+                              + (f"the run's best checkpoint is {best}: give that folder (generate and evaluate: "
+                                 "--best)" if best is not None else "restore the file, or train the run again"))
     found = _checkpoint_of(path)
     if found is not None:
         return found
@@ -189,8 +197,8 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
     runs = runs_inside(path)
     if runs:
         raise CheckpointError(f"{path} holds no model itself but the runs {runs}; give one of them")
-    raise CheckpointError(f"no {MODEL_FILE} in {path} (nor in its checkpoint/ or best/ folder); "
-                          "give a checkpoint folder written by attnlab")
+    inside = "" if path.name in ("checkpoint", "best") else " (nor in its checkpoint/ or best/ folder)"
+    raise CheckpointError(f"no {MODEL_FILE} in {path}{inside}; give a checkpoint folder written by attnlab")
 
 
 def runs_inside(path: Path) -> str:
