@@ -34,7 +34,7 @@ def test_ctrl_c_while_a_finished_run_writes_its_last_files(capsys, tmp_path, mon
     code, _, err = run_cli(capsys, "train", *TINY, "--set", f"train.out_dir={_q(out)}")
     assert code == 130, err
     lines = [line for line in err.splitlines() if line.startswith("attnlab:") and "warning" not in line]
-    assert lines == [f"attnlab: training finished at step 6 (the last), interrupted before its summary; checkpoint saved "
-                     f"in {out / 'checkpoint'}"], err
+    assert lines == [f"attnlab: training finished at step 6 (the last), interrupted before its summary; checkpoint "
+                     f"saved in {out / 'checkpoint'}"], err
     assert json.loads((out / "checkpoint" / "trainer_state.json").read_text())["step"] == 6
     assert (out / "loss.png").is_file()

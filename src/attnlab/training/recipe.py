@@ -529,6 +529,7 @@ def model_config(model: dict[str, Any], **derived: Any) -> Config:
     init_from = table.pop("init_from", None)
     if init_from is not None:
         saved = _init_from_config(init_from)
+        _check_init_from_changes(table, saved)
         values = {**saved, **table}
         family = values.pop("family")
         if family == "encoder" and is_unset(values.get("causal")):  # None, or --set model.causal=none
@@ -560,6 +561,27 @@ def model_config(model: dict[str, Any], **derived: Any) -> Config:
 # ------------------------------------------------------------------------------------------------
 
 INIT_FROM_DERIVED = ("head", "heads", "n_classes")  # task-imposed model settings that init_from allows
+
+
+def _check_init_from_changes(table: dict[str, Any], saved: dict[str, Any]) -> None:
+    """Refuse a [model] setting given beside model.init_from that changes what the pretrained weights compute:
+    the heads, the mask and what checkpoints may load into (`LOADABLE_CHANGES`: dropout, the context length...) may
+    change, not the rest. n_heads, the activation, the norm's epsilon or the pad id were taken silently (logits off
+    by up to 1.5 before the first step; a pad id on [CLS] made a run its own tokenizer then did not fit), and a
+    position scheme or segment table switched off dropped those pretrained weights without a word."""
+    from attnlab.training.checkpoint import LOADABLE_CHANGES
+
+    for key, value in table.items():
+        if key in LOADABLE_CHANGES or key in INIT_FROM_CHANGES or key not in saved or value is None:
+            continue
+        if json.dumps(value, sort_keys=True) != json.dumps(saved[key], sort_keys=True):
+            raise ConfigError(f"model.{key} = {value!r}, but the model in model.init_from was trained with "
+                              f"{saved[key]!r}, which its weights keep; drop model.{key} (beside init_from only these "
+                              f"may change: {', '.join(sorted({*INIT_FROM_CHANGES, *LOADABLE_CHANGES} & set(saved)))})")
+
+
+# Settings beside model.init_from that choose the heads and the mask the body is fine-tuned with.
+INIT_FROM_CHANGES = ("head", "heads", "n_classes", "pooling", "pooler", "nsp", "causal")
 # Weights of each family's output heads: re-initialised when a run starts from a model with another head.
 HEAD_PREFIXES = {"encoder": ("head.",), "bert": ("classifier.", "mlm.", "nsp."), "gpt": ("lm_head.",),
                  "seq2seq": ("lm_head.",)}

@@ -1,0 +1,57 @@
+"""Model settings given beside model.init_from: those that change what the pretrained weights compute were taken
+silently (another head count or activation: logits off before the first step; a pad id on [CLS]: a run whose own
+tokenizer then did not fit it; no position scheme or segment table: pretrained weights dropped). Only the heads,
+the mask and what any checkpoint may load into (dropout, the context length) may change."""
+
+from __future__ import annotations
+
+import pytest
+from cli_helpers import one_line_error, run_cli
+from cli_helpers import toml_str as _q
+
+TINY = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu",
+        "--set", "train.steps=2", "--set", "train.eval_every=0", "--set", "data.val_fraction=0",
+        "--set", "train.warmup_steps=1"]
+SMALL = ["--set", "model.d_model=16", "--set", "model.n_heads=2", "--set", "model.n_layers=1", "--set",
+         "model.d_ff=32", "--set", "data.vocab_size=200"]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("init_from") / "bert"
+
+    class Capsys:  # run_cli reads a capsys; a module-wide fixture has none
+        def readouterr(self):
+            class Out:
+                out = err = ""
+            return Out()
+
+    code, _, err = run_cli(Capsys(), "train", "configs/bert-mlm.toml", *SMALL, *TINY,
+                           "--set", f"train.out_dir={_q(folder)}")
+    assert code == 0, err
+    return folder
+
+
+@pytest.mark.parametrize("setting, says", [
+    ("model.n_heads=4", "model.n_heads = 4, but the model in model.init_from was trained with 2"),
+    ("model.activation=\"relu\"", "model.activation = 'relu', but"),
+    ("model.position=\"none\"", "model.position = 'none', but"),
+    ("model.type_vocab_size=0", "model.type_vocab_size = 0, but"),
+    ("model.pad_id=3", "model.pad_id = 3, but"),
+    ("model.layer_norm_eps=0.001", "model.layer_norm_eps = 0.001, but"),
+])
+def test_a_setting_that_changes_the_pretrained_function_is_refused(pretrained, capsys, tmp_path, setting, says):
+    line = one_line_error(capsys, "train", "configs/bert-mlm.toml", "--set", f"model.init_from={_q(pretrained)}",
+                          "--set", setting, *TINY, "--set", f"train.out_dir={_q(tmp_path / 'ft')}")
+    assert says in line and "which its weights keep; drop model." in line and "dropout" in line
+    assert not (tmp_path / "ft" / "checkpoint").exists()
+
+
+@pytest.mark.parametrize("settings", [["model.dropout=0.2"], ["model.nsp=false"],
+                                      ["model.causal=true", "model.nsp=false"], ["model.n_heads=2"],
+                                      ["model.max_len=64"]])
+def test_the_heads_the_mask_and_regularisation_may_change(pretrained, capsys, tmp_path, settings):
+    given = [item for setting in settings for item in ("--set", setting)]
+    code, _, err = run_cli(capsys, "train", "configs/bert-mlm.toml", "--set", f"model.init_from={_q(pretrained)}",
+                           *given, *TINY, "--set", f"train.out_dir={_q(tmp_path / 'ft')}")
+    assert code == 0, err
