@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from attnlab.data.text_files import split_lines
 from attnlab.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -212,7 +213,7 @@ def read_corpus(path: str | PathLike[str]) -> list[str]:
         DataError: the file is missing, empty or not UTF-8, or a line holds the pad or mask character.
     """
     text = _read_text(path, "pretraining corpus (one document per line)")
-    lines = [raw.rstrip("\r") for raw in text.split("\n")]
+    lines = split_lines(text, path)  # CR-only line ends refused: the corpus read as one document
     for number, line in enumerate(lines, start=1):
         _check_no_specials(line, f"{path} line {number}")
     return [line for line in lines if line.strip()]
@@ -257,7 +258,7 @@ def read_qa_lines(
     text = _read_text(path, "'question<TAB>answer' lines" if require_answers else
                       "questions, one a line (an answer after a tab is optional)")
     pairs: list[tuple[int, str, str | None]] = []
-    for number, line in enumerate(text.split("\n"), start=1):
+    for number, line in enumerate(split_lines(text, path), start=1):  # CR-only line ends refused, as above
         if not line.strip():
             continue
         where = f"{path} line {number}"

@@ -182,9 +182,12 @@ def parse_variants(spec: str | list[str] | tuple[str, ...] | None) -> list[Varia
             continue
         attention, position = "dot", "learned"
         given: dict[str, str] = {}
+        name = "+".join(part.strip() for part in name.split("+"))  # "dot + rotary" as "dot+rotary"
         for part in name.split("+"):
             kind = "attention variant" if part in VARIANTS.names() else \
                 "position scheme" if part in POSITIONS.names() else None
+            if kind is not None and given.get(kind) == part:
+                raise ConfigError(f"variant {name!r} names the {kind} {part} twice; name it once")
             if kind is not None and kind in given:
                 # Position schemes as rows of their own go after an attention variant ("none" alone is the row
                 # without pretraining, "dot+none" the one without positions).
@@ -203,9 +206,11 @@ def parse_variants(spec: str | list[str] | tuple[str, ...] | None) -> list[Varia
                                   f"({', '.join(POSITIONS.names())}), joined by '+' to combine")
         check_compatible(attention, position)
         out.append(Variant(name, pretrain=True, attention=attention, position=position))
-    seen: set[str] = set()
-    unique = [v for v in out if not (v.name in seen or seen.add(v.name))]
-    return unique
+    # One row per model, whatever its spelling: "dot", "learned" and "dot+learned" are the same one, which was
+    # trained and reported once per spelling.
+    seen: set[tuple] = set()
+    return [v for v in out if not ((key := (v.pretrain, v.attention, v.position) if v.pretrain else (False,)) in seen
+                                   or seen.add(key))]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -520,9 +525,9 @@ _PHASE_ENTRIES = ("checkpoint", "best", "metrics", "loss")
 def _earlier_outputs(out: Path, inputs: list[Path]) -> list[Path]:
     """What an earlier knowledge run left in `out` for this run to replace: its tables and plots, its phase
     folders (holding what a trainer writes and nothing else), and, where those show such a run, its predictions
-    (`<variant>.tsv` files) and its synthetic world (`corpus.txt`, `train.tsv`, `dev.tsv`). Never a folder of the
-    user's with other files (a `data/` of their own was deleted with them), nor one that holds an input file of
-    this run."""
+    (`<variant>.tsv` files; the whole folder unless it holds files of the user's) and its synthetic world
+    (`corpus.txt`, `train.tsv`, `dev.tsv`). Never a folder of the user's with other files (a `data/` of their own
+    was deleted with them), nor one that holds an input file of this run."""
     def ours(folder: Path, allowed) -> bool:  # a file browser's own files (.DS_Store) go with the folder
         return folder.is_dir() and all(allowed(entry.name) or entry.name in _SYSTEM_FILES
                                        for entry in folder.iterdir())
@@ -539,8 +544,14 @@ def _earlier_outputs(out: Path, inputs: list[Path]) -> list[Path]:
     predictions = out / "predictions"
     world = out / "data"
     world_files = {"corpus.txt", "train.tsv", "dev.tsv", WORLD_MARK}
-    found = [*([predictions] if ours(predictions, lambda name: name.endswith(".tsv")) else []), *phases, *tables,
-             *([world] if ours(world, world_files.__contains__) and _generated_world(out) else [])]
+    if ours(predictions, lambda name: name.endswith(".tsv")):
+        stale = [predictions]
+    else:  # a file of the user's among them: the earlier rows' own files go, theirs stay
+        rows = {path.name.split("-", 1)[1] for path in phases}
+        stale = [path for row in sorted(rows) for name in (f"{row}.tsv", f"{row}.predict.tsv")
+                 if (path := predictions / name).is_file()]
+    generated = ours(world, world_files.__contains__) and _generated_world(out)
+    found = [*stale, *phases, *tables, *([world] if generated else [])]
     given = [path.resolve() for path in inputs]
     return [path for path in found
             if not any(path.resolve() == p or path.resolve() in p.parents for p in given)]
