@@ -55,3 +55,25 @@ def test_the_heads_the_mask_and_regularisation_may_change(pretrained, capsys, tm
     code, _, err = run_cli(capsys, "train", "configs/bert-mlm.toml", "--set", f"model.init_from={_q(pretrained)}",
                            *given, *TINY, "--set", f"train.out_dir={_q(tmp_path / 'ft')}")
     assert code == 0, err
+
+
+def test_a_window_longer_than_a_pretrained_gpts_positions_says_to_shorten_the_window(capsys, tmp_path):
+    # "raise the model's block_size" was the advice, which init_from then refused (the positions are weights).
+    base = tmp_path / "gpt"
+    code, _, err = run_cli(capsys, "train", "--set", "model.preset=gpt-char-tiny", *TINY,
+                           "--set", f"train.out_dir={_q(base)}")
+    assert code == 0, err
+    line = one_line_error(capsys, "train", "--set", f"model.init_from={_q(base)}", "--set", "data.block_size=64",
+                          *TINY, "--set", f"train.out_dir={_q(tmp_path / 'ft')}")
+    assert line.endswith("is longer than the model's 32 positions; set data.block_size to at most 32"), line
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+def test_a_file_given_for_a_run_folder_is_named_as_such(capsys, tmp_path, command):
+    path = tmp_path / "cls.tsv"
+    path.write_text("text\tlabel\ngood\t1\n", encoding="utf-8")
+    args = (["train", "--set", f"model.init_from={_q(path)}", *TINY, "--set", f"train.out_dir={_q(tmp_path / 'ft')}"]
+            if command == "train"
+            else ["evaluate", str(path), "--data", str(path)])
+    line = one_line_error(capsys, *args)
+    assert f"{path} is a file; give a run folder" in line, line

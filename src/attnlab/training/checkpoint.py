@@ -180,6 +180,9 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
         CheckpointError: the path does not exist or holds no checkpoint.
     """
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{path} is a file; give a run folder (a training run's train.out_dir) or a "
+                              "checkpoint folder in it")
     # A run's latest checkpoint that lost its weights (they are written before the folder is put in place), given
     # as the run or as itself: taking best/ instead, as model.init_from did, started from older weights unsaid.
     latest = path if path.name == "checkpoint" else path / "checkpoint"

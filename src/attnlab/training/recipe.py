@@ -752,9 +752,10 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     block = lm_window(d.block_size, config)
     model = _build(run, config)
     limit = getattr(model, "max_len", None)
-    if limit is not None and block > limit:
-        raise ConfigError(f"data.block_size {block} is longer than the model's {limit} positions; lower "
-                          "data.block_size or raise the model's block_size")
+    if limit is not None and block > limit:  # a pretrained model's positions are its weights: only the data gives way
+        fix = f"set data.block_size to at most {limit}" if "init_from" in run.model else \
+            "lower data.block_size or raise the model's block_size"
+        raise ConfigError(f"data.block_size {block} is longer than the model's {limit} positions; {fix}")
     # The token files are written into a folder of their own inside data/ (one per process: torchrun's ranks each
     # write theirs; inside, so that the move stays on one disk where data/ links to another) and moved into data/
     # once every check has passed: a run refused for its data (a held-out file shorter than a window, a character
