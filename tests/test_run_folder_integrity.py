@@ -357,7 +357,7 @@ def test_knowledge_out_folder_rules(capsys, tmp_path, lm_run):
     from attnlab.experiments.knowledge import parse_variants
 
     assert "holds a training run or checkpoint" in one_line_error(capsys, "run", "knowledge", "--out", str(lm_run))
-    with pytest.raises(Exception, match="e.g. --variants dot\\+none,dot\\+none"):
+    with pytest.raises(Exception, match="names the position scheme none twice; name it once"):
         parse_variants("none+none")  # "none,none" would mean the no-pretraining row twice
 
 
