@@ -77,3 +77,28 @@ def test_a_file_given_for_a_run_folder_is_named_as_such(capsys, tmp_path, comman
             else ["evaluate", str(path), "--data", str(path)])
     line = one_line_error(capsys, *args)
     assert f"{path} is a file; give a run folder" in line, line
+
+
+@pytest.mark.parametrize("labels, kept", [(("0", "1"), True), (("zebra", "apple"), False)])
+def test_a_classifier_without_class_names_keeps_its_head_only_for_the_numbers(pretrained, tmp_path, labels, kept):
+    # Matched as `evaluate` matches it (label i is output i): any two names were mapped onto its outputs, and
+    # evaluate then refused those very labels on it.
+    import torch
+
+    from attnlab.data.tokenizers import load_tokenizer
+    from attnlab.models.bert import BertModel
+    from attnlab.training import save_checkpoint
+    from attnlab.training.checkpoint import load_model
+    from attnlab.training.recipe import load_run_config, prepare
+
+    classifier = BertModel(load_model(pretrained).config.replace(heads="classification", n_classes=2))
+    with torch.no_grad():
+        classifier.classifier.weight.fill_(0.5)
+    save_checkpoint(tmp_path / "cls" / "checkpoint", classifier,
+                    tokenizer=load_tokenizer(pretrained / "checkpoint"))  # no trainer state: no class names
+    data = tmp_path / "data.tsv"
+    data.write_text("text\tlabel\n" + "".join(f"story {i}\t{labels[i % 2]}\n" for i in range(8)), encoding="utf-8")
+    prep = prepare(load_run_config(None, [f"model.init_from={_q(tmp_path / 'cls')}", "data.task=classification",
+                                          f"data.path={_q(data)}", "data.max_length=16", "train.device=\"cpu\"",
+                                          f"train.out_dir={_q(tmp_path / 'ft')}"]))
+    assert bool((prep.model.classifier.weight == 0.5).all()) == kept

@@ -636,7 +636,12 @@ def _build(run: RunConfig, config: Config, *, labels: list[str] | None = None):
     if "init_from" in run.model:
         from attnlab.training.checkpoint import class_names
 
-        other_classes = labels is not None and class_names(run.model["init_from"]) not in (None, labels)
+        # The pretrained head is kept for the same classes in the same order. A classifier that keeps no class names
+        # (converted, or copied without its trainer state) is matched as `evaluate` matches it: label i is output i,
+        # so only labels that are the numbers 0 to n-1 keep its head (any two names were mapped onto its outputs).
+        names = class_names(run.model["init_from"])
+        same = labels == names if names is not None else labels == [str(i) for i in range(len(labels or []))]
+        other_classes = labels is not None and not same
         init_from_pretrained(model, run.model["init_from"], new_heads=other_classes)
     return model
 
