@@ -41,3 +41,10 @@ def test_a_folder_named_checkpoint_is_not_said_to_hold_folders_of_its_own(tmp_pa
     with pytest.raises(CheckpointError) as e:
         find_checkpoint(tmp_path / "best")
     assert str(e.value) == f"no model.safetensors in {tmp_path / 'best'}; give a checkpoint folder written by attnlab"
+
+
+def test_a_run_folder_named_checkpoint_is_still_a_run(tmp_path):
+    # Its own checkpoint/ lies inside it: taking the folder for a checkpoint that lost its weights refused it.
+    run = tmp_path / "checkpoint"
+    save_checkpoint(run / "checkpoint", _model(2))
+    assert find_checkpoint(run) == run / "checkpoint"

@@ -11,6 +11,7 @@ from cli_helpers import one_line_error, run_cli
 from cli_helpers import toml_str as _q
 
 from attnlab.data.text_files import line_split_offset
+from attnlab.training.recipe import _HOST
 
 LM = ["--set", "model.preset=gpt-char-tiny", "--set", "train.steps=2", "--set", "train.batch_size=4",
       "--set", "train.precision=fp32", "--set", "train.progress=false", "--set", "train.device=cpu",
@@ -102,14 +103,14 @@ def test_a_held_out_tail_of_dropped_characters_is_trained_on_as_a_short_one(caps
 
 
 def test_a_stale_staging_folder_of_this_process_number_is_not_moved_in(capsys, tmp_path):
-    # A run killed while encoding leaves data/.partial.<pid>; a later process with that number (a container's
+    # A run killed while encoding leaves data/.partial.<host>.<pid>; a later process with that number (a container's
     # pid 1) moved the stale val.bin into data/ as its own.
     import os
 
     text = tmp_path / "text.txt"
     text.write_text("\n".join(PARAGRAPHS * 3) + "\n", encoding="utf-8")
     run = tmp_path / "run"
-    stale = run / "data" / f".partial.{os.getpid()}"
+    stale = run / "data" / f".partial.{_HOST}.{os.getpid()}"
     stale.mkdir(parents=True)
     (stale / "val.bin").write_bytes(b"\0" * 64)
     (stale / "val.bin.json").write_text('{"stale": true}', encoding="utf-8")
@@ -121,7 +122,7 @@ def test_a_stale_staging_folder_of_this_process_number_is_not_moved_in(capsys, t
 
 @pytest.mark.skipif(os.name != "posix", reason="a process's life is asked by signal 0 on POSIX only")
 def test_staging_folders_of_dead_processes_are_cleared(capsys, tmp_path):
-    # A run killed (SIGKILL) while encoding left data/.partial.<pid> with its partial token files for good; the
+    # A run killed (SIGKILL) while encoding left data/.partial.<host>.<pid> with its partial token files for good; the
     # staging folder of a process still running (another rank of a torchrun run) is left alone.
     import subprocess
     import sys
@@ -130,15 +131,17 @@ def test_staging_folders_of_dead_processes_are_cleared(capsys, tmp_path):
     text.write_text("\n".join(PARAGRAPHS * 3) + "\n", encoding="utf-8")
     run = tmp_path / "run"
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead = run / "data" / f".partial.{int(gone.stdout)}"
-    live = run / "data" / f".partial.{os.getppid()}"
-    for folder in (dead, live):
+    dead = run / "data" / f".partial.{_HOST}.{int(gone.stdout)}"
+    live = run / "data" / f".partial.{_HOST}.{os.getppid()}"
+    # another machine's process of that number (ranks of a multi-machine run sharing a network disk): not asked
+    elsewhere = run / "data" / f".partial.other-host.{int(gone.stdout)}"
+    for folder in (dead, live, elsewhere):
         folder.mkdir(parents=True)
         (folder / "train.bin").write_bytes(b"\0" * 64)
     code, _, err = run_cli(capsys, "train", *LM, "--set", f"data.path={_q(text)}", "--set",
                            f"train.out_dir={_q(run)}")
     assert code == 0, err
-    assert not dead.exists() and (live / "train.bin").exists()
+    assert not dead.exists() and (live / "train.bin").exists() and (elsewhere / "train.bin").exists()
 
 
 def test_token_files_stay_on_the_disk_data_links_to(capsys, tmp_path):

@@ -102,3 +102,21 @@ def test_a_classifier_without_class_names_keeps_its_head_only_for_the_numbers(pr
                                           f"data.path={_q(data)}", "data.max_length=16", "train.device=\"cpu\"",
                                           f"train.out_dir={_q(tmp_path / 'ft')}"]))
     assert bool((prep.model.classifier.weight == 0.5).all()) == kept
+
+
+def test_a_setting_left_to_its_default_in_the_pretrained_run_may_be_written_out(capsys, tmp_path):
+    # gpt-char-tiny keeps d_ff = None (4 × d_model, 128): writing the same width was refused as "trained with None".
+    base = tmp_path / "gpt"
+    assert run_cli(capsys, "train", "--set", "model.preset=gpt-char-tiny", *TINY,
+                   "--set", f"train.out_dir={_q(base)}")[0] == 0
+    code, _, err = run_cli(capsys, "train", "--set", f"model.init_from={_q(base)}", "--set", "model.d_ff=128", *TINY,
+                           "--set", f"train.out_dir={_q(tmp_path / 'ft')}")
+    assert code == 0, err
+
+
+def test_the_context_length_of_learned_positions_is_refused_with_the_data_fix(pretrained, capsys, tmp_path):
+    # "may change: ... max_len" was listed, and then the weights did not load.
+    line = one_line_error(capsys, "train", "configs/bert-mlm.toml", "--set", f"model.init_from={_q(pretrained)}",
+                          "--set", "model.max_len=32", *TINY, "--set", f"train.out_dir={_q(tmp_path / 'ft')}")
+    assert "model.max_len = 32, but the model in model.init_from was trained with 64" in line
+    assert "positions are weights" in line and "max_len" not in line.split("may change:")[1]

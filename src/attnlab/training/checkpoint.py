@@ -185,7 +185,7 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
                               "checkpoint folder in it")
     # A run's latest checkpoint that lost its weights (they are written before the folder is put in place), given
     # as the run or as itself: taking best/ instead, as model.init_from did, started from older weights unsaid.
-    latest = path if path.name == "checkpoint" else path / "checkpoint"
+    latest = path if path.name == "checkpoint" and (path / "config.json").is_file() else path / "checkpoint"
     if not _complete(path) and latest.is_dir() and _resolve(latest) is None:
         best = _resolve(latest.parent / "best")
         raise CheckpointError(f"{latest} has no {MODEL_FILE} (removed since it was saved); "

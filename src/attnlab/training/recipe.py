@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import sys
 import warnings
 from collections.abc import Callable, Iterable
@@ -571,13 +572,23 @@ def _check_init_from_changes(table: dict[str, Any], saved: dict[str, Any]) -> No
     position scheme or segment table switched off dropped those pretrained weights without a word."""
     from attnlab.training.checkpoint import LOADABLE_CHANGES
 
+    # The context length may change where positions are computed (sinusoidal, rotary, ALiBi...), not where they are
+    # weights of one row a position (learned positions, Synthesizer attention): those were refused later anyway.
+    bound = saved.get("position") == "learned" or str(saved.get("attention", "")).startswith("synthesizer")
+    lengths = {"block_size", "max_len"} if bound else set()
+    may_change = sorted(({*INIT_FROM_CHANGES, *LOADABLE_CHANGES} - lengths) & set(saved))
     for key, value in table.items():
-        if key in LOADABLE_CHANGES or key in INIT_FROM_CHANGES or key not in saved or value is None:
+        # saved None: the setting was left to its default, resolved by the model (d_ff: 4 × d_model); a value that
+        # differs from it gives weights of other shapes, refused when they are loaded
+        if (key in LOADABLE_CHANGES and key not in lengths) or key in INIT_FROM_CHANGES or key not in saved \
+                or value is None or saved[key] is None:
             continue
         if json.dumps(value, sort_keys=True) != json.dumps(saved[key], sort_keys=True):
+            positions = f" (its {saved[key]} positions are weights: set the data's length within them)" \
+                if key in lengths else ""
             raise ConfigError(f"model.{key} = {value!r}, but the model in model.init_from was trained with "
-                              f"{saved[key]!r}, which its weights keep; drop model.{key} (beside init_from only these "
-                              f"may change: {', '.join(sorted({*INIT_FROM_CHANGES, *LOADABLE_CHANGES} & set(saved)))})")
+                              f"{saved[key]!r}, which its weights keep{positions}; drop model.{key} (beside "
+                              f"init_from only these may change: {', '.join(may_change)})")
 
 
 # Settings beside model.init_from that choose the heads and the mask the body is fine-tuned with.
@@ -767,7 +778,7 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     # outside the vocabulary) had rewritten a finished run's data/, or left one where no run was.
     data_dir = Path(t.out_dir) / "data"
     made = not data_dir.exists()
-    staging = data_dir / f".partial.{os.getpid()}"
+    staging = data_dir / f".partial.{_HOST}.{os.getpid()}"
     _clear_dead_staging(data_dir)
     shutil.rmtree(staging, ignore_errors=True)  # a killed run's, whose process number this one has
     make_folder(staging, "train.out_dir")
@@ -794,15 +805,20 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     return Prepared(model, tokenizer, train_source, eval_source, info={"train_tokens": n_train, "block_size": block})
 
 
+# This machine's name in the staging folders: the ranks of a run over several machines can share a run folder on
+# a network disk, and a process number says nothing about another machine's processes.
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+
+
 def _clear_dead_staging(data_dir: Path) -> None:
-    """Remove the staging folders (data/.partial.<pid>) of processes that no longer run: a run killed while
-    encoding (SIGKILL, a lost machine) left its partial token files there, a corpus's worth of disk, for good.
-    Only where a process can be asked whether it lives without touching it (POSIX): the live ones are the other
-    ranks of this torchrun run, writing theirs."""
+    """Remove the staging folders (data/.partial.<host>.<pid>) of this machine's processes that no longer run: a run
+    killed while encoding (SIGKILL) left its partial token files there, a corpus's worth of disk, for good. Only
+    where a process can be asked whether it lives without touching it (POSIX); the live ones are the other ranks of
+    this torchrun run, writing theirs. Another machine's folders are left alone."""
     if os.name != "posix" or not data_dir.is_dir():
         return
-    for folder in data_dir.glob(".partial.*"):
-        pid = folder.name.removeprefix(".partial.")
+    for folder in data_dir.glob(f".partial.{_HOST}.*"):
+        pid = folder.name.removeprefix(f".partial.{_HOST}.")
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
