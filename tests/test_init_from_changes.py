@@ -120,3 +120,27 @@ def test_the_context_length_of_learned_positions_is_refused_with_the_data_fix(pr
                           "--set", "model.max_len=32", *TINY, "--set", f"train.out_dir={_q(tmp_path / 'ft')}")
     assert "model.max_len = 32, but the model in model.init_from was trained with 64" in line
     assert "positions are weights" in line and "max_len" not in line.split("may change:")[1]
+
+
+def test_tokenizer_settings_beside_init_from_are_said_to_be_unused(pretrained, capsys, tmp_path):
+    # run.json recorded them as the run's tokenizer while the pretrained one was used, without a word.
+    import warnings
+
+    args = ["train", "--set", f"model.init_from={_q(pretrained)}", "--set", "data.task=\"mlm\"", "--set",
+            "data.max_length=64", *TINY]
+    says = (r"data.tokenizer = 'bpe' and data.vocab_size = 500 are not used: the run keeps the tokenizer of "
+            r"model.init_from, its weights' vocabulary \(wordpiece")
+    with pytest.warns(UserWarning, match=says):
+        assert run_cli(capsys, *args, "--set", "data.tokenizer=\"bpe\"", "--set", "data.vocab_size=500",
+                       "--set", f"train.out_dir={_q(tmp_path / 'a')}")[0] == 0
+    with warnings.catch_warnings(record=True) as caught:  # nothing given: nothing to say
+        warnings.simplefilter("always")
+        assert run_cli(capsys, *args, "--set", f"train.out_dir={_q(tmp_path / 'b')}")[0] == 0
+    assert not [w for w in caught if "not used" in str(w.message)]
+
+
+def test_a_pretrained_berts_positions_bound_the_data_not_the_model(pretrained, capsys, tmp_path):
+    # "raise model.max_len" was the advice, which init_from refuses for learned positions.
+    line = one_line_error(capsys, "train", "--set", f"model.init_from={_q(pretrained)}", "--set", "data.task=\"mlm\"",
+                          *TINY, "--set", f"train.out_dir={_q(tmp_path / 'ft')}")
+    assert line.endswith("data.max_length 128 is beyond the model's 64 positions; set data.max_length to at most 64")

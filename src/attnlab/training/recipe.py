@@ -610,6 +610,17 @@ def _tokenizer(run: RunConfig, texts: Any, saved: Path | None, **options: Any):
     if folder is not None:  # the pretrained run's, or the resumed checkpoint's: its weights' own
         tokenizer = load_tokenizer(folder)
         check_tokenizer_fits(read_config(folder), tokenizer, folder)
+        # Settings of another tokenizer beside init_from are said to be unused, not passed over in silence: run.json
+        # records them as given (a config file's [data] table), where they read as the run's tokenizer.
+        d = run.data
+        given = [f"data.tokenizer = {d.tokenizer!r}"] if d.tokenizer not in (DataConfig.tokenizer, tokenizer.kind) \
+            else []
+        if d.vocab_size not in (None, tokenizer.vocab_size):
+            given.append(f"data.vocab_size = {d.vocab_size}")
+        if "init_from" in run.model and saved is None and given:
+            warnings.warn(f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} not used: the run keeps the "
+                          f"tokenizer of model.init_from, its weights' vocabulary ({tokenizer.kind}, "
+                          f"{tokenizer.vocab_size:,} tokens)", stacklevel=2)
         return tokenizer
     return _from_first_process(train_tokenizer(run.data.tokenizer, texts, run.data.vocab_size, **options),
                                run.train.device)
@@ -1088,9 +1099,10 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
     tokenizer = _tokenizer(run, [line for doc in documents for line in doc], saved)
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, max_len=max(d.max_length, 8),
                           pad_id=tokenizer.pad_id or 0, heads="pretraining")
-    if config.max_len < d.max_length:
-        raise ConfigError(f"data.max_length {d.max_length} is beyond the model's {config.max_len} positions; "
-                          "lower data.max_length or raise model.max_len")
+    if config.max_len < d.max_length:  # a pretrained model's positions may be weights: only the data gives way
+        fix = f"set data.max_length to at most {config.max_len}" if "init_from" in run.model else \
+            "lower data.max_length or raise model.max_len"
+        raise ConfigError(f"data.max_length {d.max_length} is beyond the model's {config.max_len} positions; {fix}")
     if config.type_vocab_size == 1:  # 0 is the "no segment embeddings" ablation: segments are then not read
         raise ConfigError("model.type_vocab_size = 1, but the sentence pairs have two segments (0 for A, 1 for B); "
                           "set it to 2, or to 0 for no segment embeddings")
