@@ -48,3 +48,9 @@ def test_a_run_folder_named_checkpoint_is_still_a_run(tmp_path):
     run = tmp_path / "checkpoint"
     save_checkpoint(run / "checkpoint", _model(2))
     assert find_checkpoint(run) == run / "checkpoint"
+
+
+def test_a_folder_holding_a_run_named_checkpoint_names_that_run(tmp_path):
+    save_checkpoint(tmp_path / "checkpoint" / "checkpoint", _model(2))
+    with pytest.raises(CheckpointError, match=f"holds no model itself but the runs {tmp_path / 'checkpoint'}"):
+        find_checkpoint(tmp_path)

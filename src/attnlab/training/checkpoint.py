@@ -185,8 +185,9 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
                               "checkpoint folder in it")
     # A run's latest checkpoint that lost its weights (they are written before the folder is put in place), given
     # as the run or as itself: taking best/ instead, as model.init_from did, started from older weights unsaid.
+    # (A folder named checkpoint without a config.json is no checkpoint: a run folder of that name, say.)
     latest = path if path.name == "checkpoint" and (path / "config.json").is_file() else path / "checkpoint"
-    if not _complete(path) and latest.is_dir() and _resolve(latest) is None:
+    if not _complete(path) and (latest / "config.json").is_file() and _resolve(latest) is None:
         best = _resolve(latest.parent / "best")
         raise CheckpointError(f"{latest} has no {MODEL_FILE} (removed since it was saved); "
                               + (f"the run's best checkpoint is {best}: give that folder (generate and evaluate: "

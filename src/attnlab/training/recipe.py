@@ -566,10 +566,11 @@ INIT_FROM_DERIVED = ("head", "heads", "n_classes")  # task-imposed model setting
 
 def _check_init_from_changes(table: dict[str, Any], saved: dict[str, Any]) -> None:
     """Refuse a [model] setting given beside model.init_from that changes what the pretrained weights compute:
-    the heads, the mask and what checkpoints may load into (`LOADABLE_CHANGES`: dropout, the context length...) may
-    change, not the rest. n_heads, the activation, the norm's epsilon or the pad id were taken silently (logits off
-    by up to 1.5 before the first step; a pad id on [CLS] made a run its own tokenizer then did not fit), and a
-    position scheme or segment table switched off dropped those pretrained weights without a word."""
+    the heads, the mask and what any checkpoint may load into (`LOADABLE_CHANGES`: dropout, a computed position
+    scheme's context length) may change, not the rest. n_heads, the activation, the norm's epsilon or the pad id
+    were taken silently (logits off by up to 1.5 before the first step; a pad id on [CLS] left a run that its own
+    tokenizer then did not fit), and a position scheme or segment table switched off dropped those pretrained
+    weights without a word."""
     from attnlab.training.checkpoint import LOADABLE_CHANGES
 
     # The context length may change where positions are computed (sinusoidal, rotary, ALiBi...), not where they are
