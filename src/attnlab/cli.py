@@ -88,6 +88,13 @@ def train(
         return
     shown = {k: v for k, v in summary.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
     print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
+    best = summary.get("best")
+    if summary.get("stopped_early"):  # the summary's bool, left out above: the figures read as a whole run's
+        print(f"stopped early at step {summary['steps']} of {run.train.steps}: no better evaluation in "
+              f"train.early_stopping_patience = {run.train.early_stopping_patience} evaluations")
+    if isinstance(best, dict) and {"metric", "step", "value"} <= set(best) and best["step"] != summary["steps"]:
+        # best/ holds an earlier step than the figures above
+        print(f"best/: step {best['step']}, {best['metric']} {best['value']:.4g}")
     print(f"run folder: {run.train.out_dir}")
 
 

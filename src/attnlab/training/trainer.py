@@ -853,6 +853,11 @@ class Trainer:
                                       "use another checkpoint") from None
             if not self.world.is_main:
                 self._window.loss_sum = torch.zeros_like(self._window.loss_sum)
+        elif window and self.world.is_main:  # said, not left for a reader to take for the whole window's loss
+            first = self.step - int(window.get("steps", 0)) + 1 if isinstance(window, dict) else self.step
+            warnings.warn(f"the next training record covers only the steps after {self.step}: the loss of steps "
+                          f"{first} to {self.step} was interrupted with each process holding its own share, which "
+                          "the checkpoint does not keep (the weights resume exactly)", stacklevel=3)
         # Each step seeds torch itself (seed_step); the saved states give Python's and numpy's generators, which
         # a user's code may draw from, where the checkpoint has this process's (an interrupted distributed run
         # saves rank 0's alone).
