@@ -208,6 +208,9 @@ EXPERIMENTS = {
 def _run(ctx: typer.Context,
          list_all: bool = typer.Option(False, "--list", help="List the experiments.")) -> None:
     """Run a reproducible experiment end to end: `attnlab run knowledge`."""
+    if list_all and ctx.invoked_subcommand is not None:  # it ran the experiment over an earlier run's results
+        raise _click_exceptions().UsageError(f"give --list or an experiment, not both: `attnlab run --list` lists "
+                                             f"them, `attnlab run {ctx.invoked_subcommand}` runs one", ctx=ctx)
     if ctx.invoked_subcommand is None:
         if not list_all:
             raise _click_exceptions().UsageError(f"missing the experiment: attnlab run EXPERIMENT, with EXPERIMENT "

@@ -208,8 +208,17 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
 def runs_inside(path: Path) -> str:
     """The run folders directly inside `path`, listed for a message ("" when none): an experiment's folder
     (`attnlab run knowledge` writes one run per phase) is not a run itself."""
-    runs = sorted(str(sub) for sub in path.iterdir() if sub.is_dir() and _checkpoint_of(sub) is not None)
+    runs = sorted(str(sub) for sub in path.iterdir() if sub.is_dir() and _written_by_attnlab(_checkpoint_of(sub)))
     return ", ".join(runs[:6]) + (", ..." if len(runs) > 6 else "")
+
+
+def _written_by_attnlab(folder: Path | None) -> bool:
+    """Whether a checkpoint folder's config.json is attnlab's (it names the model family): an HF `save_pretrained`
+    folder (config.json and model.safetensors too) was offered as a run to pick, and then refused."""
+    try:
+        return folder is not None and "family" in json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def _swap_into_place(new: Path, folder: Path) -> None:
