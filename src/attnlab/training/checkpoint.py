@@ -215,10 +215,13 @@ def runs_inside(path: Path) -> str:
 def _written_by_attnlab(folder: Path | None) -> bool:
     """Whether a checkpoint folder's config.json is attnlab's (it names the model family): an HF `save_pretrained`
     folder (config.json and model.safetensors too) was offered as a run to pick, and then refused."""
-    try:
-        return folder is not None and "family" in json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
+    if folder is None:
         return False
+    try:
+        read_config(folder)  # a complete checkpoint folder: found as itself
+    except (CheckpointError, OSError):
+        return False
+    return True
 
 
 def _swap_into_place(new: Path, folder: Path) -> None:
