@@ -641,6 +641,14 @@ def _from_first_process(tokenizer, device: str):
     return tokenizer_from_dict(json.loads(first))
 
 
+def _fit_data_fix(run: RunConfig, setting: str, limit: int, model_setting: str) -> str:
+    """How data longer than the model's positions is fitted to them: a pretrained model's (model.init_from) keep their
+    length, which may be weights, so only the data gives way (raising the model's was advised, then refused)."""
+    if "init_from" in run.model:
+        return f"set {setting} to at most {limit}"
+    return f"lower {setting} or raise {model_setting}"
+
+
 def _build(run: RunConfig, config: Config, *, labels: list[str] | None = None):
     """The model for `config`, with the weights of model.init_from where it names a pretrained run. A
     classifier (`labels`, the class names in output order) keeps the pretrained head only for the same classes."""
@@ -655,7 +663,7 @@ def _build(run: RunConfig, config: Config, *, labels: list[str] | None = None):
     if run.data.task != "lm" and limit is not None and run.data.max_length > limit:  # lm: data.block_size, below
         # Refused now: the first batch of a long text would fail once the run folder had been replaced.
         raise ConfigError(f"data.max_length {run.data.max_length} is longer than the model's {limit} positions; "
-                          "lower data.max_length or raise model.max_len")
+                          f"{_fit_data_fix(run, 'data.max_length', limit, 'model.max_len')}")
     if "init_from" in run.model:
         from attnlab.training.checkpoint import class_names
 
@@ -780,9 +788,8 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     block = lm_window(d.block_size, config)
     model = _build(run, config)
     limit = getattr(model, "max_len", None)
-    if limit is not None and block > limit:  # a pretrained model's positions are its weights: only the data gives way
-        fix = f"set data.block_size to at most {limit}" if "init_from" in run.model else \
-            "lower data.block_size or raise the model's block_size"
+    if limit is not None and block > limit:
+        fix = _fit_data_fix(run, "data.block_size", limit, "the model's block_size")
         raise ConfigError(f"data.block_size {block} is longer than the model's {limit} positions; {fix}")
     # The token files are written into a folder of their own inside data/ (one per process: torchrun's ranks each
     # write theirs; inside, so that the move stays on one disk where data/ links to another) and moved into data/
@@ -1100,10 +1107,9 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
     tokenizer = _tokenizer(run, [line for doc in documents for line in doc], saved)
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, max_len=max(d.max_length, 8),
                           pad_id=tokenizer.pad_id or 0, heads="pretraining")
-    if config.max_len < d.max_length:  # a pretrained model's positions may be weights: only the data gives way
-        fix = f"set data.max_length to at most {config.max_len}" if "init_from" in run.model else \
-            "lower data.max_length or raise model.max_len"
-        raise ConfigError(f"data.max_length {d.max_length} is beyond the model's {config.max_len} positions; {fix}")
+    if config.max_len < d.max_length:
+        raise ConfigError(f"data.max_length {d.max_length} is beyond the model's {config.max_len} positions; "
+                          f"{_fit_data_fix(run, 'data.max_length', config.max_len, 'model.max_len')}")
     if config.type_vocab_size == 1:  # 0 is the "no segment embeddings" ablation: segments are then not read
         raise ConfigError("model.type_vocab_size = 1, but the sentence pairs have two segments (0 for A, 1 for B); "
                           "set it to 2, or to 0 for no segment embeddings")
