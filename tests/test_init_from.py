@@ -106,6 +106,8 @@ def test_what_cannot_fit_is_refused(files, bert_run, encoder_run):
         _classify(files, bert_run, "model.preset=bert-tiny")
     with pytest.raises(ConfigError, match="holds a 'bert' model, not 'encoder'"):
         _classify(files, bert_run, "model.family=encoder")
+    with pytest.raises(ConfigError, match="holds an 'encoder' model, not 'bert'"):  # the article fits the name
+        _classify(files, encoder_run, "model.family=bert")
     with pytest.raises(ConfigError, match="needs a model of family bert, not 'encoder'"):
         load_run_config(None, [f"model.init_from={_q(encoder_run)}", "data.task=mlm"])
     with pytest.raises(ConfigError, match="beyond the 24 positions"):

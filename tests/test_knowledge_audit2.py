@@ -48,5 +48,8 @@ def test_an_earlier_runs_prediction_files_go_and_the_users_stay(tmp_path):
     found = {path.relative_to(tmp_path).as_posix() for path in _earlier_outputs(tmp_path, [])}
     assert {"predictions/dot.tsv", "predictions/dot.predict.tsv", "predictions/none.tsv"} <= found
     assert not found & {"predictions", "predictions/notes.txt", "predictions/mine.tsv"}
-    (predictions / "notes.txt").unlink()  # only .tsv files: the whole folder is the earlier run's, as before
+    (predictions / "notes.txt").unlink()  # only .tsv files, one of them not a row's: still the user's
+    found = {path.relative_to(tmp_path).as_posix() for path in _earlier_outputs(tmp_path, [])}
+    assert "predictions/dot.tsv" in found and not found & {"predictions", "predictions/mine.tsv"}
+    (predictions / "mine.tsv").unlink()  # only the rows' files: the whole folder is the earlier run's
     assert "predictions" in {path.relative_to(tmp_path).as_posix() for path in _earlier_outputs(tmp_path, [])}

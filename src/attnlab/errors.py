@@ -27,6 +27,11 @@ class CheckpointError(AttnlabError):
     """A checkpoint folder that is missing, corrupt, or belongs to another model."""
 
 
+def a_name(name: str) -> str:
+    """`name` quoted, after the article it takes in a message: "an 'encoder'", "a 'gpt'"."""
+    return f"{'an' if str(name)[:1].lower() in 'aeiou' else 'a'} {name!r}"
+
+
 def one_line(error: BaseException) -> str:
     """The first line of an error's message, for a one-line report. Python's refusal to read a number of more
     than 4,300 digits from text (JSON, TOML, YAML), whose advice is a call for programmers, in a user's words."""

@@ -544,7 +544,7 @@ def _earlier_outputs(out: Path, inputs: list[Path]) -> list[Path]:
     predictions = out / "predictions"
     world = out / "data"
     world_files = {"corpus.txt", "train.tsv", "dev.tsv", WORLD_MARK}
-    if ours(predictions, lambda name: name.endswith(".tsv")):
+    if ours(predictions, _prediction_file):
         stale = [predictions]
     else:  # a file of the user's among them: the earlier rows' own files go, theirs stay
         rows = {path.name.split("-", 1)[1] for path in phases}
@@ -555,6 +555,16 @@ def _earlier_outputs(out: Path, inputs: list[Path]) -> list[Path]:
     given = [path.resolve() for path in inputs]
     return [path for path in found
             if not any(path.resolve() == p or path.resolve() in p.parents for p in given)]
+
+
+def _prediction_file(name: str) -> bool:
+    """Whether a file name is one a knowledge run gives its predictions: `<row>.tsv` or `<row>.predict.tsv`, the row
+    a variant `--variants` takes (a `mine.tsv` of the user's is not, and keeps the folder)."""
+    row = name.removesuffix(".tsv").removesuffix(".predict") if name.endswith(".tsv") else ""
+    try:
+        return len(parse_variants(row)) == 1 if row and "," not in row else False
+    except ConfigError:
+        return False
 
 
 # Files a file browser leaves in folders it shows (macOS, Windows): they do not make a folder the user's.

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.errors import CheckpointError, ConfigError, DataError, UnknownToken
+from attnlab.errors import CheckpointError, ConfigError, DataError, UnknownToken, a_name
 from attnlab.inference.generate import check_beam_size
 from attnlab.training.logging import progress_bar
 from attnlab.training.recipe import evaluate_batches
@@ -327,8 +327,8 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
     if run.family not in LM_FAMILIES and not (run.family == "encoder" and model.config.head == "lm"):
         head = getattr(model.config, "head", None) or getattr(model.config, "heads", None)
         scored = head in ("classification", "pretraining")  # `evaluate` takes these; a bare encoder neither
-        raise ConfigError(f"a {run.family!r} model with the {head!r} head{HEAD_NAMES.get(head, '')} does not generate "
-                          "text; " + ("`attnlab evaluate` scores it on a file" if scored else NO_HEAD))
+        raise ConfigError(f"{a_name(run.family)} model with the {head!r} head{HEAD_NAMES.get(head, '')} does not "
+                          "generate text; " + ("`attnlab evaluate` scores it on a file" if scored else NO_HEAD))
     if beam_size != 1:
         raise ConfigError("--beam-size is for translation models; language models take --greedy or sampling "
                           "options")
@@ -420,8 +420,8 @@ def _evaluate_file(run: LoadedRun, data: str | Path, target: str | Path | None, 
         return _evaluate_classification(run, data, batch_size, text_column, label_column)
     if run.family == "bert" and head == "pretraining":
         return _evaluate_pretraining(run, data, batch_size)
-    raise ConfigError(f"cannot evaluate a {run.family!r} model with head {head!r} on a file (evaluate scores language "
-                      "models, classifiers, BERT pre-training and translation models); " + NO_HEAD)
+    raise ConfigError(f"cannot evaluate {a_name(run.family)} model with head {head!r} on a file (evaluate scores "
+                      "language models, classifiers, BERT pre-training and translation models); " + NO_HEAD)
 
 
 def _device(model: nn.Module) -> torch.device:

@@ -41,7 +41,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from attnlab.errors import CheckpointError, ConfigError, one_line
+from attnlab.errors import CheckpointError, ConfigError, a_name, one_line
 from attnlab.files import check_readable, fsync_path, ordinary_permissions
 from attnlab.training.device import _mps_available
 from attnlab.training.distributed import unwrap
@@ -739,7 +739,7 @@ def load_checkpoint_into(path: str | os.PathLike[str], model: nn.Module,
     saved_family = read_config(folder)["family"]
     family = _model_config(model)["family"]
     if saved_family != family:
-        raise ModelMismatch(f"{folder} holds a {saved_family!r} model but the model is {family!r}; "
+        raise ModelMismatch(f"{folder} holds {a_name(saved_family)} model but the model is {family!r}; "
                           "give a checkpoint of the same model family")
     _check_same_function(folder, read_config(folder), _model_config(model))
     _load_model_state(folder, model)

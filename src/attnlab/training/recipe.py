@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.config import Config, check_choice, check_positive, is_unset
-from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError, UnknownToken, one_line
+from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError, UnknownToken, a_name, one_line
 from attnlab.files import folder_lock, make_folder, write_text_atomic
 
 if sys.version_info >= (3, 11):
@@ -473,12 +473,12 @@ def _validate_model_keys(model: dict[str, Any]) -> str:
             raise ConfigError("model.init_from and model.preset both give the architecture; keep one")
         saved = _init_from_config(model["init_from"])["family"]
         if family is not None and family != saved:
-            raise ConfigError(f"model.init_from holds a {saved!r} model, not {family!r}; drop model.family")
+            raise ConfigError(f"model.init_from holds {a_name(saved)} model, not {family!r}; drop model.family")
         family = saved
     if "preset" in model:
         preset_family, _ = get_preset(model["preset"])
         if family is not None and family != preset_family:
-            raise ConfigError(f"model.preset {model['preset']!r} is a {preset_family!r} model, "
+            raise ConfigError(f"model.preset {model['preset']!r} is {a_name(preset_family)} model, "
                               f"not {family!r}; drop model.family or pick another preset")
         family = preset_family
     cls = FAMILIES.get(family).config_cls
@@ -697,7 +697,7 @@ def init_from_pretrained(model, path: str | Path, *, new_heads: bool = False) ->
     family = config_to_dict(model.config)["family"]
     saved_family = config_to_dict(pretrained.config)["family"]
     if saved_family != family:
-        raise CheckpointError(f"{folder} holds a {saved_family!r} model; this run trains a {family!r} one")
+        raise CheckpointError(f"{folder} holds {a_name(saved_family)} model; this run trains {a_name(family)} one")
     saved, ours = pretrained.state_dict(), model.state_dict()
     heads = HEAD_PREFIXES.get(family, ())
     modules = heads + OPTIONAL_PREFIXES.get(family, ())
@@ -1275,8 +1275,8 @@ def _check_resumed_family(run: RunConfig, checkpoint: Path) -> None:
         return
     family = _validate_model_keys(run.model)
     if saved != family:
-        raise ConfigError(f"cannot resume: {checkpoint} holds a {saved!r} model, and this config trains a "
-                          f"{family!r} one; resume with the config the run was trained with, or train into "
+        raise ConfigError(f"cannot resume: {checkpoint} holds {a_name(saved)} model, and this config trains "
+                          f"{a_name(family)} one; resume with the config the run was trained with, or train into "
                           "another train.out_dir")
 
 
