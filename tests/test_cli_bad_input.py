@@ -59,6 +59,7 @@ def cls_run(tmp_path_factory):
     (["trian"], "No such command 'trian'"),
     (["run", "nosuch"], "No such command 'nosuch'"),
     (["run", "knowledge", "--set", "foo"], "expected KEY=VALUE"),
+    (["run", "knowledge", "--set", " =1"], "the setting's name is missing before '='"),
     (["train", "--set", "model.dropout=1.5"], "model.dropout must be at least 0 and below 1"),
     (["train", "--set", "model.attention_dropout=-0.5"], "attention_dropout must be at least 0"),
     (["train", "--set", "model.d_ff=-4"], "d_ff must be positive"),

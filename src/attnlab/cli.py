@@ -229,6 +229,9 @@ def _parse_sets(items: list[str] | None) -> dict:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set pretrain_epochs=50")
         key, raw = item.split("=", 1)
+        if not key.strip():
+            raise ConfigError(f"--set {item!r}: the setting's name is missing before '=', e.g. --set "
+                              "pretrain_epochs=50")
         out[key.strip()] = parse_value(raw)
     return out
 
