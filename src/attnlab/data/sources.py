@@ -612,6 +612,12 @@ class BertSource:
         self.pairs, self.batch_size, self.masking, self.seed = pairs, batch_size, masking, seed
         self.bucket_by_length = bucket_by_length
         self._sentence_lengths = np.array([len(x) for x in pairs.sentences], dtype=np.int64)
+        specials = set(masking.special_ids)
+        if not any(token not in specials for sentence in pairs.sentences for token in sentence):
+            # Every pair's masked LM loss would be over no token (its loss and perplexity read 0 and 1).
+            raise DataError("no token of the text can be masked: every one is a special token (the unknown token "
+                            "stands for text the tokenizer's vocabulary does not hold); give text that vocabulary "
+                            "covers, or train the tokenizer on it")
         self._memo: tuple[int, tuple[np.ndarray, ...]] | None = None  # the last pool (a cache, not state)
 
     def _lengths(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:

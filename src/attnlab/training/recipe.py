@@ -27,6 +27,7 @@ import difflib
 import functools
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -1113,7 +1114,10 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
     if config.type_vocab_size == 1:  # 0 is the "no segment embeddings" ablation: segments are then not read
         raise ConfigError("model.type_vocab_size = 1, but the sentence pairs have two segments (0 for A, 1 for B); "
                           "set it to 2, or to 0 for no segment embeddings")
-    train_source = sentence_pair_source(documents, tokenizer, config, d, t.batch_size, t.seed)
+    try:
+        train_source = sentence_pair_source(documents, tokenizer, config, d, t.batch_size, t.seed)
+    except DataError as e:  # e.g. no token of the file the tokenizer can hold (continued pre-training)
+        raise DataError(f"{d.path or 'the pydoc texts'} (data.path): {e}") from None
     eval_source = None
     if eval_documents:
         try:
@@ -1180,7 +1184,7 @@ def evaluate_batches(model, batches, counts=None) -> tuple[dict[str, float], dic
                                         counts)
     loss, counted = loss_from_sums(sums, counted)
     _, targets, mlm_sum = sums.tolist()
-    values = {"loss": loss if targets else 0.0, "mlm_loss": mlm_sum / max(targets, 1)}
+    values = {"loss": loss, "mlm_loss": mlm_sum / targets if targets else math.nan}
     sizes = {"targets": targets}
     for name, (total, count) in counted.items():
         values[name], sizes[name] = float(total) / max(float(count), 1), float(count)
