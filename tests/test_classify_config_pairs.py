@@ -1,0 +1,46 @@
+"""The shipped classification config leaves the text column to the file's header: it named "sentence", which
+took a GLUE QNLI file's second text alone (question, sentence) without a word, where a file of two texts is
+refused unless the user names the one to read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cli_helpers import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "encoder-classify.toml"
+TINY = ["--set", "train.progress=false", "--set", "train.device=cpu", "--set", "train.precision=fp32",
+        "--set", "model.d_model=16", "--set", "model.d_ff=16", "--set", "model.n_layers=1",
+        "--set", "train.steps=2", "--set", "train.batch_size=4", "--set", "train.eval_every=0"]
+
+
+def _train(capsys, tmp_path, path, *extra):
+    return run_cli(capsys, "train", str(CONFIG), "--set", f"data.path={json.dumps(str(path))}",
+                   "--set", f"data.eval_path={json.dumps(str(path))}",
+                   "--set", f"train.out_dir={json.dumps(str(tmp_path / 'run'))}", *TINY, *extra)
+
+
+def test_a_sentence_pair_file_is_refused_under_the_shipped_config(tmp_path, capsys):
+    qnli = tmp_path / "qnli.tsv"
+    qnli.write_text("index\tquestion\tsentence\tlabel\n" + "".join(
+        f"{i}\twhat is {i}?\t{i} is a number.\t{'entailment' if i % 2 else 'not_entailment'}\n" for i in range(12)),
+        encoding="utf-8")
+    code, _, err = _train(capsys, tmp_path, qnli)
+    assert code == 2 and "'question' and 'sentence' (a sentence-pair task)" in err, err
+    code, _, err = _train(capsys, tmp_path, qnli, "--set", "data.text_column=\"sentence\"")  # named: read
+    assert code == 0, err
+
+
+def test_single_text_files_still_find_their_columns(tmp_path, capsys):
+    sst2 = tmp_path / "sst2.tsv"
+    sst2.write_text("sentence\tlabel\n" + "".join(f"film {i} was {'good' if i % 2 else 'bad'}\t{i % 2}\n"
+                                                  for i in range(12)), encoding="utf-8")
+    code, _, err = _train(capsys, tmp_path, sst2)
+    assert code == 0, err
+    reviews = tmp_path / "reviews.jsonl"  # named "text", as many JSONL sets do: it failed on "sentence"
+    reviews.write_text("".join(json.dumps({"text": f"film {i}", "label": i % 2}) + "\n" for i in range(12)),
+                       encoding="utf-8")
+    code, _, err = _train(capsys, tmp_path, reviews, "--set", f"train.out_dir={json.dumps(str(tmp_path / 'r2'))}")
+    assert code == 0, err
