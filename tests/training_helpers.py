@@ -164,7 +164,7 @@ def packed_run(pack: bool):
     return model, SpanCorruptionSource(PACKED_DOCS, vocab, 64, 8, seed=3, pack=pack)
 
 
-def bert_nsp_run():
+def bert_nsp_run(**options):
     """A BERT with masked-LM and next-sentence heads (a loss of two means, each weighted by its own count:
     `loss_terms`), a fixed batch of 8 padded pairs, and micro-batches of 2."""
     from attnlab.models.bert import BertConfig, BertModel
@@ -192,7 +192,7 @@ def bert_nsp_run():
 
     torch.manual_seed(0)
     model = BertModel(BertConfig(vocab_size=vocab, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_len=16,
-                                 dropout=0.0, attention_dropout=0.0, nsp=True))
+                                 dropout=0.0, attention_dropout=0.0, **{"nsp": True, **options}))
     config = TrainerConfig(steps=3, batch_size=8, micro_batch_size=2, lr=1e-2, warmup_steps=1, precision="fp32",
                            device="cpu", progress=False, log_every=1, weight_decay=0.1, grad_clip=1.0)
     return model, config, OneBatch()
@@ -206,8 +206,8 @@ def _ddp_main(out_dir: str, layout: str = "plain") -> None:
     if layout == "packed":
         model, source = packed_run(pack=True)
         trainer = Trainer(model, ddp_trainer_config(), source, out_dir=out_dir)
-    elif layout == "bert-nsp":
-        model, config, source = bert_nsp_run()
+    elif layout in ("bert-nsp", "bert-mlm-pooler"):  # the second: a pooler that no head reads
+        model, config, source = bert_nsp_run(**({"nsp": False, "pooler": True} if layout == "bert-mlm-pooler" else {}))
         trainer = Trainer(model, config, source, out_dir=out_dir)
     elif layout in ("dropout-full", "dropout-first", "dropout-resume", "dropout-interrupted"):
         # each process draws its own masks; "dropout-interrupted": Ctrl-C in every process at step 3, where the

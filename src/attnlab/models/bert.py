@@ -116,19 +116,19 @@ class BertConfig(Config):
         check_compatible(self.attention, self.position, self.attention_options, self.position_options)
         if self.heads == "classification" and self.n_classes < 2:
             raise ConfigError(f"n_classes must be at least 2 for a classification head, got {self.n_classes}")
-        if self.causal and self._head_reads_pooler:
+        if self.causal and self.head_reads_pooler:
             # Under the causal mask [CLS], the first token, attends to itself only: its pooled state, and so
             # the head's output, would be the same for every input.
             head = "the next-sentence head" if self.heads == "pretraining" else "the classification head"
             fix = "set causal = false, or nsp = false" if self.heads == "pretraining" else "set causal = false"
             raise ConfigError(f"causal = true: [CLS] sees only itself, so {head} would read the same pooled "
                               f"state for every input; {fix}")
-        if self.pooler is False and self._head_reads_pooler:
+        if self.pooler is False and self.head_reads_pooler:
             raise ConfigError(f"heads = {self.heads!r}" + (" with nsp" if self.heads == "pretraining" else "")
                               + " reads the pooled [CLS] state; set pooler = true (or leave it unset)")
 
     @property
-    def _head_reads_pooler(self) -> bool:
+    def head_reads_pooler(self) -> bool:
         return self.heads == "classification" or (self.heads == "pretraining" and self.nsp)
 
     @property
@@ -136,7 +136,7 @@ class BertConfig(Config):
         """`pooler` resolved: None (the default, kept as None so `replace(heads=...)` re-decides) means
         present when a head reads it and for "none" (as HF BertModel)."""
         if self.pooler is None:
-            return self._head_reads_pooler or self.heads == "none"
+            return self.head_reads_pooler or self.heads == "none"
         return self.pooler
 
     def layer_spec(self) -> LayerSpec:
@@ -283,6 +283,19 @@ class BertModel(nn.Module):
                             position=self.embeddings.position, need_weights=need_weights,
                             output_hidden_states=output_hidden_states)
 
+    @property
+    def _reads_pooler(self) -> bool:
+        """Whether the output reads the pooler: not the pre-training heads without NSP (a pooler kept beside them,
+        as a converted HF BERT keeps one, to fine-tune a classifier from later)."""
+        return self.config.heads == "none" or self.config.head_reads_pooler
+
+    def parameters_outside_loss(self) -> list[str]:
+        """The names of parameters no loss of this model reaches (a pooler the heads do not read): they get no
+        gradient, which DDP must be told of (it stopped at the second step)."""
+        if self.pooler is None or self._reads_pooler:
+            return []
+        return [name for name, _ in self.pooler.named_parameters(prefix="pooler")]
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None, labels: Tensor | None = None,
                 next_sentence_label: Tensor | None = None, position_ids: Tensor | None = None, *,
@@ -291,8 +304,8 @@ class BertModel(nn.Module):
         refuse_unknown_keywords(self, ignored)
         h, weights, hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids,
                                          need_weights=need_weights, output_hidden_states=output_hidden_states)
-        pooled = self.pooler(h, attention_mask) if self.pooler is not None else None
         heads = self.config.heads
+        pooled = self.pooler(h, attention_mask) if self.pooler is not None and self._reads_pooler else None
         if heads == "pretraining":
             out = self._pretraining(h, pooled, labels, next_sentence_label)
         elif heads == "classification":

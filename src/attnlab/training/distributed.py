@@ -173,9 +173,14 @@ def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     """`model` wrapped in DistributedDataParallel (which copies rank 0's weights to every process)."""
     from torch.nn.parallel import DistributedDataParallel
 
+    # Parameters a model leaves out of its loss (`parameters_outside_loss`) get no gradient: DDP is told to look
+    # for them (a search of the graph each step), else it waits for their gradients and stops at the next step.
+    outside = getattr(model, "parameters_outside_loss", None)
+    unused = bool(outside()) if callable(outside) else False
     if device.type == "cuda":
-        return DistributedDataParallel(model, device_ids=[device.index], output_device=device.index)
-    return DistributedDataParallel(model)
+        return DistributedDataParallel(model, device_ids=[device.index], output_device=device.index,
+                                       find_unused_parameters=unused)
+    return DistributedDataParallel(model, find_unused_parameters=unused)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -1255,12 +1255,15 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
 
 
 def _check_device(train: Any) -> None:
-    """Refuse a device or precision this machine lacks before preparing the data, which writes a language model's
-    token files into the folder: a run refused by the trainer (no GPU here) had replaced a finished run's data/."""
+    """Refuse a device or precision this machine lacks, or a batch the processes cannot share, before preparing the
+    data, which writes a language model's token files into the folder: a run refused by the trainer (no GPU here,
+    a batch of 7 for 2 processes) had replaced a finished run's data/."""
     from attnlab.training.device import resolve_precision
     from attnlab.training.distributed import init_distributed
+    from attnlab.training.trainer import check_batch_split
 
-    _, device = init_distributed(train.device)
+    world, device = init_distributed(train.device)
+    check_batch_split(train, world.size)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the trainer gives them, once
         resolve_precision(train.precision, device)

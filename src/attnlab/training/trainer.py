@@ -190,6 +190,17 @@ _FINISHED = "training finished at step {step} (the last), interrupted before its
 _DIVERGED_FIX = "lower lr, raise warmup_steps, enable grad_clip or use precision = \"fp32\""
 
 
+def check_batch_split(cfg: TrainerConfig, processes: int) -> None:
+    """Refuse a global batch that the processes (and each one's micro-batches) cannot share equally."""
+    if cfg.batch_size % processes:  # every process takes an equal share of the global batch
+        raise ConfigError(f"batch_size ({cfg.batch_size}) must be a multiple of the {processes} "
+                          f"processes; set train.batch_size to a multiple of {processes}")
+    if cfg.micro_batch_size and cfg.batch_size % (cfg.micro_batch_size * processes):
+        raise ConfigError(f"batch_size ({cfg.batch_size}) must be divisible by micro_batch_size "
+                          f"({cfg.micro_batch_size}) × processes ({processes}); "
+                          "change batch_size or micro_batch_size")
+
+
 @contextlib.contextmanager
 def _interrupts_deferred(*, drop: bool = False) -> Iterator[None]:
     """Ctrl-C (SIGINT) and SIGTERM received inside the block take effect at its end, with the handlers they
@@ -210,24 +221,36 @@ def _interrupts_deferred(*, drop: bool = False) -> Iterator[None]:
     for signum in signums:
         signal.signal(signum, lambda received, frame: held.append(received))
     try:
-        yield
-    finally:
-        # Both put back with the two signals blocked: one arriving between the two would otherwise raise there and
-        # leave the other's holder installed, dropping that signal from then on.
-        blocks = hasattr(signal, "pthread_sigmask")
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, signums) if blocks else None
         try:
-            for signum in signums:
-                signal.signal(signum, previous[signum])
+            yield
         finally:
-            if blocks:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            # Both put back with the two signals blocked: one arriving between the two would otherwise raise there
+            # and leave the other's holder installed, dropping that signal from then on.
+            blocks = hasattr(signal, "pthread_sigmask")
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, signums) if blocks else None
+            try:
+                for signum in signums:
+                    signal.signal(signum, previous[signum])
+            finally:
+                if blocks:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    except Exception:
+        # The signal came first: unheld, it would have stopped the block before this error, which it may well have
+        # caused (a torchrun worker waiting in a collective when the same Ctrl-C stopped its peer: "Connection closed
+        # by peer"). So it is what the block ends with; the error stays as its context.
+        if held and not drop:
+            _deliver(held[0], previous[held[0]])
+        raise
     for signum in [] if drop else held[:1]:
-        handler = previous[signum]
-        if callable(handler):
-            handler(signum, None)  # Python's SIGINT handler raises KeyboardInterrupt; the CLI's SIGTERM one too
-        elif handler == signal.SIG_DFL:
-            signal.raise_signal(signum)
+        _deliver(signum, previous[signum])
+
+
+def _deliver(signum: int, handler: Any) -> None:
+    """Call the handler a held signal would have met."""
+    if callable(handler):
+        handler(signum, None)  # Python's SIGINT handler raises KeyboardInterrupt; the CLI's SIGTERM one too
+    elif handler == signal.SIG_DFL:
+        signal.raise_signal(signum)
 
 
 def seed_everything(seed: int) -> None:
@@ -464,13 +487,7 @@ class Trainer:
         if out_dir is None and cfg.out_dir is None:
             raise ConfigError("no output folder: give Trainer(out_dir=...) or set train.out_dir")
         self.world, self.device = init_distributed(cfg.device)
-        if cfg.batch_size % self.world.size:  # every process takes an equal share of the global batch
-            raise ConfigError(f"batch_size ({cfg.batch_size}) must be a multiple of the {self.world.size} "
-                              f"processes; set train.batch_size to a multiple of {self.world.size}")
-        if cfg.micro_batch_size and cfg.batch_size % (cfg.micro_batch_size * self.world.size):
-            raise ConfigError(f"batch_size ({cfg.batch_size}) must be divisible by micro_batch_size "
-                              f"({cfg.micro_batch_size}) × processes ({self.world.size}); "
-                              "change batch_size or micro_batch_size")
+        check_batch_split(cfg, self.world.size)
         self.dtype = resolve_precision(cfg.precision, self.device)
         ckpt._model_config(model)  # fail now, not at the first checkpoint, if the model cannot be saved
         self.model = model.to(self.device)
