@@ -255,11 +255,16 @@ def test_early_stopping(tmp_path):
 
 def test_best_mode_follows_the_metric(tmp_path):
     # An accuracy picked as best_metric kept the *lowest* accuracy in best/ unless best_mode = "max" was set too.
-    assert TrainerConfig().best_mode == "min"
-    assert TrainerConfig(best_metric="perplexity").best_mode == "min"
-    assert TrainerConfig(best_metric="accuracy").best_mode == "max"
-    assert TrainerConfig(best_metric="nsp_accuracy").best_mode == "max"
-    assert TrainerConfig(best_metric="accuracy", best_mode="min").best_mode == "min"  # an explicit choice stays
+    assert TrainerConfig().direction == "min"
+    assert TrainerConfig(best_metric="perplexity").direction == "min"
+    assert TrainerConfig(best_metric="accuracy").direction == "max"
+    assert TrainerConfig(best_metric="nsp_accuracy").direction == "max"
+    assert TrainerConfig(best_metric="accuracy", best_mode="min").direction == "min"  # an explicit choice stays
+    # Recorded as given (run.json): the resolved "min" of a loss run, given back with best_metric = accuracy,
+    # kept the lowest accuracy in best/.
+    recorded = TrainerConfig().to_dict()
+    assert recorded["best_mode"] is None
+    assert TrainerConfig.from_dict({**recorded, "best_metric": "accuracy"}).direction == "max"
     scores = iter([0.2, 0.9, 0.5])
     cfg = config(steps=3, eval_every=1, best_metric="accuracy")
     summary = Trainer(tiny_model(), cfg, ToySource(), out_dir=tmp_path,

@@ -136,6 +136,13 @@ class TrainerConfig(Config):
     progress: bool = True
     out_dir: str | None = None
 
+    @property
+    def direction(self) -> str:
+        """best_mode resolved: "max" for a metric whose larger values are better (accuracy kept under "min" would
+        keep the worst evaluation in best/), else "min". Resolved here, not stored: a run.json that recorded the
+        resolved mode kept it when given back with another best_metric."""
+        return best_direction(self.best_metric, self.best_mode)
+
     def __post_init__(self):
         for name in ("steps", "batch_size", "lr", "eps", "log_every"):
             check_positive(name, getattr(self, name))
@@ -165,9 +172,8 @@ class TrainerConfig(Config):
                               f"({self.warmup_steps}): the {self.schedule} decay runs between the two")
         if self.out_dir is not None and not str(self.out_dir).strip():  # "" would be the working directory
             raise ConfigError("out_dir is empty; give the run's folder, e.g. runs/my-run")
-        if self.best_mode is None:  # accuracy kept under "min" would keep the worst evaluation in best/
-            self.best_mode = "max" if self.best_metric.endswith(HIGHER_IS_BETTER) else "min"
-        check_choice("best_mode", self.best_mode, ("min", "max"))
+        if self.best_mode is not None:  # None follows the metric (see `direction`), and stays None in run.json
+            check_choice("best_mode", self.best_mode, ("min", "max"))
         check_choice("precision", self.precision, PRECISIONS)
         if not (isinstance(self.device, str) and re.fullmatch(r"cuda:(0|[1-9][0-9]*)", self.device)):  # a GPU's number
             check_choice("device", self.device, (*DEVICES, "cuda:N"))
@@ -188,6 +194,11 @@ class TrainingDiverged(AttnlabError):
 # A Ctrl-C once the last step is done: nothing is left to resume.
 _FINISHED = "training finished at step {step} (the last), interrupted before its summary; checkpoint saved in {folder}"
 _DIVERGED_FIX = "lower lr, raise warmup_steps, enable grad_clip or use precision = \"fp32\""
+
+
+def best_direction(metric: str, mode: str | None) -> str:
+    """A best_mode as given (None: by the metric's name) as "min" or "max"."""
+    return mode if mode is not None else "max" if metric.endswith(HIGHER_IS_BETTER) else "min"
 
 
 def check_batch_split(cfg: TrainerConfig, processes: int) -> None:
@@ -696,7 +707,7 @@ class Trainer:
         value = metrics[cfg.best_metric]
         best = None if self.best is None else self.best["value"]
         better = math.isfinite(value) and (best is None
-                                           or (value < best if cfg.best_mode == "min" else value > best))
+                                           or (value < best if cfg.direction == "min" else value > best))
         if better:
             self.best = {"metric": cfg.best_metric, "value": value, "step": self.step}
             self._bad_evals = 0
@@ -909,11 +920,13 @@ class Trainer:
         best_metric or best_mode, the saved best value means nothing to them, so tracking starts again."""
         cfg = self.config
         metric = self.best.get("metric") if isinstance(self.best, dict) else saved_config.get("best_metric")
-        mode = saved_config.get("best_mode", cfg.best_mode)
-        if (metric is None or metric == cfg.best_metric) and mode == cfg.best_mode:
+        saved_metric = saved_config.get("best_metric", metric or cfg.best_metric)
+        mode = best_direction(saved_metric, saved_config.get("best_mode")) if "best_mode" in saved_config \
+            else cfg.direction
+        if (metric is None or metric == cfg.best_metric) and mode == cfg.direction:
             return
         if self.world.is_main:
-            warnings.warn(f"resuming with best_metric {metric!r} ({mode}) → {cfg.best_metric!r} ({cfg.best_mode}): "
+            warnings.warn(f"resuming with best_metric {metric!r} ({mode}) → {cfg.best_metric!r} ({cfg.direction}): "
                           "best/ and early stopping start again from the next evaluation", stacklevel=4)
         self.best, self._bad_evals = None, 0
 
