@@ -966,6 +966,10 @@ def _lm_text_parts(d: DataConfig) -> tuple[Callable[[], Iterable[str]], Callable
         if 0 < cut < len(text):
             line_end = text.find("\n", cut)
             cut = line_end + 1 if line_end >= 0 else cut
+        if d.val_fraction > 0 and cut >= len(text):  # as for a file: said, not a run without evaluations
+            warnings.warn(f"nothing held out for evaluation: no line of the pydoc texts starts within their last "
+                          f"data.val_fraction = {d.val_fraction} (the held-out part begins at a line start); raise "
+                          "data.val_fraction, or give data.eval_path", stacklevel=2)
         return (lambda: [text[:cut]]), ((lambda: [text[cut:]]) if cut < len(text) else None)
     path = check_text(d.path)
     if d.eval_path:
@@ -1133,7 +1137,8 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
 def _predicts_next_sentence(run: RunConfig) -> bool:
     """Whether the BERT of an mlm run has the next-sentence head. Read before the vocabulary is trained, so
     from a model config built with a placeholder vocabulary size."""
-    placeholder = {} if "vocab_size" in run.model else {"vocab_size": 1}  # a given size is checked later, not here
+    # A size no id of the config (pad_id) can reach: a given size is checked later, with the tokenizer's, not here.
+    placeholder = {} if "vocab_size" in run.model else {"vocab_size": 2**62}
     return bool(model_config(run.model, **placeholder).nsp)
 
 

@@ -1,0 +1,34 @@
+"""What a second audit of config files and settings found."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attnlab.errors import ConfigError
+from attnlab.training.recipe import DataConfig, _lm_text_parts, load_run_config, prepare
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_val_fraction_too_small_for_a_line_of_the_pydoc_texts_is_said(recwarn):
+    # A data.path file warned; the embedded texts trained without evaluations and said nothing.
+    with pytest.warns(UserWarning, match="nothing held out for evaluation: no line of the pydoc texts starts"):
+        _, held_out = _lm_text_parts(DataConfig(val_fraction=1e-5))
+    assert held_out is None
+    _, held_out = _lm_text_parts(DataConfig(val_fraction=0.1))
+    assert held_out is not None and not [w for w in recwarn if "nothing held out" in str(w.message)]
+
+
+def test_a_bert_pad_id_other_than_the_tokenizers_is_named_as_such(tmp_path):
+    # It said "model.pad_id (3) must be a token id below vocab_size (1)": the placeholder size of the check that
+    # reads model.nsp before the tokenizer exists, where the vocabulary had 300 tokens.
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n\n".join(f"the cat {i} sat.\nthe dog {i} ran." for i in range(20)) + "\n", encoding="utf-8")
+    run = load_run_config(ROOT / "configs" / "bert-mlm.toml", [
+        f"data.path={json.dumps(str(docs))}", "data.vocab_size=60", "model.pad_id=3", "train.device=\"cpu\"",
+        f"train.out_dir={json.dumps(str(tmp_path / 'run'))}"])
+    with pytest.raises(ConfigError, match=r"model.pad_id = 3, but the tokenizer's pad id is 0; drop model.pad_id"):
+        prepare(run)
