@@ -32,3 +32,15 @@ def test_a_bert_pad_id_other_than_the_tokenizers_is_named_as_such(tmp_path):
         f"train.out_dir={json.dumps(str(tmp_path / 'run'))}"])
     with pytest.raises(ConfigError, match=r"model.pad_id = 3, but the tokenizer's pad id is 0; drop model.pad_id"):
         prepare(run)
+
+
+def test_a_missing_relative_data_file_names_the_folder_it_was_looked_for_in(tmp_path, monkeypatch):
+    # Relative paths are taken from the working folder, not the config file's; the message did not say where.
+    monkeypatch.chdir(tmp_path)
+    run = load_run_config(ROOT / "configs" / "gpt-text.toml", ['data.path="corpus.txt"'])
+    with pytest.raises(Exception, match=rf"'corpus.txt' \(data.path\) does not exist in {tmp_path} \(where relative"):
+        prepare(run)
+    absolute = tmp_path / "nowhere" / "corpus.txt"
+    run = load_run_config(ROOT / "configs" / "gpt-text.toml", [f"data.path={json.dumps(str(absolute))}"])
+    with pytest.raises(Exception, match=r"does not exist; check the path"):
+        prepare(run)

@@ -752,8 +752,10 @@ def prepare(run: RunConfig, *, tokenizer_from: str | Path | None = None) -> Prep
     for key in DATA_FILE_SETTINGS:
         value = getattr(run.data, key)
         if value and not Path(value).exists():  # named by its setting (the file's other checks come later)
-            raise DataError(f"data file '{value}' (data.{key}) does not exist; check the path, or give the file "
-                            f"with --set data.{key}=FILE")
+            # A relative path is taken from the folder the command runs in, not the config file's: say which.
+            where = "" if Path(value).is_absolute() else f" in {Path.cwd()} (where relative paths are taken from)"
+            raise DataError(f"data file '{value}' (data.{key}) does not exist{where}; check the path, or give the "
+                            f"file with --set data.{key}=FILE")
     seed_everything(run.train.seed)
     saved = Path(tokenizer_from) if tokenizer_from is not None else None
     if saved is not None and "init_from" in run.model:
