@@ -44,3 +44,22 @@ def test_a_missing_relative_data_file_names_the_folder_it_was_looked_for_in(tmp_
     run = load_run_config(ROOT / "configs" / "gpt-text.toml", [f"data.path={json.dumps(str(absolute))}"])
     with pytest.raises(Exception, match=r"does not exist; check the path"):
         prepare(run)
+
+
+def test_sizes_beyond_any_use_are_refused_in_one_line(capsys, tmp_path):
+    from cli_helpers import one_line_error
+
+    from attnlab.modules.positions import ShawRelativePosition
+
+    # A tokenizer trainer reserved memory by data.vocab_size: 10**9 aborted the process from Rust (exit 134).
+    with pytest.raises(ConfigError, match=r"data.vocab_size = 1,000,000,000 is beyond any tokenizer's needs"):
+        DataConfig(vocab_size=10**9)
+    DataConfig(vocab_size=1 << 24)
+    with pytest.raises(ConfigError, match="max_distance 9,223,372,036,854,775,807 is beyond any sequence's length"):
+        ShawRelativePosition(d_model=8, n_heads=2, max_distance=2**63 - 1)  # a TypeError from torch's sizes
+    # Valid 64-bit sizes too large to allocate: torch's and numpy's own words for it were tracebacks (exit 1).
+    common = ["--set", "model.preset=gpt-char-tiny", "--set", "train.steps=2", "--set", "train.device=cpu",
+              "--set", "train.progress=false", "--set", f"train.out_dir={json.dumps(str(tmp_path / 'run'))}"]
+    for setting in (f"model.d_ff={2**62}", f"train.batch_size={2**60}"):
+        line = one_line_error(capsys, "train", *common, "--set", setting)
+        assert line.startswith("attnlab: error: out of memory; use a smaller model"), (setting, line)

@@ -283,7 +283,12 @@ def _out_of_memory(e: BaseException) -> bool:
     """Whether `e` says memory ran out: Python's or numpy's MemoryError, or torch's allocators (CPU, CUDA: also
     torch.cuda.OutOfMemoryError, MPS), which raise RuntimeErrors."""
     text = str(e).lower()
-    return isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text
+    return isinstance(e, MemoryError) or any(s in text for s in _NO_MEMORY)
+
+
+# What torch and numpy say when memory runs out, or when a size is too large to ask for (a setting of 2**62).
+_NO_MEMORY = ("can't allocate memory", "out of memory", "storage size calculation overflowed", "array is too big",
+              "cannot be represented as a symint")
 
 
 _PEER_GONE = ("closed by peer", "reset by peer", "broken pipe", "remote worker crash")
@@ -429,7 +434,9 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
         _report(f"attnlab: {'' if code == 130 else 'error: '}{e}",
                 same_in_every_process=code == 130 or isinstance(e, ConfigError))
         sys.exit(code)
-    except (MemoryError, RuntimeError) as e:
+    except (MemoryError, RuntimeError, ValueError) as e:  # ValueError: numpy's "array is too big" alone
+        if isinstance(e, ValueError) and not _out_of_memory(e):
+            raise
         if _peer_gone(e) and not _out_of_memory(e):
             # Most likely another process stopped; but a failure of this process's own communication (an NCCL
             # setup error) looks the same from here, so its first line is kept.

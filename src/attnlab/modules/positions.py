@@ -277,6 +277,9 @@ class ShawRelativePosition(PositionScheme):
         if max_distance < 1:
             raise ConfigError(f"relative positions: max_distance (the farthest distance told apart) must be at "
                               f"least 1, got {max_distance}")
+        if max_distance > 1 << 30:  # its table has 2·max_distance + 1 rows (2**63 - 1 overflowed torch's sizes)
+            raise ConfigError(f"relative positions: max_distance {max_distance:,} is beyond any sequence's length; "
+                              f"give at most {1 << 30:,}")
         self.max_distance = max_distance
         self.embedding = nn.Embedding(2 * max_distance + 1, d_model // n_heads)
         nn.init.normal_(self.embedding.weight, std=TABLE_INIT_STD)

@@ -156,6 +156,10 @@ class DataConfig(Config):
         for name in ("vocab_size", "block_size"):  # None: sized by the text, the model
             if getattr(self, name) is not None:
                 check_positive(f"data.{name}", getattr(self, name))
+        if self.vocab_size is not None and self.vocab_size > MAX_VOCAB:
+            # HF tokenizers' trainers reserve memory by it: 10**9 aborted the process in Rust (no Python error).
+            raise ConfigError(f"data.vocab_size = {self.vocab_size:,} is beyond any tokenizer's needs; give at most "
+                              f"{MAX_VOCAB:,} (GPT-2 has 50,257 tokens, BERT 30,522)")
         if not 0 <= self.val_fraction < 1:
             raise ConfigError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
         if not 0 < self.mask_prob <= 1:
@@ -508,6 +512,8 @@ def _init_from_config(path: str) -> dict[str, Any]:
 
 
 # What the data and the task decide, in the words of a refusal of another value set in [model].
+MAX_VOCAB = 1 << 24  # the largest data.vocab_size taken
+
 _IMPOSED = {"vocab_size": "the tokenizer has {} tokens (data.vocab_size sizes it)",
             "src_vocab_size": "the tokenizer has {} tokens (data.vocab_size sizes it)",
             "tgt_vocab_size": "the tokenizer has {} tokens (data.vocab_size sizes it)",
