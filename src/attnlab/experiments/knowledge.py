@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from attnlab.config import Config, check_positive, finite_number
-from attnlab.data.world import WORLD_MARK, write_files
+from attnlab.data.world import WORLD_MARK, make_world, write_files
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError
 from attnlab.files import atomic_path, folder_lock, write_text_atomic
 
@@ -242,7 +242,6 @@ def load_data(out: Path, settings: KnowledgeScale, *, corpus: str | None, train:
     """The user's files, or a synthetic world to be written to ``out/data`` (so the run can be inspected) from
     ``data.world_files`` once everything is checked: a refused run leaves an earlier run's data alone."""
     from attnlab.data.knowledge import read_corpus, read_qa_file, read_qa_lines
-    from attnlab.data.world import make_world
 
     given = {"--corpus": corpus, "--train": train, "--eval": eval_path}
     if any(given.values()) and not all(given.values()):
@@ -572,14 +571,19 @@ _SYSTEM_FILES = (".DS_Store", "Thumbs.db", "desktop.ini")
 
 
 def _generated_world(out: Path) -> bool:
-    """Whether `out/data` holds the synthetic world of an earlier run, as its mark says (or, for a run from before the
-    mark, its results): the user's own files under the world's names were taken for one."""
+    """Whether `out/data` holds the synthetic world of an earlier run, as its mark says, or, unmarked (a run from
+    before the mark), as its files hold exactly the world its results describe: the user's own files under the
+    world's names were taken for one (beside any synthetic run's results, their own world.json removed)."""
     if (out / "data" / WORLD_MARK).is_file():
         return True
     try:
         earlier = json.loads((out / "results.json").read_text(encoding="utf-8"))
-        return earlier["data"]["source"] == "synthetic"
-    except (OSError, ValueError, KeyError, TypeError):  # no results, or not a knowledge run's
+        if earlier["data"]["source"] != "synthetic":
+            return False
+        seed, settings = int(earlier["data"]["seed"]), earlier["settings"]
+        world = make_world(int(settings["n_people"]), seed)
+        return _holds_world(out / "data", world.files(float(settings["eval_fraction"]), seed))
+    except (OSError, ValueError, KeyError, TypeError, AttnlabError):  # no results, or not a knowledge run's
         return False
 
 
