@@ -816,6 +816,16 @@ def _write_predictions(path: Path, line_numbers: list[int], questions: list[str]
     write_text_atomic(path, header + "\n" + "".join(line + "\n" for line in lines))
 
 
+def _note(notes: dict[str, float], row: dict[str, Any]) -> float | None:
+    """The course notes' figure for a row's model, however its variant was spelt ("dot", "learned", "dot+learned"
+    are one model): the notes' models have learned positions."""
+    if "position" not in row or "pretrained" not in row:  # a record that does not say: by its spelling
+        return notes.get(row["variant"])
+    if not row["pretrained"]:
+        return notes.get("none")
+    return notes.get(row["attention"]) if row["position"] == "learned" else None
+
+
 def results_markdown(summary: dict[str, Any]) -> str:
     """The results table (Markdown) with the course notes' figures beside ours."""
     base = summary["baselines"]
@@ -829,7 +839,7 @@ def results_markdown(summary: dict[str, Any]) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in summary["variants"]:
-        note = summary["notes"].get(r["variant"])
+        note = _note(summary["notes"], r)
         lines.append(f"| {r['label']} | {r['accuracy']:.1f} | {r['correct']}/{n} | {r['train_accuracy']:.1f} | "
                      f"{'—' if note is None else f'{note:.1f}'} | {r['parameters']:,} | {r['wall_time_s']:.0f} |")
     lines.append(f"| always \"London\" | {base['london']:.1f} | | | {summary['notes']['london']:.1f} | | |")
