@@ -193,7 +193,14 @@ class TrainingDiverged(AttnlabError):
 
 # A Ctrl-C once the last step is done: nothing is left to resume.
 _FINISHED = "training finished at step {step} (the last), interrupted before its summary; checkpoint saved in {folder}"
-_DIVERGED_FIX = "lower lr, raise warmup_steps, enable grad_clip or use precision = \"fp32\""
+def _diverged_fix(cfg: TrainerConfig, precision: str) -> str:
+    """What to change after a loss or weights that became NaN or inf, less what the run already does."""
+    fixes = ["lower lr", "raise warmup_steps"]
+    if not cfg.grad_clip:
+        fixes.append("enable grad_clip")
+    if precision != "fp32":
+        fixes.append('use precision = "fp32"')
+    return ", ".join(fixes[:-1]) + " or " + fixes[-1]
 
 
 def best_direction(metric: str, mode: str | None) -> str:
@@ -749,7 +756,8 @@ class Trainer:
         process raises)."""
         params = [p.detach() for p in self.model.parameters()]
         if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
-            raise TrainingDiverged(f"the weights became NaN or inf by step {self.step}; {_DIVERGED_FIX} "
+            raise TrainingDiverged(f"the weights became NaN or inf by step {self.step}; "
+                                   f"{_diverged_fix(self.config, self.precision_used)} "
                                    f"({folder} was kept as it was)")
         mine = json.dumps(ckpt.capture_rng()).encode()
         states = all_gather_bytes(mine) if gather else [mine]
@@ -1022,7 +1030,8 @@ class Trainer:
             # A run from scratch that diverges before its first save has no checkpoint: the folder's is another run's.
             kept = "the last checkpoint was kept" if not self._stale_checkpoint and ckpt.checkpoint_present(
                 self.out_dir / CHECKPOINT_DIR) else "this run saved no checkpoint"
-            raise TrainingDiverged(f"the training loss became {loss} {when}; {_DIVERGED_FIX} ({kept})")
+            raise TrainingDiverged(f"the training loss became {loss} {when}; "
+                                   f"{_diverged_fix(self.config, self.precision_used)} ({kept})")
         return loss
 
     @property
