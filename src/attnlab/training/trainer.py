@@ -914,6 +914,9 @@ class Trainer:
         if (cfg.schedule not in ("cosine", "linear") or cfg.decay_steps is not None or saved_config.get("decay_steps")
                 is not None or not isinstance(old_steps, int) or old_steps == cfg.steps or not self.world.is_main):
             return
+        stopped = bool(cfg.early_stopping_patience and self._bad_evals >= cfg.early_stopping_patience)
+        if stopped or self.step >= cfg.steps:  # no step left to train: no rate to move
+            return
         old = copy.copy(cfg)
         old.steps = old_steps
         before = lr_at(self.step - 1, old) if self.step else None
