@@ -540,6 +540,12 @@ def model_config(model: dict[str, Any], **derived: Any) -> Config:
         _check_init_from_changes(table, saved)
         values = {**saved, **table}
         family = values.pop("family")
+        heads = table.get("heads", derived.get("heads", saved.get("heads")))
+        if family == "bert" and saved.get("pooler") is False and "pooler" not in table \
+                and (heads, table.get("nsp", saved.get("nsp"))) != (saved.get("heads"), saved.get("nsp")):
+            # A head that now reads the pooled [CLS] state brings a new pooler, as a new head starts fresh (a BERT
+            # converted without one, HF's BertForMaskedLM, was refused for a classifier, told to leave it unset).
+            values["pooler"] = None
         if family == "encoder" and is_unset(values.get("causal")):  # None, or --set model.causal=none
             # Keep the mask the encoder was trained with (its features differ without it), as with_head does.
             values["causal"] = saved.get("head", "lm") == "lm"
