@@ -489,9 +489,12 @@ def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> 
     seed)."""
     from attnlab.data.sources import cut_advice
     from attnlab.data.text_files import read_text, split_documents
-    from attnlab.training.recipe import DataConfig, pretraining_counts, sentence_pair_source
+    from attnlab.training.recipe import SINGLE_SEGMENT, DataConfig, pretraining_counts, sentence_pair_source
 
     model, tok = run.model, run.tokenizer
+    if model.config.type_vocab_size == 1:  # the pairs' B tokens: an index error on the segment table
+        raise ConfigError(SINGLE_SEGMENT.format(what="the run holds", reads="evaluate scores its pre-training on")
+                          + "; it cannot be scored so")
     known = set(DataConfig.field_names())
     settings = DataConfig.from_dict({k: v for k, v in run.data.items() if k in known}, where="data")
     max_length, advice = _scoring_length(run)  # a bare checkpoint: what its positions hold, not 128

@@ -574,6 +574,10 @@ def model_config(model: dict[str, Any], **derived: Any) -> Config:
 # Preparing a run
 # ------------------------------------------------------------------------------------------------
 
+# A BERT with a segment table of one row (HF type_vocab_size 1), converted: exact, but it cannot read pairs.
+SINGLE_SEGMENT = "{what} a BERT of one segment (type_vocab_size 1, weights that cannot grow a second), but {reads} " \
+                 "sentence pairs of two segments (0 for A, 1 for B)"
+
 INIT_FROM_DERIVED = ("head", "heads", "n_classes")  # task-imposed model settings that init_from allows
 
 
@@ -1130,6 +1134,9 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
         raise ConfigError(f"data.max_length {d.max_length} is beyond the model's {config.max_len} positions; "
                           f"{_fit_data_fix(run, 'data.max_length', config.max_len, 'model.max_len')}")
     if config.type_vocab_size == 1:  # 0 is the "no segment embeddings" ablation: segments are then not read
+        if "init_from" in run.model:  # its table of one segment is weights: the setting cannot change
+            raise ConfigError(SINGLE_SEGMENT.format(what="model.init_from holds", reads="pre-training reads") + "; "
+                              "fine-tune it on a task of one text (data.task = \"classification\") instead")
         raise ConfigError("model.type_vocab_size = 1, but the sentence pairs have two segments (0 for A, 1 for B); "
                           "set it to 2, or to 0 for no segment embeddings")
     try:
