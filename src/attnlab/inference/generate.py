@@ -333,22 +333,21 @@ def _greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None
     b = src_ids.shape[0]
     cache = model.new_cache()
     tok = torch.full((b, 1), c.bos_id, dtype=torch.long, device=src_ids.device)
-    out = torch.zeros((b, max_len), dtype=torch.long, device=src_ids.device)
+    out: list[Tensor] = []  # each step's tokens: memory by the translations' length, not max_len
     done = torch.zeros(b, dtype=torch.bool, device=src_ids.device)
-    n = 0
     one_row = one_row_of_own_gemv(_a_weight(model), b)  # one source: torch's own bf16 matrix-vector kernel
     banned = _never_emitted(c)
-    for n in range(1, max_len + 1):
+    for _ in range(max_len):
         with onednn_off(one_row):
             logits, _, _, _ = model.decode(tok, memory, src_mask, cache=cache)
         step_logits = logits[:, -1]
         step_logits[:, banned] = -math.inf
         tok = step_logits.argmax(-1, keepdim=True)
-        out[:, n - 1] = tok[:, 0]
+        out.append(tok)
         done |= tok[:, 0] == c.eos_id
         if bool(done.all()):
             break
-    return [_until_eos(row[:n].tolist(), c.eos_id) for row in out]
+    return [_until_eos(row, c.eos_id) for row in torch.cat(out, dim=1).tolist()] if out else [[] for _ in range(b)]
 
 
 def _never_emitted(config) -> list[int]:
@@ -396,9 +395,11 @@ def _beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, bea
     tokens = torch.full((b * k, 1), c.bos_id, dtype=torch.long, device=device)
     scores = torch.full((b, k), -math.inf, device=device)  # log-probabilities of the live beams; -inf: none
     scores[:, 0] = 0.0  # one live beam (bos) to start
-    history = torch.zeros((b, k, max_len), dtype=torch.long, device=device)  # each live beam's tokens
+    # Each live beam's tokens, and each source's best finished ones, as long as the search has gone: a buffer of
+    # max_len, gathered whole at every step, made a step's cost grow with -n rather than with the translations.
+    history = torch.zeros((b, k, 0), dtype=torch.long, device=device)
     best = torch.full((b,), -math.inf, device=device)  # each source's best finished score
-    best_history = torch.zeros((b, max_len), dtype=torch.long, device=device)
+    best_history = torch.zeros((b, 0), dtype=torch.long, device=device)
     best_length = torch.zeros(b, dtype=torch.long, device=device)
     active = torch.ones(b, dtype=torch.bool, device=device)  # sources still searching
     rows = torch.arange(b, device=device)
@@ -408,11 +409,13 @@ def _beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, bea
 
     def finish(candidate: Tensor, beams: Tensor, length: int) -> None:
         """Keep, per source, the first best of `candidate` (B, n) scores where it beats the best so far."""
+        nonlocal best_history
         value, at = candidate.max(dim=1)  # the first of equal scores, as a list ranked in order keeps it
         better = value > best
         best.copy_(torch.where(better, value, best))
-        chosen = history[rows, beams[rows, at]]  # (B, max_len)
-        best_history.copy_(torch.where(better[:, None], chosen, best_history))
+        chosen = history[rows, beams[rows, at]]  # (B, steps so far)
+        kept = torch.nn.functional.pad(best_history, (0, chosen.shape[1] - best_history.shape[1]))
+        best_history = torch.where(better[:, None], chosen, kept)
         best_length.copy_(torch.where(better, torch.full_like(best_length, length), best_length))
 
     step = 0
@@ -443,14 +446,14 @@ def _beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, bea
         active &= ~stop
         if not bool(active.any()):
             break
-        history = history[rows[:, None], new_beam]  # (B, k, max_len): each new beam's parent's tokens
-        history[:, :, step - 1] = token.gather(1, order)
+        # (B, k, step): each new beam's parent's tokens, then its own
+        history = torch.cat([history[rows[:, None], new_beam], token.gather(1, order)[:, :, None]], dim=2)
         scores = torch.where(active[:, None], new_scores, torch.full_like(new_scores, -math.inf))
         index = (rows[:, None] * k + new_beam).flatten()
         for self_cache, cross_cache in cache:
             self_cache.reorder(index)
             cross_cache.reorder(index)
-        tokens = history[:, :, step - 1].reshape(b * k, 1)
+        tokens = history[:, :, -1].reshape(b * k, 1)
     else:  # max_len reached: the live beams of the sources still searching end as they are
         live = torch.where(active[:, None], scores / penalty(step), torch.full_like(scores, -math.inf))
         beams = torch.arange(k, device=device).expand(b, k)
