@@ -24,7 +24,7 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from turns import count, device_or_exit, time_in_turns
+from turns import count, device_or_exit, json_file, time_in_turns
 
 from attnlab.modules.attention import attention
 from attnlab.training.device import resolve_precision, synchronize
@@ -84,7 +84,7 @@ def time_fns(fns: dict, shape, dtype, repeats: int, device: torch.device | str =
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=count, default=10)
-    p.add_argument("--json", help="also write the rows to this JSON file")
+    p.add_argument("--json", type=json_file, help="also write the rows to this JSON file")
     p.add_argument("--bf16", choices=("auto", "yes", "no"), default="auto",
                    help="run the bf16 rows: auto = only where bf16 is native (CPU bf16 instructions, Ampere+ GPU)")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps")

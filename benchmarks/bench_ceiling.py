@@ -33,7 +33,7 @@ from bench_attention import ours as attention_ours
 from bench_attention import sdpa, time_fns
 from bench_gpt import SHAPES, VOCAB, Shape, make_data, ours, time_decoding_rows, time_training_rows, train_step_fn
 from torch.utils._python_dispatch import TorchDispatchMode
-from turns import count, device_or_exit, require_transformers
+from turns import count, device_or_exit, json_file, require_transformers
 
 from attnlab.training.device import fast_fp32_matmul, resolve_precision, synchronize
 
@@ -147,16 +147,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--shapes", default="A,B")
     p.add_argument("--no-attention", action="store_true", help="skip the attention rows")
     p.add_argument("--decode-tokens", type=count, default=200)
-    p.add_argument("--json", help="also write the results to this JSON file")
+    p.add_argument("--json", type=json_file, help="also write the results to this JSON file")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps")
     args = p.parse_args(argv)
-    require_transformers("bench_ceiling")  # the reference of every training and decoding row
     device = device_or_exit(p, args.device)
-    default = resolve_precision("auto", device)  # attnlab's default training dtype there (None: fp32)
-    r = args.repeats
     shapes = args.shapes.split(",")
     if not set(shapes) <= set(SHAPES):
         p.error(f"--shapes: choose among {', '.join(SHAPES)}")
+    require_transformers("bench_ceiling")  # the reference of every training and decoding row (options first)
+    default = resolve_precision("auto", device)  # attnlab's default training dtype there (None: fp32)
+    r = args.repeats
     out: dict = {"torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads(),
                  "cpu": cpu_name(), "default_dtype": str(default), "rows": {}}
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-from turns import count, device_or_exit, require_transformers, time_in_turns, time_in_turns_apart
+from turns import count, count0, device_or_exit, json_file, require_transformers, time_in_turns, time_in_turns_apart
 
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.training.device import (
@@ -345,11 +345,11 @@ def main(argv: list[str] | None = None) -> dict:
                    "batch 12), B (6 layers, 384 wide, block 256, batch 8), C (12 layers, 768 wide, "
                    "block 1024, batch 8: GPT-2 small's body, a size for a GPU)")
     p.add_argument("--repeats", type=count, default=8, help="timed steps per row (median reported)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per row before timing")
+    p.add_argument("--warmup", type=count0, default=2, help="untimed steps per row before timing")
     p.add_argument("--decode-tokens", type=count, default=200, help="tokens generated per decoding row (batch 1)")
     p.add_argument("--decode-repeats", type=count, default=3, help="timed generations per decoding row (median)")
-    p.add_argument("--accuracy-steps", type=int, default=300, help="0 skips the bf16-vs-fp32 accuracy row")
-    p.add_argument("--json", help="also write the results to this JSON file")
+    p.add_argument("--accuracy-steps", type=count0, default=300, help="0 skips the bf16-vs-fp32 accuracy row")
+    p.add_argument("--json", type=json_file, help="also write the results to this JSON file")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory column")
     p.add_argument("--bf16", choices=("auto", "yes", "no"), default="auto",
                    help="run the bf16 rows: auto = only where bf16 is native (CPU bf16 instructions, Ampere+ GPU)")

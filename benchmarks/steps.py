@@ -9,7 +9,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from turns import count, device_or_exit, time_in_turns
+from turns import count, device_or_exit, json_file, time_in_turns
 
 from attnlab.models.registry import build_model
 from attnlab.training.device import resolve_precision, synchronize
@@ -24,7 +24,7 @@ def arguments(doc: str, argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=count, default=10)
     p.add_argument("--steps", choices=("yes", "no"), default="yes", help="time the two models' training steps")
-    p.add_argument("--json", help="also write the rows to this JSON file")
+    p.add_argument("--json", type=json_file, help="also write the rows to this JSON file")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps")
     args = p.parse_args(argv)
     args.device = device_or_exit(p, args.device)

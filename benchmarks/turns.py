@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import statistics
 import sys
 import time
@@ -18,6 +19,29 @@ def count(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def count0(text: str) -> int:
+    """argparse type of --warmup and the like: an integer of at least 0 (-1 took the warm-up steps from the end of
+    the data, or divided by zero)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def json_file(text: str) -> str:
+    """argparse type of --json: a file that can be written, checked before the run (it failed after it, and the
+    figures of a five-minute run were lost)."""
+    path = os.path.abspath(text)
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file name, e.g. {os.path.join(text, 'x.json')}")
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"the folder {folder!r} does not exist; make it first or give another path")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"the folder {folder!r} cannot be written to; give another path")
+    return text
 
 
 def device_or_exit(parser: argparse.ArgumentParser, name: str):

@@ -183,6 +183,25 @@ def test_bad_options_are_one_line_errors(script, capsys):
         assert "must be at least 1, got 0" in err or "device 'cuda' is not available" in err
 
 
+@pytest.mark.parametrize("script", ["bench_gpt", "bench_attention", "bench_ceiling", "bench_dropout", "bench_loss"])
+def test_options_are_checked_before_the_run(script, capsys, tmp_path):
+    # A --json path in no folder failed after the whole run (its figures lost); bench_gpt's --warmup -1 took warm-up
+    # steps from the end of the data or divided by zero, --accuracy-steps -1 failed after every timed row; and
+    # bench_ceiling said transformers was missing before a bad --device.
+    module = load(script)
+    bad = [(["--json", str(tmp_path / "nowhere" / "x.json")], "does not exist; make it first"),
+           (["--json", str(tmp_path)], "is a folder; give a file name")]
+    if script == "bench_gpt":
+        bad += [(["--warmup", "-1"], "must be at least 0, got -1"), (["--accuracy-steps", "-1"], "must be at least 0")]
+    if script == "bench_ceiling":
+        bad += [(["--shapes", "Z"], "--shapes: choose among")]
+    for argv, says in bad:
+        with pytest.raises(SystemExit) as exited:
+            module.main([*argv, "--device", "cpu"])
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and says in err and "Traceback" not in err, (argv, err)
+
+
 def test_bench_gpt_says_when_bf16_rows_were_asked_away(tmp_path, capsys):
     pytest.importorskip("transformers")
     results = load("bench_gpt").main(["--shapes", "A", "--repeats", "1", "--warmup", "0", "--decode-tokens", "2",
