@@ -194,8 +194,12 @@ def main(argv: list[str] | None = None) -> dict:
         x = rates[name]
         onednn = f"{gf[name] / x['fp32_onednn_s']:,.0f}" if x["fp32_onednn_s"] is not None else "not used"
         low = f", {low_name} {gf[name] / x['low_s']:,.0f}" if "low_s" in x else ""
+        attention = f"fp32 {x['attn_fp32_s'] * 1e3:,.2f}" + (f", {low_name} {x['attn_low_s'] * 1e3:,.2f}"
+                                                              if "attn_low_s" in x else "")
+        # The bounds add the two: printed apart, each row's bound can be redone from what is shown.
         print(f"  products of a shape-{name} step ({gf[name]:.1f} GFLOP), GFLOP/s: fp32 MKL "
-              f"{gf[name] / x['fp32_mkl_s']:,.0f}, fp32 oneDNN {onednn}{low}")
+              f"{gf[name] / x['fp32_mkl_s']:,.0f}, fp32 oneDNN {onednn}{low}; plus attention's causal half, ms: "
+              f"{attention}")
     print(f"  read bandwidth {bandwidth / 1e9:.1f} GB/s")
 
 
