@@ -63,3 +63,13 @@ def test_sizes_beyond_any_use_are_refused_in_one_line(capsys, tmp_path):
     for setting in (f"model.d_ff={2**62}", f"train.batch_size={2**60}"):
         line = one_line_error(capsys, "train", *common, "--set", setting)
         assert line.startswith("attnlab: error: out of memory; use a smaller model"), (setting, line)
+
+
+def test_an_empty_data_path_is_named_as_empty():
+    from attnlab.data.text_files import check_file
+    from attnlab.errors import DataError
+
+    with pytest.raises(DataError, match="^data file: the path is empty; give a file's path$"):  # "'.' is a directory"
+        check_file("")
+    with pytest.raises(DataError, match="the path is empty"):
+        check_file("  ")

@@ -44,6 +44,8 @@ CSV_FIELD_LIMIT = 2 ** (8 * struct.calcsize("l") - 1) - 1
 
 def check_file(path: str | os.PathLike[str], what: str = "data file") -> Path:
     """The path as a Path, or DataError if it is missing, a directory, or empty."""
+    if not str(path).strip():  # Path("") is the working folder: "'.' is a directory" named no mistake
+        raise DataError(f"{what}: the path is empty; give a file's path")
     path = Path(path)
     if not path.exists():
         raise DataError(f"{what} '{path}' does not exist; check the path")
