@@ -53,6 +53,9 @@ def gpt2_config(hf_config: dict, *, source: str = "config.json") -> GPTConfig:
             config_bool(hf_config, "scale_attn_by_inverse_layer_idx", source, False):
         raise CheckpointError("GPT-2 attention scaled other than by 1/sqrt(head_dim) (scale_attn_weights false "
                               "or scale_attn_by_inverse_layer_idx true) is not supported")
+    if config_bool(hf_config, "add_cross_attention", source, False):  # it was refused as "unknown keys" alone
+        raise CheckpointError(f"{source}: add_cross_attention true (a GPT-2 decoder that attends to an encoder) is "
+                              "not supported: attnlab's GPT is decoder-only; convert a GPT-2 without it")
     d, n_heads = config_int(hf_config, "n_embd", source), config_int(hf_config, "n_head", source)
     if d % n_heads:
         raise CheckpointError(f"{source}: n_embd {d} is not divisible by n_head {n_heads}: the config.json is "
@@ -108,6 +111,10 @@ def gpt2_from_hf(state_dict: dict[str, Tensor], hf_config: dict, *,
     known = {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias", "lm_head.weight"}
     known |= {f"h.{i}.{name}" for i in range(config.n_layers) for name in _LAYER_KEYS + _BUFFERS}
     unknown = sorted(set(sd) - known)
+    beyond = sorted({int(k.split(".")[1]) for k in unknown if k.split(".")[0] == "h" and k.split(".")[1].isdigit()})
+    if beyond and beyond[0] >= config.n_layers:  # layers the config does not count: n_layer does not fit
+        raise CheckpointError(f"{source}: n_layer {config.n_layers}, but the weights have layers up to "
+                              f"h.{beyond[-1]}; give the config.json saved with these weights")
     if unknown:
         raise CheckpointError(f"unknown keys in the GPT-2 checkpoint: {', '.join(unknown[:8])}"
                               + (" ..." if len(unknown) > 8 else ""))
