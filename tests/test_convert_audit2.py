@@ -29,3 +29,15 @@ def test_cross_attention_is_named_as_unsupported():
     state, config = _gpt2(add_cross_attention=True)
     with pytest.raises(CheckpointError, match="add_cross_attention true .* is not supported"):
         gpt2_from_hf(state, config)
+
+
+def test_a_hugging_face_tokenizer_file_is_named_as_such(tmp_path):
+    from tokenizers import Tokenizer, models
+
+    from attnlab.data.tokenizers import load_tokenizer
+    from attnlab.errors import DataError
+
+    path = tmp_path / "tokenizer.json"
+    Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(path))
+    with pytest.raises(DataError, match="is a Hugging Face tokenizers file, not attnlab's"):  # "unknown type None"
+        load_tokenizer(path)

@@ -828,6 +828,9 @@ def train_tokenizer(
 def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
     """Rebuild a tokenizer from `Tokenizer.to_dict()`."""
     kind = data.get("type") if isinstance(data, dict) else None
+    if kind is None and isinstance(data, dict) and {"model", "added_tokens"} <= set(data):
+        raise DataError("this is a Hugging Face tokenizers file, not attnlab's (whose JSON names its \"type\"); "
+                        "save an attnlab tokenizer in its place (Tokenizer.save)")
     if not isinstance(kind, str) or kind not in TOKENIZERS:  # a list or object is no name (and unhashable)
         raise DataError(f"unknown tokenizer type {kind!r}; expected one of: {', '.join(TOKENIZERS.names())}")
     version = data.get("version", FORMAT_VERSION)
@@ -858,8 +861,9 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
         folder = path
         path = path / TOKENIZER_FILE
         if not path.is_file():
-            raise CheckpointError(
-                f"folder '{folder}' has no {TOKENIZER_FILE}; point to a checkpoint folder or file"
+            raise CheckpointError(  # a checkpoint without one: weights converted or saved on their own
+                f"folder '{folder}' has no {TOKENIZER_FILE}, which the text is read with; give a run or checkpoint "
+                f"folder that has one, or save its tokenizer there (Tokenizer.save)"
             )
     if not path.is_file():
         raise DataError(f"tokenizer file '{path}' does not exist; check the path")
