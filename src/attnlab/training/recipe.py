@@ -1087,6 +1087,8 @@ def _prepare_translation(run: RunConfig, saved: Path | None) -> Prepared:
     src_lines, tgt_lines = read_lines(d.src_path), read_lines(d.tgt_path)
     # One tokenizer for both sides, so the paper's shared embeddings apply.
     tokenizer = _tokenizer(run, src_lines + tgt_lines, saved)
+    for lines, path in ((src_lines, d.src_path), (tgt_lines, d.tgt_path)):
+        _warn_special_text(lines, tokenizer, path)
     # The paths, not the lines read above, so that an error (files of different lengths) names the files.
     train_source = ParallelTextSource(d.src_path, d.tgt_path, tokenizer, tokenizer, t.batch_size,
                                       max_src_length=d.max_length, max_tgt_length=d.max_length, seed=t.seed,
@@ -1100,6 +1102,21 @@ def _prepare_translation(run: RunConfig, saved: Path | None) -> Prepared:
                           pad_id=tokenizer.pad_id or 0, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
                           max_len=max(d.max_length + 2, 16))
     return Prepared(_build(run, config), tokenizer, train_source, eval_source)
+
+
+def _warn_special_text(lines: list[str], tokenizer, path: str) -> None:
+    """Say where sentences spell a special token ("<eos>", "<pad>") that the tokenizer reads as that token: an eos
+    in the middle of a target taught the model to stop there, a pad became a training label."""
+    names = {tokenizer.id_to_token(i): i for i in tokenizer.special_ids}
+    found = [(n, line) for n, line in enumerate(lines, 1) if any(name and name in line for name in names)]
+    special = set(names.values())
+    read_as = [(n, line) for n, line in found if special & set(tokenizer.encode(line))]
+    if read_as:
+        n, line = read_as[0]
+        name = next(name for name in names if name and name in line)
+        warnings.warn(f"{len(read_as)} line(s) of {path} spell a special token, which the {tokenizer.kind} tokenizer "
+                      f"reads as that token (line {n}: {name!r}; an end-of-sentence token inside a target teaches "
+                      "the model to stop there); respell it where it is text", stacklevel=3)
 
 
 def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:

@@ -1,0 +1,40 @@
+"""Parallel text that spells a special token ("<eos>", "<pad>") is read as that token by the word, BPE and
+WordPiece tokenizers: an eos inside a target taught the model to stop there, silently. It is now said."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from attnlab.data.tokenizers import WordTokenizer
+from attnlab.training.recipe import _warn_special_text
+
+
+def test_sentences_that_spell_a_special_token_are_named():
+    tokenizer = WordTokenizer.train(["big runs red tree gib snur der eert"])
+    lines = ["gib snur", "gib <eos> snur", "der <pad> eert"]
+    assert tokenizer.eos_id in tokenizer.encode(lines[1])
+    with pytest.warns(UserWarning, match=r"2 line\(s\) of tgt.txt spell a special token, which the word tokenizer "
+                                         r"reads as that token \(line 2: '<eos>'"):
+        _warn_special_text(lines, tokenizer, "tgt.txt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to say: "<eos" is not the token
+        _warn_special_text(["gib snur", "der eert <eos"], tokenizer, "tgt.txt")
+
+
+def test_a_translation_run_says_so_for_its_files(tmp_path):
+    import json
+    from pathlib import Path
+
+    from attnlab.training.recipe import load_run_config, prepare
+
+    src, tgt = tmp_path / "train.src", tmp_path / "train.tgt"
+    src.write_text("".join(f"big runs {i}\n" for i in range(20)), encoding="utf-8")
+    tgt.write_text("".join(f"gib {'<eos> ' if i == 3 else ''}snur {i}\n" for i in range(20)), encoding="utf-8")
+    run = load_run_config(Path(__file__).resolve().parents[1] / "configs" / "translate.toml", [
+        f"data.src_path={json.dumps(str(src))}", f"data.tgt_path={json.dumps(str(tgt))}", "data.tokenizer=\"word\"",
+        "data.vocab_size=none", "data.eval_src_path=\"\"", "data.eval_tgt_path=\"\"", "train.device=\"cpu\"",
+        f"train.out_dir={json.dumps(str(tmp_path / 'run'))}"])
+    with pytest.warns(UserWarning, match=r"1 line\(s\) of .*train.tgt spell a special token.*line 4: '<eos>'"):
+        prepare(run)
