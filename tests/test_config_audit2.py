@@ -73,3 +73,15 @@ def test_an_empty_data_path_is_named_as_empty():
         check_file("")
     with pytest.raises(DataError, match="the path is empty"):
         check_file("  ")
+
+
+def test_a_data_file_named_none_says_how_to_unset_the_setting(tmp_path, monkeypatch):
+    # `=none` unsets numbers and switches; a path setting takes it as a file name, which the message now says.
+    from attnlab.errors import DataError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "text.txt").write_text("some text\n" * 50, encoding="utf-8")
+    run = load_run_config(ROOT / "configs" / "gpt-text.toml", ['data.path="text.txt"', "data.eval_path=none"])
+    with pytest.raises(DataError, match="""'none' \\(data.eval_path\\) does not exist.*, or leave it unset with """
+                                        """--set data.eval_path='""'$"""):
+        prepare(run)

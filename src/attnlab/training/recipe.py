@@ -770,8 +770,9 @@ def prepare(run: RunConfig, *, tokenizer_from: str | Path | None = None) -> Prep
         if value and not Path(value).exists():  # named by its setting (the file's other checks come later)
             # A relative path is taken from the folder the command runs in, not the config file's: say which.
             where = "" if Path(value).is_absolute() else f" in {Path.cwd()} (where relative paths are taken from)"
+            unset = f", or leave it unset with --set data.{key}='\"\"'" if value.lower() in ("none", "null") else ""
             raise DataError(f"data file '{value}' (data.{key}) does not exist{where}; check the path, or give the "
-                            f"file with --set data.{key}=FILE")
+                            f"file with --set data.{key}=FILE{unset}")
     seed_everything(run.train.seed)
     saved = Path(tokenizer_from) if tokenizer_from is not None else None
     if saved is not None and "init_from" in run.model:
