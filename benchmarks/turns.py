@@ -52,7 +52,7 @@ def device_or_exit(parser: argparse.ArgumentParser, name: str):
     try:
         return select_device(name)
     except ConfigError as e:
-        parser.error(f"--device: {e}")
+        parser.error(f"--device: {str(e).removeprefix('device: ')}")  # not "--device: device: ..."
 
 
 def require_transformers(script: str):

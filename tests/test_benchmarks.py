@@ -201,9 +201,10 @@ def test_options_are_checked_before_the_run(script, capsys, tmp_path):
         bad += [(["--warmup", "-1"], "must be at least 0, got -1"), (["--accuracy-steps", "-1"], "must be at least 0")]
     if script == "bench_ceiling":
         bad += [(["--shapes", "Z"], "--shapes: choose among")]
+    bad += [(["--device", "foo"], "error: --device: unknown device 'foo'")]  # said "--device: device: ..."
     for argv, says in bad:
         with pytest.raises(SystemExit) as exited:
-            module.main([*argv, "--device", "cpu"])
+            module.main(["--device", "cpu", *argv])
         err = capsys.readouterr().err
         assert exited.value.code == 2 and says in err and "Traceback" not in err, (argv, err)
 
