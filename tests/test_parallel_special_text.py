@@ -38,3 +38,16 @@ def test_a_translation_run_says_so_for_its_files(tmp_path):
         f"train.out_dir={json.dumps(str(tmp_path / 'run'))}"])
     with pytest.warns(UserWarning, match=r"1 line\(s\) of .*train.tgt spell a special token.*line 4: '<eos>'"):
         prepare(run)
+
+
+def test_a_cut_source_sentence_is_not_said_to_hold_specials():
+    # Source sentences carry no bos or eos: "(4 tokens with specials)" named tokens they do not have.
+    from attnlab.data.sources import ParallelTextSource
+
+    tokenizer = WordTokenizer.train(["a b c d e f g h"])
+    with pytest.warns(UserWarning) as caught:
+        ParallelTextSource(["a b c d e f g", "a b"], ["a b c d e f g", "a"], tokenizer, tokenizer, 2,
+                           max_src_length=4, max_tgt_length=4)
+    said = {str(w.message).split(" are longer")[0]: str(w.message) for w in caught}
+    assert "allows (4 tokens) and were cut (the longest has 7)" in said["1 of 2 source sentences"]
+    assert "tokens with specials)" in said["1 of 2 target sentences"]

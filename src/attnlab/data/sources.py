@@ -130,8 +130,9 @@ def _warn_cut(lengths: Sequence[int], room: int, what: str, setting: str, extra:
     also counts): a cut the user does not know of changes what is learned or scored."""
     cut = [n for n in lengths if n > room]
     if cut:
+        specials = " with specials" if extra else ""  # a source sentence has none
         warnings.warn(f"{len(cut)} of {len(lengths)} {what} are longer than {setting} allows ({room + extra} "
-                      f"tokens with specials) and were cut (the longest has {max(cut) + extra}); "
+                      f"tokens{specials}) and were cut (the longest has {max(cut) + extra}); "
                       + _CUT_ADVICE.get().format(setting=setting), stacklevel=3)
 
 
