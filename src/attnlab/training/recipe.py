@@ -511,9 +511,9 @@ def _init_from_config(path: str) -> dict[str, Any]:
         raise CheckpointError(f"model.init_from: {e}") from None
 
 
-# What the data and the task decide, in the words of a refusal of another value set in [model].
 MAX_VOCAB = 1 << 24  # the largest data.vocab_size taken
 
+# What the data and the task decide, in the words of a refusal of another value set in [model].
 _IMPOSED = {"vocab_size": "the tokenizer has {} tokens (data.vocab_size sizes it)",
             "src_vocab_size": "the tokenizer has {} tokens (data.vocab_size sizes it)",
             "tgt_vocab_size": "the tokenizer has {} tokens (data.vocab_size sizes it)",

@@ -193,6 +193,8 @@ class TrainingDiverged(AttnlabError):
 
 # A Ctrl-C once the last step is done: nothing is left to resume.
 _FINISHED = "training finished at step {step} (the last), interrupted before its summary; checkpoint saved in {folder}"
+
+
 def _diverged_fix(cfg: TrainerConfig, precision: str) -> str:
     """What to change after a loss or weights that became NaN or inf, less what the run already does."""
     fixes = ["lower lr", "raise warmup_steps"]
