@@ -254,11 +254,12 @@ def _interrupts_deferred(*, drop: bool = False) -> Iterator[None]:
             finally:
                 if blocks:
                     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    except Exception:
+    except Exception as e:
         # The signal came first: unheld, it would have stopped the block before this error, which it may well have
         # caused (a torchrun worker waiting in a collective when the same Ctrl-C stopped its peer: "Connection closed
-        # by peer"). So it is what the block ends with; the error stays as its context.
-        if held and not drop:
+        # by peer"). So it is what the block ends with; the error stays as its context. Not an error of attnlab's
+        # own (a diverged loss), which says more than the interrupt.
+        if held and not drop and not isinstance(e, AttnlabError):
             _deliver(held[0], previous[held[0]])
         raise
     for signum in [] if drop else held[:1]:
