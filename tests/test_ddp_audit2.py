@@ -90,6 +90,12 @@ def test_a_signal_held_before_an_error_ends_the_block_as_the_signal():
         with pytest.raises(RuntimeError):  # no signal: the error as it was
             with _interrupts_deferred():
                 raise RuntimeError("Connection closed by peer")
+        from attnlab.training import TrainingDiverged
+
+        with pytest.raises(TrainingDiverged):  # an error of attnlab's own says more than the interrupt
+            with _interrupts_deferred():
+                signal.raise_signal(signal.SIGINT)
+                raise TrainingDiverged("the training loss became nan at step 3")
         with pytest.raises(RuntimeError):  # dropped signals stay dropped
             with _interrupts_deferred(drop=True):
                 signal.raise_signal(signal.SIGINT)
