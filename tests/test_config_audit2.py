@@ -85,3 +85,14 @@ def test_a_data_file_named_none_says_how_to_unset_the_setting(tmp_path, monkeypa
     with pytest.raises(DataError, match="""'none' \\(data.eval_path\\) does not exist.*, or leave it unset with """
                                         """--set data.eval_path='""'$"""):
         prepare(run)
+
+
+def test_the_pydoc_texts_evaluate_on_a_given_eval_path(tmp_path):
+    # data.eval_path was ignored without data.path: the pydoc tail was scored instead, and run.json named the file.
+    held_out = tmp_path / "held_out.txt"
+    held_out.write_text("a held-out text of my own\n" * 20, encoding="utf-8")
+    train, evaluated = _lm_text_parts(DataConfig(eval_path=str(held_out)))
+    assert "".join(evaluated()) == held_out.read_text(encoding="utf-8")
+    from attnlab.data.corpus import pydoc_corpus
+
+    assert "".join(train()) == pydoc_corpus()  # the whole, as with a data.path and an eval_path

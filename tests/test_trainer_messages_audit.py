@@ -49,3 +49,37 @@ def _tiny():
     from training_helpers import tiny_model
 
     return tiny_model()
+
+
+def test_a_new_best_metric_lets_a_stopped_run_train_on_and_its_schedule_move_is_said(tmp_path):
+    # The stopped run's count of evaluations without improvement silenced the schedule warning, then the new
+    # best_metric reset it, and the run trained on with the decay moved and no word of it.
+    import warnings
+
+    from test_trainer import config
+
+    def run(steps, metric, resume=False):
+        cfg = config(steps=steps, eval_every=1, early_stopping_patience=2, best_metric=metric, best_mode="max",
+                     schedule="cosine")
+        return Trainer(_tiny(), cfg, ToySource(), out_dir=tmp_path, resume=resume,
+                       metrics_fn=lambda m: {"score": 1.0, "other": 1.0}).fit()
+
+    assert run(20, "score")["steps"] == 3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run(40, "other", resume=True)["steps"] > 3
+    assert any("moves the end of the cosine decay" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("malformed", [None, 5])
+def test_a_checkpoint_with_a_malformed_best_metric_resumes(tmp_path, malformed):
+    import json
+
+    from test_trainer import config
+
+    Trainer(_tiny(), config(steps=2), ToySource(), out_dir=tmp_path).fit()
+    path = tmp_path / "checkpoint" / "trainer_state.json"
+    state = json.loads(path.read_text())
+    state["trainer_config"]["best_metric"] = malformed  # an AttributeError traceback ('endswith')
+    path.write_text(json.dumps(state))
+    assert Trainer(_tiny(), config(steps=4), ToySource(), out_dir=tmp_path, resume=True).fit()["steps"] == 4

@@ -291,20 +291,6 @@ _NO_MEMORY = ("can't allocate memory", "out of memory", "storage size calculatio
               "cannot be represented as a symint")
 
 
-_PEER_GONE = ("closed by peer", "reset by peer", "broken pipe", "remote worker crash")
-
-
-def _peer_gone(e: BaseException) -> bool:
-    """Whether `e` is a collective failing because another process of a torchrun run stopped (gloo: "Connection
-    closed by peer"; NCCL: torch's DistError)."""
-    if os.environ.get("WORLD_SIZE", "") in ("", "1"):
-        return False
-    import torch.distributed as dist
-
-    text = str(e).lower()
-    return isinstance(e, getattr(dist, "DistError", ())) or any(s in text for s in _PEER_GONE)
-
-
 class Terminated(KeyboardInterrupt):
     """SIGTERM (what Slurm, docker and systemd send to stop a job), raised where Ctrl-C raises
     KeyboardInterrupt, so that the same path saves a checkpoint."""
@@ -437,7 +423,9 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
     except (MemoryError, RuntimeError, ValueError) as e:  # ValueError: numpy's "array is too big" alone
         if isinstance(e, ValueError) and not _out_of_memory(e):
             raise
-        if _peer_gone(e) and not _out_of_memory(e):
+        from attnlab.training.distributed import peer_gone
+
+        if peer_gone(e) and not _out_of_memory(e):
             # Most likely another process stopped; but a failure of this process's own communication (an NCCL
             # setup error) looks the same from here, so its first line is kept.
             here = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)[:200]

@@ -169,6 +169,18 @@ def barrier() -> None:
         dist.barrier()
 
 
+_PEER_GONE = ("closed by peer", "reset by peer", "broken pipe", "remote worker crash")
+
+
+def peer_gone(e: BaseException) -> bool:
+    """Whether `e` is a collective failing because another process of a torchrun run stopped (gloo: "Connection
+    closed by peer"; NCCL: torch's DistError)."""
+    if os.environ.get("WORLD_SIZE", "") in ("", "1"):
+        return False
+    text = str(e).lower()
+    return isinstance(e, getattr(dist, "DistError", ())) or any(s in text for s in _PEER_GONE)
+
+
 def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     """`model` wrapped in DistributedDataParallel (which copies rank 0's weights to every process)."""
     from torch.nn.parallel import DistributedDataParallel

@@ -981,6 +981,9 @@ def _lm_text_parts(d: DataConfig) -> tuple[Callable[[], Iterable[str]], Callable
 
     if not d.path:  # the embedded corpus: 400 KB, in memory; cut at a line start, as a file is
         text = pydoc_corpus()
+        if d.eval_path:  # trained on whole, evaluated on the file (it was ignored: the pydoc tail scored instead)
+            eval_path = check_text(d.eval_path)
+            return (lambda: [text]), (lambda: iter_text_blocks(eval_path))
         cut = int(len(text) * (1 - d.val_fraction))
         if 0 < cut < len(text):
             line_end = text.find("\n", cut)

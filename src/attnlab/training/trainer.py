@@ -57,7 +57,14 @@ from attnlab.training.device import (
     synchronize,
     wants_onednn_fp32,
 )
-from attnlab.training.distributed import all_gather_bytes, all_reduce_sum, barrier, init_distributed, wrap_ddp
+from attnlab.training.distributed import (
+    all_gather_bytes,
+    all_reduce_sum,
+    barrier,
+    init_distributed,
+    peer_gone,
+    wrap_ddp,
+)
 from attnlab.training.logging import METRICS_FILE, PLOT_FILE, MetricsLog, Progress, plot_losses
 from attnlab.training.optim import SCHEDULES, build_optimizer, lr_at, set_lr
 
@@ -255,11 +262,11 @@ def _interrupts_deferred(*, drop: bool = False) -> Iterator[None]:
                 if blocks:
                     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     except Exception as e:
-        # The signal came first: unheld, it would have stopped the block before this error, which it may well have
-        # caused (a torchrun worker waiting in a collective when the same Ctrl-C stopped its peer: "Connection closed
-        # by peer"). So it is what the block ends with; the error stays as its context. Not an error of attnlab's
-        # own (a diverged loss), which says more than the interrupt.
-        if held and not drop and not isinstance(e, AttnlabError):
+        # A torchrun worker waiting in a collective when the same Ctrl-C stopped its peer ("Connection closed by
+        # peer"): the signal, which came first, is what the block ends with (the error stays as its context). Any
+        # other error stays as it is: one inside the optimizer step (out of memory) may leave the step half applied,
+        # which the interrupt's save would have recorded as not taken.
+        if held and not drop and peer_gone(e):
             _deliver(held[0], previous[held[0]])
         raise
     for signum in [] if drop else held[:1]:
@@ -879,8 +886,10 @@ class Trainer:
         if changed and self.world.is_main:
             warnings.warn(f"resuming with changed settings ({', '.join(changed)}): the run will not "
                           "reproduce an uninterrupted one", stacklevel=3)
-        self._check_resumed_schedule(saved_config)
+        # best first: a new best_metric starts tracking again, so a run that had stopped early trains on (and its
+        # schedule's move is then worth saying)
         self._check_resumed_best(saved_config)
+        self._check_resumed_schedule(saved_config)
         # The log window of every process's steps since the last record, not one process's share of it (older
         # checkpoints: a one-process run's); rank 0 holds its loss, so that the log's all-reduce adds it once.
         whole = isinstance(window, dict) and window.get("global") is True
@@ -934,7 +943,9 @@ class Trainer:
         best_metric or best_mode, the saved best value means nothing to them, so tracking starts again."""
         cfg = self.config
         metric = self.best.get("metric") if isinstance(self.best, dict) else saved_config.get("best_metric")
-        saved_metric = saved_config.get("best_metric", metric or cfg.best_metric)
+        saved_metric = saved_config.get("best_metric")
+        if not isinstance(saved_metric, str):  # absent, or malformed (null, a number): as the run's own
+            saved_metric = metric if isinstance(metric, str) else cfg.best_metric
         mode = best_direction(saved_metric, saved_config.get("best_mode")) if "best_mode" in saved_config \
             else cfg.direction
         if (metric is None or metric == cfg.best_metric) and mode == cfg.direction:
