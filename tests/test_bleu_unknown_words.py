@@ -27,3 +27,15 @@ def test_an_unknown_word_is_one_word_that_no_translation_matches(tokenizer, refe
     as_read = sacrebleu.corpus_bleu(hypotheses, [decoded])
     assert as_read.ref_len == as_written.ref_len and as_read.score == pytest.approx(as_written.score)
     assert "unk" not in " ".join(decoded).lower()
+
+
+def test_text_that_spells_the_unk_token_is_text_to_a_character_tokenizer():
+    # The unk token's name was replaced in the decoded text: a character tokenizer reads a written "<unk>" as five
+    # characters a translation writes too, and a translation of the reference's own tokens scored 43 for 100.
+    tokenizer = CharTokenizer.train(["the <unk> sat on the mat", "a cat"])
+    references = ["the <unk> sat on the mat", "a cat sat"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        decoded = _as_decoded(tokenizer, references, "refs.txt")
+    hypotheses = [tokenizer.decode(tokenizer.encode(r), skip_special_tokens=True) for r in references]
+    assert sacrebleu.corpus_bleu(hypotheses, [decoded]).score == pytest.approx(100.0)

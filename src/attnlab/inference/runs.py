@@ -589,6 +589,22 @@ def _evaluate_translation(run: LoadedRun, data: str | Path, target: str | Path |
 UNKNOWN_IN_REFERENCE = "\ufffd"  # one word to sacrebleu's 13a tokenizer, which splits ASCII punctuation only
 
 
+def _decode_marking_unknown(tok, ids: list[int]) -> str:
+    """`ids` decoded, each unk id written as U+FFFD: by the ids, not the unk token's name in the text (a character
+    tokenizer reads a written "<unk>" as five characters a translation can write too)."""
+    unk = tok.unk_id
+    if unk is None or unk not in ids:
+        return tok.decode(ids)
+    parts, start = [], 0
+    for i, token in enumerate([*ids, unk]):
+        if token == unk:
+            parts.append(tok.decode(ids[start:i]))
+            start = i + 1
+    # A character tokenizer joins its tokens as they are; the others are of words, which spaces separate.
+    joined = UNKNOWN_IN_REFERENCE.join(parts) if tok.kind == "char" else f" {UNKNOWN_IN_REFERENCE} ".join(parts)
+    return joined if tok.kind == "char" else " ".join(joined.split())
+
+
 def _as_decoded(tok, references: list[str], path: str | Path) -> list[str]:
     """The references as the tokenizer's decoding writes text, for BLEU to compare like with like: the
     translations are decoded token ids, and a tokenizer whose decoding does not give text back (WordPiece
@@ -599,14 +615,12 @@ def _as_decoded(tok, references: list[str], path: str | Path) -> list[str]:
     references and so lowered the brevity penalty (21.7 for 34.9 on references ending in an unknown word)."""
     from attnlab.errors import UnknownToken
 
-    unk = tok.id_to_token(tok.unk_id) if tok.unk_id is not None else None
     out = []
     for line in references:
         try:
-            decoded = tok.decode(tok.encode(line))
+            out.append(_decode_marking_unknown(tok, tok.encode(line)))
         except UnknownToken:  # a vocabulary without unk: kept as written (no translation can write that token)
-            decoded = line
-        out.append(decoded.replace(unk, UNKNOWN_IN_REFERENCE) if unk else decoded)
+            out.append(line)
     changed = [(b, a) for a, b in zip(out, references) if a.split() != b.split()]  # spacing aside
     if changed:
         written, decoded = changed[0]
