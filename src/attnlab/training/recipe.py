@@ -595,6 +595,15 @@ def _check_init_from_changes(table: dict[str, Any], saved: dict[str, Any]) -> No
     bound = saved.get("position") == "learned" or str(saved.get("attention", "")).startswith("synthesizer")
     lengths = {"block_size", "max_len"} if bound else set()
     may_change = sorted(({*INIT_FROM_CHANGES, *LOADABLE_CHANGES} - lengths) & set(saved))
+    if saved.get("position") == "t5-bias" and "causal" in saved and table.get("causal") is not None:
+        # T5's buckets are laid out for one mask (a causal model spends them all on the past): under another, the
+        # pretrained table's rows are read for other distances, which no other scheme does.
+        trained = bool(saved["causal"]) if saved["causal"] is not None else \
+            saved.get("family") == "encoder" and saved.get("head", "lm") == "lm"
+        if bool(table["causal"]) != trained:
+            raise ConfigError(f"model.causal = {table['causal']!r}, but the model in model.init_from has T5 bias "
+                              f"buckets learned under causal = {trained}, which another mask reads for other "
+                              f"distances; drop model.causal")
     for key, value in table.items():
         # saved None: the setting was left to its default, resolved by the model (d_ff: 4 × d_model); a value that
         # differs from it gives weights of other shapes, refused when they are loaded
