@@ -268,7 +268,7 @@ class BertModel(nn.Module):
         """
         b, t = input_ids.shape
         check_length(t, self.max_len)
-        check_given_positions(position_ids, self.max_len, "position_ids")
+        check_given_positions(position_ids, self.max_len, "position_ids", shape=(b, t))
         check_attention_mask(attention_mask, b, t)
         if token_type_ids is not None and (token_type_ids.dim() != 2 or token_type_ids.shape[1] != t
                                            or token_type_ids.shape[0] not in (1, b)):

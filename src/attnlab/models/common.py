@@ -68,10 +68,19 @@ def check_length(length: int, max_len: int | None, what: str = "sequence") -> No
         )
 
 
-def check_given_positions(positions: Tensor | None, max_len: int | None, what: str = "positions") -> None:
-    """Positions a caller gives explicitly must lie in the model's table (0 to max_len - 1 where it is bounded):
-    a learned table's lookup failed with an IndexError from inside the embedding."""
-    if positions is None or not positions.numel():
+def check_given_positions(positions: Tensor | None, max_len: int | None, what: str = "positions",
+                          shape: tuple[int, int] | None = None) -> None:
+    """Positions a caller gives explicitly must be one a token, (B|1, T) for ids of `shape` (B, T) (a 1-D (T,)
+    tensor was broadcast over rotary's head axis: every token of head h sat at position h), and lie in the
+    model's table (0 to max_len - 1 where it is bounded): a learned table's lookup failed with an IndexError from
+    inside the embedding."""
+    if positions is None:
+        return
+    if shape is not None and (positions.dim() != 2 or positions.shape[1] != shape[1]
+                              or positions.shape[0] not in (1, shape[0])):
+        raise ConfigError(f"{what} has shape {tuple(positions.shape)}; it must be ({shape[0]}, {shape[1]}) or "
+                          f"(1, {shape[1]}), one position a token")
+    if not positions.numel():
         return
     low, high = int(positions.min()), int(positions.max())
     if low < 0 or (max_len is not None and high >= max_len):

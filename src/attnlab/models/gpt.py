@@ -156,7 +156,7 @@ class GPT(nn.Module):
         b, t = input_ids.shape
         past = cache[0].length if cache else 0
         check_length(past + t, self.max_len, "input")
-        check_given_positions(positions, self.max_len)
+        check_given_positions(positions, self.max_len, shape=(b, t))
         mask = key_positions = None
         if document_ids is not None:
             if attention_mask is not None or cache is not None:
