@@ -141,7 +141,7 @@ def test_a_failed_resume_leaves_the_run_folder_as_it_was(tmp_path, capsys, cls_r
     # The default run is a GPT: the checkpoint holds an encoder classifier.
     line = one_line_error(capsys, "train", "--resume", "--set", "train.steps=40",
                           "--set", f"train.out_dir={_q(run)}", *TINY)
-    assert "holds a 'encoder' model" in line
+    assert "holds an 'encoder' model" in line
     assert {name: (run / name).read_bytes() for name in files} == before
     # Resuming a run that does not exist creates nothing.
     missing = tmp_path / "never-trained"

@@ -820,6 +820,10 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     if limit is not None and block > limit:
         fix = _fit_data_fix(run, "data.block_size", limit, "the model's block_size")
         raise ConfigError(f"data.block_size {block} is longer than the model's {limit} positions; {fix}")
+    if saved is not None and (Path(t.out_dir) / "data").is_dir():  # a resume: the checkpoint must fit first
+        from attnlab.training.trainer import Trainer
+
+        Trainer.check_resumable(saved, model)
     # The token files are written into a folder of their own inside data/ (one per process: torchrun's ranks each
     # write theirs; inside, so that the move stays on one disk where data/ links to another) and moved into data/
     # once every check has passed: a run refused for its data (a held-out file shorter than a window, a character

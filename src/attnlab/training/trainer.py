@@ -202,6 +202,10 @@ class TrainingDiverged(AttnlabError):
 _FINISHED = "training finished at step {step} (the last), interrupted before its summary; checkpoint saved in {folder}"
 
 
+_RESUME_MISMATCH = ("cannot resume: {}; resume with the model settings the run was trained with (drop the model.* "
+                    "--set values), or train into another train.out_dir")
+
+
 def _diverged_fix(cfg: TrainerConfig, precision: str) -> str:
     """What to change after a loss or weights that became NaN or inf, less what the run already does."""
     fixes = ["lower lr", "raise warmup_steps"]
@@ -818,14 +822,22 @@ class Trainer:
             raise CheckpointError(f"cannot resume: no checkpoint in {folder}; "
                                   "train without resuming to start from scratch") from None
 
+    @staticmethod
+    def check_resumable(folder: Path, model: nn.Module) -> None:
+        """The model check of a resume from checkpoint `folder`, for a caller that writes into the run folder
+        before the trainer resumes (a language model's token files replaced a finished run's data/ for a resume
+        then refused): the weights are loaded into `model`, and again by the trainer."""
+        try:
+            ckpt.load_checkpoint_into(folder, model)
+        except ckpt.ModelMismatch as e:
+            raise ckpt.ModelMismatch(_RESUME_MISMATCH.format(e)) from None
+
     def _restore(self) -> None:
         folder = self.checkpoint_to_resume(self.out_dir)
         try:
             state = ckpt.load_checkpoint_into(folder, self.model, self.optimizer)
         except ckpt.ModelMismatch as e:
-            raise ckpt.ModelMismatch(f"cannot resume: {e}; resume with the model settings the run was trained "
-                                     "with (drop the model.* --set values), or train into another "
-                                     "train.out_dir") from None
+            raise ckpt.ModelMismatch(_RESUME_MISMATCH.format(e)) from None
         if not (folder / ckpt.STATE_FILE).is_file():
             raise CheckpointError(f"cannot resume: {folder} has no {ckpt.STATE_FILE}")
         if "step" not in state:

@@ -1,0 +1,33 @@
+"""A resume refused for its model settings had already replaced the finished run's data/ token files with another
+text's (the model was checked by the trainer, after the token files were written)."""
+
+from __future__ import annotations
+
+import hashlib
+
+from cli_helpers import main, one_line_error
+from cli_helpers import toml_str as _q
+
+COMMON = ["--set", "model.preset=gpt-char-tiny", "--set", "train.batch_size=4", "--set", "train.precision=fp32",
+          "--set", "train.progress=false", "--set", "train.device=cpu", "--set", "train.warmup_steps=0"]
+
+
+def test_a_refused_resume_leaves_data_as_it_was(tmp_path, capsys):
+    a, b, run = tmp_path / "a.txt", tmp_path / "b.txt", tmp_path / "run"
+    lines = [f"line {i} of the text, with words enough\n" for i in range(200)]
+    a.write_text("".join(lines), encoding="utf-8")
+    b.write_text("".join(reversed(lines)), encoding="utf-8")
+    try:
+        main(["train", *COMMON, "--set", f"data.path={_q(a)}", "--set", "train.steps=2",
+              "--set", f"train.out_dir={_q(run)}"])
+    except SystemExit as e:
+        assert not e.code
+
+    def digests():
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((run / "data").iterdir())}
+
+    before = digests()
+    line = one_line_error(capsys, "train", *COMMON, "--set", f"data.path={_q(b)}", "--set", "train.steps=4",
+                          "--set", "model.n_layers=3", "--set", f"train.out_dir={_q(run)}", "--resume")
+    assert "cannot resume: " in line and "holds a model with other settings (n_layers 2 → 3)" in line
+    assert digests() == before
