@@ -31,3 +31,15 @@ def test_a_refused_resume_leaves_data_as_it_was(tmp_path, capsys):
                           "--set", "model.n_layers=3", "--set", f"train.out_dir={_q(run)}", "--resume")
     assert "cannot resume: " in line and "holds a model with other settings (n_layers 2 → 3)" in line
     assert digests() == before
+
+
+def test_a_training_part_too_short_after_holding_out_says_so(tmp_path, capsys):
+    # "the training text has 31 tokens, fewer than one window of 33; give a longer text" for a text of 93: the
+    # part left after data.val_fraction fell short.
+    text = tmp_path / "t.txt"
+    text.write_text("abcdefghij klmnopq rstuvwxyz a\n"
+                    "wxyz abcdefghij klmnopq rstuvwxyz abcdefghij klmnopq rstuvwxy\n", encoding="utf-8")
+    line = one_line_error(capsys, "train", *COMMON, "--set", f"data.path={_q(text)}", "--set", "data.val_fraction=0.7",
+                          "--set", "train.steps=2", "--set", f"train.out_dir={_q(tmp_path / 'run')}")
+    assert "the part of the text trained on (data.val_fraction = 0.7 of it held out) has 31 tokens" in line
+    assert "lower data.val_fraction, give a longer text or a smaller data.block_size" in line

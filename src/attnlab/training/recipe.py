@@ -901,8 +901,13 @@ def _encode_lm_parts(run: RunConfig, saved: Path | None, tokenizer, texts, train
 
     n_train = encode(train_part, "train.bin", d.path)
     if n_train < block + 1:
-        raise DataError(f"the training text has {n_train} tokens, fewer than one window of "
-                        f"{block + 1}; give a longer text or a smaller data.block_size")
+        # Where part of the text is held out, the part trained on is what fell short (the text may not be).
+        held = not d.eval_path and d.val_fraction > 0 and eval_part is not None
+        what = f"the part of the text trained on (data.val_fraction = {d.val_fraction} of it held out)" \
+            if held else "the training text"
+        fix = "lower data.val_fraction, give a longer text" if held else "give a longer text"
+        raise DataError(f"{what} has {n_train} tokens, fewer than one window of {block + 1}; {fix} or a smaller "
+                        "data.block_size")
     if not eval_part:
         return n_train, None
     n_val = encode(eval_part, "val.bin", d.eval_path or d.path)
