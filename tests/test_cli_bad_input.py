@@ -297,7 +297,8 @@ def test_evaluate_reads_other_column_names(tmp_path, capsys, cls_run):
     other = tmp_path / "other.tsv"
     other.write_text("id\treview\tstars\n1\tgreat movie great\t1\n2\tbad movie bad\t0\n", encoding="utf-8")
     line = one_line_error(capsys, "evaluate", str(cls_run), "--data", str(other), "--device", "cpu")
-    assert "(evaluate: --text-column)" in line
+    # the text column is found by its name ("review"), the label column ("stars") is not
+    assert "(evaluate: --label-column)" in line
     code, stdout, err = run_cli(capsys, "evaluate", str(cls_run), "--data", str(other), "--text-column", "review",
                                 "--label-column", "2", "--json", "--device", "cpu")
     assert code == 0, err

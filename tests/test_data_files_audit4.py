@@ -41,7 +41,7 @@ def test_a_header_after_a_byte_order_mark_inside_a_file_is_never_an_example(tmp_
 
 
 @pytest.mark.parametrize("content, columns, says", [
-    # the config names the text field "sentence" (configs/encoder-classify.toml), the file calls it "text"
+    # the text field named "sentence" (as configs/encoder-classify.toml did), the file calls it "text"
     ('{"text": "good", "label": 1}\n', ("sentence", None),
      "line 1: no text field 'sentence' among the fields ['label', 'text']; set data.text_column "
      "(evaluate: --text-column) to one of them"),
@@ -76,6 +76,7 @@ def test_json_lines_with_another_text_field_name_the_setting_in_the_command_line
     path = tmp_path / "train.jsonl"
     path.write_text('{"text": "this is good", "label": 1}\n{"text": "this is bad", "label": 0}\n', encoding="utf-8")
     line = one_line_error(capsys, "train", "configs/encoder-classify.toml", "--set", f"data.path={_q(path)}",
+                          "--set", "data.text_column=\"sentence\"",  # named: the file calls it "text"
                           "--set", "data.eval_path=\"\"", "--set", f"train.out_dir={_q(tmp_path / 'run')}", *TINY)
     assert "line 1: no text field 'sentence' among the fields ['label', 'text']; set data.text_column" in line
     assert "fix the line" not in line
