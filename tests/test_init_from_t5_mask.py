@@ -34,3 +34,17 @@ def test_a_t5_bias_model_keeps_its_mask(files):  # noqa: F811
 def test_other_schemes_may_change_the_mask(files):  # noqa: F811
     source = _encoder_lm(files, "alibi")
     assert not prepare(_classify(files, source, "model.causal=false")).model.config.causal
+
+
+def test_with_head_keeps_a_t5_bias_models_mask():
+    from attnlab.models.encoder import EncoderConfig, EncoderModel
+
+    lm = EncoderModel(EncoderConfig(vocab_size=20, d_model=16, n_heads=2, n_layers=1, d_ff=32, head="lm",
+                                    position="t5-bias"))
+    with pytest.raises(ConfigError, match="causal = False, but this model's T5 bias buckets were learned under "
+                                          "causal = True"):
+        lm.with_head("classification", causal=False)
+    assert lm.with_head("classification").config.is_causal
+    alibi = EncoderModel(EncoderConfig(vocab_size=20, d_model=16, n_heads=2, n_layers=1, d_ff=32, head="lm",
+                                       position="alibi"))
+    assert not alibi.with_head("classification", causal=False).config.is_causal

@@ -301,6 +301,11 @@ class EncoderModel(nn.Module):
             An EncoderModel on this model's device and dtype, in this model's train/eval mode.
         """
         changes: dict = {"head": head, "causal": self.config.is_causal if causal is None else causal}
+        if self.config.position == "t5-bias" and bool(changes["causal"]) != self.config.is_causal:
+            # T5's buckets are laid out for one mask: under another, the table's rows are read for other distances
+            raise ConfigError(f"causal = {changes['causal']!r}, but this model's T5 bias buckets were learned under "
+                              f"causal = {self.config.is_causal}, which another mask reads for other distances; keep "
+                              "its mask (causal=None)")
         for name, value in (("n_classes", n_classes), ("pooling", pooling)):
             if value is not None:
                 changes[name] = value
