@@ -96,3 +96,12 @@ def test_the_pydoc_texts_evaluate_on_a_given_eval_path(tmp_path):
     from attnlab.data.corpus import pydoc_corpus
 
     assert "".join(train()) == pydoc_corpus()  # the whole, as with a data.path and an eval_path
+
+
+def test_lengths_beyond_any_sequence_are_refused_as_data_settings():
+    # translation's data.max_length = 2**63 - 1 was refused as "model.max_len: ... does not fit in 64 bits", a
+    # setting derived from it that the user never gave.
+    for name in ("max_length", "block_size"):
+        with pytest.raises(ConfigError, match=f"data.{name} = 9,223,372,036,854,775,807 is beyond any sequence"):
+            DataConfig(**{name: 2**63 - 1})
+        DataConfig(**{name: 1 << 30})

@@ -156,6 +156,11 @@ class DataConfig(Config):
         for name in ("vocab_size", "block_size"):  # None: sized by the text, the model
             if getattr(self, name) is not None:
                 check_positive(f"data.{name}", getattr(self, name))
+        for name in ("max_length", "block_size"):  # the models' lengths derive from them (translation: + 2)
+            value = getattr(self, name)
+            if value is not None and value > MAX_LENGTH:
+                raise ConfigError(f"data.{name} = {value:,} is beyond any sequence a model takes; give at most "
+                                  f"{MAX_LENGTH:,}")
         if self.vocab_size is not None and self.vocab_size > MAX_VOCAB:
             # HF tokenizers' trainers reserve memory by it: 10**9 aborted the process in Rust (no Python error).
             raise ConfigError(f"data.vocab_size = {self.vocab_size:,} is beyond any tokenizer's needs; give at most "
@@ -512,6 +517,7 @@ def _init_from_config(path: str) -> dict[str, Any]:
 
 
 MAX_VOCAB = 1 << 24  # the largest data.vocab_size taken
+MAX_LENGTH = 1 << 30  # the longest data.max_length and data.block_size taken
 
 # What the data and the task decide, in the words of a refusal of another value set in [model].
 _IMPOSED = {"vocab_size": "the tokenizer has {} tokens (data.vocab_size sizes it)",
