@@ -1003,11 +1003,16 @@ def _lm_text_parts(d: DataConfig) -> tuple[Callable[[], Iterable[str]], Callable
     from attnlab.data.corpus import pydoc_corpus
     from attnlab.data.text_files import check_text, iter_text_blocks, line_split_offset
 
-    if not d.path:  # the embedded corpus: 400 KB, in memory; cut at a line start, as a file is
-        text = pydoc_corpus()
-        if d.eval_path:  # trained on whole, evaluated on the file (it was ignored: the pydoc tail scored instead)
-            eval_path = check_text(d.eval_path)
-            return (lambda: [text]), (lambda: iter_text_blocks(eval_path))
+    path = check_text(d.path) if d.path else None
+    text = pydoc_corpus() if path is None else ""  # the embedded corpus: 400 KB, in memory
+
+    def whole() -> Iterable[str]:
+        return [text] if path is None else iter_text_blocks(path)
+
+    if d.eval_path:  # trained on whole, evaluated on the file (the pydoc texts' tail had been scored instead)
+        eval_path = check_text(d.eval_path)
+        return whole, (lambda: iter_text_blocks(eval_path))
+    if path is None:  # cut at a line start, as a file is
         cut = int(len(text) * (1 - d.val_fraction))
         if 0 < cut < len(text):
             line_end = text.find("\n", cut)
@@ -1017,12 +1022,8 @@ def _lm_text_parts(d: DataConfig) -> tuple[Callable[[], Iterable[str]], Callable
                           f"data.val_fraction = {d.val_fraction} (the held-out part begins at a line start); raise "
                           "data.val_fraction, or give data.eval_path", stacklevel=2)
         return (lambda: [text[:cut]]), ((lambda: [text[cut:]]) if cut < len(text) else None)
-    path = check_text(d.path)
-    if d.eval_path:
-        eval_path = check_text(d.eval_path)
-        return (lambda: iter_text_blocks(path)), (lambda: iter_text_blocks(eval_path))
     if d.val_fraction == 0:
-        return (lambda: iter_text_blocks(path)), None
+        return whole, None
     cut = line_split_offset(path, 1 - d.val_fraction)
     if cut == 0:
         raise DataError(f"the training text ({d.path}) is too short to hold out data.val_fraction = "
@@ -1031,11 +1032,11 @@ def _lm_text_parts(d: DataConfig) -> tuple[Callable[[], Iterable[str]], Callable
         warnings.warn(f"nothing held out for evaluation: no line of {d.path} starts within its last "
                       f"data.val_fraction = {d.val_fraction} (the held-out part begins at a line start); give "
                       "data.eval_path, or a text of more lines", stacklevel=2)
-        return (lambda: iter_text_blocks(path)), None
+        return whole, None
     if not any(block.strip() for block in iter_text_blocks(path, start=cut)):  # e.g. trailing blank lines
         warnings.warn(f"nothing held out for evaluation: the last data.val_fraction = {d.val_fraction} of {d.path} "
                       "holds only whitespace; give data.eval_path, or raise data.val_fraction", stacklevel=2)
-        return (lambda: iter_text_blocks(path)), None
+        return whole, None
     return (lambda: iter_text_blocks(path, stop=cut)), (lambda: iter_text_blocks(path, start=cut))
 
 
