@@ -12,22 +12,19 @@ import traceback
 from collections.abc import Callable, Iterator
 
 
-def count(text: str) -> int:
-    """argparse type of --repeats and the like: an integer of at least 1 (a median of no timing failed with a
-    traceback)."""
-    value = int(text)  # a ValueError: argparse says "invalid count value"
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _counts(least: int):
+    """An argparse type: an integer of at least `least` (argparse names it "count" in its messages)."""
+    def count(text: str) -> int:
+        value = int(text)  # a ValueError: argparse says "invalid count value"
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+    return count
 
 
-def count0(text: str) -> int:
-    """argparse type of --warmup and the like: an integer of at least 0 (-1 took the warm-up steps from the end of
-    the data, or divided by zero)."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
+# --repeats and the like: at least 1 (a median of no timing failed with a traceback); --warmup and the like: at
+# least 0 (-1 took the warm-up steps from the end of the data, or divided by zero).
+count, count0 = _counts(1), _counts(0)
 
 
 def json_file(text: str) -> str:
