@@ -604,8 +604,10 @@ def _check_init_from_changes(table: dict[str, Any], saved: dict[str, Any]) -> No
     if saved.get("position") == "t5-bias" and "causal" in saved and table.get("causal") is not None:
         # T5's buckets are laid out for one mask (a causal model spends them all on the past): under another, the
         # pretrained table's rows are read for other distances, which no other scheme does.
-        trained = bool(saved["causal"]) if saved["causal"] is not None else \
-            saved.get("family") == "encoder" and saved.get("head", "lm") == "lm"
+        from attnlab.models.registry import config_from_dict
+
+        _, trained_config = config_from_dict(saved)  # the mask as the model resolves it (an encoder's: by its head)
+        trained = getattr(trained_config, "is_causal", trained_config.causal)
         if bool(table["causal"]) != trained:
             raise ConfigError(f"model.causal = {table['causal']!r}, but the model in model.init_from has T5 bias "
                               f"buckets learned under causal = {trained}, which another mask reads for other "
