@@ -600,9 +600,9 @@ def _decode_marking_unknown(tok, ids: list[int]) -> str:
         if token == unk:
             parts.append(tok.decode(ids[start:i]))
             start = i + 1
-    # A character tokenizer joins its tokens as they are; the others are of words, which spaces separate.
-    joined = UNKNOWN_IN_REFERENCE.join(parts) if tok.kind == "char" else f" {UNKNOWN_IN_REFERENCE} ".join(parts)
-    return joined if tok.kind == "char" else " ".join(joined.split())
+    if tok.kind == "char":  # its tokens joined as they are
+        return UNKNOWN_IN_REFERENCE.join(parts)
+    return " ".join(f" {UNKNOWN_IN_REFERENCE} ".join(parts).split())  # the others' are words, which spaces separate
 
 
 def _as_decoded(tok, references: list[str], path: str | Path) -> list[str]:
