@@ -87,6 +87,14 @@ def test_evaluate_scores_texts_as_the_run_was_trained(capsys, tmp_path, classifi
     shutil.copytree(classifier / "run" / "checkpoint", bare)
     (bare / "trainer_state.json").unlink()
     assert _evaluated(capsys, bare, data) == pytest.approx(with_sep, abs=1e-5)
+    # A run folder whose checkpoint lost its trainer state: run.json says the layout (the data settings it gives
+    # have a task, which alone would mean a run from before the change).
+    stateless = tmp_path / "stateless"
+    shutil.copytree(classifier / "run", stateless)
+    (stateless / "checkpoint" / "trainer_state.json").unlink()
+    assert json.loads((stateless / "run.json").read_text(encoding="utf-8"))["classification_sep"] is True
+    for folder in (stateless, stateless / "checkpoint"):
+        assert _evaluated(capsys, folder, data) == pytest.approx(with_sep, abs=1e-5)
     # A run from before the change is scored as it was trained, without [SEP].
     old = tmp_path / "old"
     shutil.copytree(classifier / "run", old)
@@ -106,3 +114,4 @@ def test_resuming_a_run_from_before_the_change_keeps_its_layout(tmp_path, classi
     train_run(load_run_config(None, [*_overrides(classifier, old), "train.steps=6"]), resume=True)
     state = json.loads((old / "checkpoint" / "trainer_state.json").read_text(encoding="utf-8"))
     assert state["step"] == 6 and state["extra_state"]["classification_sep"] is False
+    assert json.loads((old / "run.json").read_text(encoding="utf-8"))["classification_sep"] is False

@@ -118,7 +118,10 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
             if not isinstance(saved_data, dict) or not isinstance(saved_labels, list) or not all(
                     isinstance(x, (str, int)) and not isinstance(x, bool) for x in saved_labels):
                 raise ValueError("wrong types")  # a list, number or text where a table or names go
-            data = data or dict(saved_data)
+            if not data:
+                data = dict(saved_data)
+                if isinstance(saved.get("classification_sep"), bool):  # run.json records it too (since 2026-12-06)
+                    data["classification_sep"] = saved["classification_sep"]
             labels = labels or [str(x) for x in saved_labels]
         except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):  # JSONDecodeError is a ValueError
             raise CheckpointError(f"{candidate} is not a valid run description; re-run training or "

@@ -1307,6 +1307,7 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
         description = run.to_dict()
         if "labels" in prep.info:  # the class names, in the order of the classifier's outputs
             description["labels"] = list(prep.info["labels"])
+        description.update(prep.layout)  # a checkpoint that lost its trainer state is scored from run.json
         # The data settings and class names go into every checkpoint too: generate and evaluate read them there,
         # so a checkpoint is never scored with the labels of a run that replaced its run.json and then failed.
         data_state = {"data": run.data.to_dict(), "batches_by_length": run.data.batches_by_length,
