@@ -100,6 +100,11 @@ def test_a_csv_field_longer_than_csv_s_default_limit_is_read(tmp_path):
     with pytest.raises(DataError, match="line 2: malformed CSV"):
         read_classification_file(bad)
     assert csv.field_size_limit() == limit
+    # Rows after the open quote: the line named is still the one where the bad row starts, not where csv gave up.
+    bad.write_text('text,label\ngood,1\n"open quote,1\n' + "".join(f"row {i},0\n" for i in range(50)),
+                   encoding="utf-8")
+    with pytest.raises(DataError, match=r"line 3: malformed CSV \(.*runs on to line 53: a quote left open\?"):
+        read_classification_file(bad)
 
 
 @pytest.mark.parametrize("name, content", [

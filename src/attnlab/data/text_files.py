@@ -531,10 +531,9 @@ def _table_rows(path: Path, text: str, fmt: str) -> Iterator[tuple[int, list[str
             if any(cell.strip() for cell in row):
                 rows.append((start, row))
             start = reader.line_num + 1
-    except csv.Error as e:
-        raise DataError(
-            f"data file '{path}' line {reader.line_num}: malformed CSV ({e}); fix the line"
-        ) from None
+    except csv.Error as e:  # named where the bad row starts: an unclosed quote runs on to the end of the file
+        runs_on = f"; the row runs on to line {reader.line_num}: a quote left open?" if reader.line_num > start else ""
+        raise DataError(f"data file '{path}' line {start}: malformed CSV ({e}{runs_on}); fix the line") from None
     finally:
         csv.field_size_limit(limit)
     yield from rows
