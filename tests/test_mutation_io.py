@@ -179,6 +179,27 @@ def test_header_names_are_matched_without_case_or_padding(tmp_path):
     path.write_text("text \t label\nhello\t1\n")
     data = read_classification_file(path, text_column="text", label_column="label")
     assert data.texts == ["hello"] and data.labels == ["1"]
+    # A column named in the config finds the header's "Label" as the columns found without a name do ...
+    path.write_text("Sentence\tLabel\nhello\t1\n")
+    data = read_classification_file(path, label_column="label")
+    assert data.texts == ["hello"] and data.labels == ["1"]
+    assert read_classification_file(path, text_column="SENTENCE ", label_column="label").texts == ["hello"]
+    # ... where one column only is so named; two are refused as ambiguous.
+    path.write_text("text\tLabel\tlabel \nhello\t1\t0\n")
+    with pytest.raises(DataError, match=r"columns 1 \('Label'\) and 2 \('label'\) of the header both read as "
+                                        "'LABEL', so the label column is ambiguous"):
+        read_classification_file(path, label_column="LABEL")
+
+
+def test_a_headerless_file_read_with_one_named_column_says_it_has_no_header(tmp_path):
+    """The shipped classifier config names the label column only: a file without a header had been told its first
+    row was a header without a text column, and to name one, which then gave the right message."""
+    path = tmp_path / "d.tsv"
+    path.write_text("lovely nice movie\t1\nawful movie\t0\n")
+    for text_column in (None, "sentence"):
+        with pytest.raises(DataError, match=r"first row \['lovely nice movie', '1'\] does not look like a header; "
+                                            "if the file has none, give the columns by 0-based number"):
+            read_classification_file(path, text_column=text_column, label_column="label")
 
 
 def test_headerless_two_columns_keep_labels_when_they_are_optional(tmp_path):

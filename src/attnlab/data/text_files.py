@@ -565,16 +565,29 @@ def _column_index(path: Path, column: str | int, names: list[str] | None, what: 
             f"data file '{path}' has no header row, so {what} column {column!r} cannot be found; "
             f"set data.{what}_column (evaluate: --{what}-column) to a 0-based column number instead"
         )
-    if column not in names and not _is_header(names):  # perhaps a headerless file read with named columns
-        raise DataError(
-            f"data file '{path}': no {what} column {column!r}, and its first row {names} does not look like a "
-            "header; if the file has none, give the columns by 0-based number (evaluate: --text-column 0 "
-            "--label-column 1; train: data.text_column and data.label_column), else name one of those columns"
-        )
-    if column not in names:  # for labels, a test split without any looks just like this
-        raise DataError(f"data file '{path}': no {what} column {column!r} in the header {names}; "
-                        f"{_missing_fix(what, header=True)}")
-    return names.index(column)
+    if column in names:
+        return names.index(column)
+    # As the columns found without a name are: "label" reads a header's "Label" (where only one column is so named).
+    alike = [i for i, name in enumerate(names) if name.lower() == _header_cell(column).lower()]
+    if len(alike) == 1:
+        return alike[0]
+    if alike:
+        raise DataError(f"data file '{path}': columns {alike[0]} ({names[alike[0]]!r}) and {alike[1]} "
+                        f"({names[alike[1]]!r}) of the header both read as {column!r}, so the {what} column is "
+                        f"ambiguous; give it by 0-based number: {_SETTING[what]}")
+    if not _is_header(names):  # perhaps a headerless file read with named columns
+        raise _no_header(path, f"no {what} column {column!r}", names)
+    # for labels, a test split without any looks just like this
+    raise DataError(f"data file '{path}': no {what} column {column!r} in the header {names}; "
+                    f"{_missing_fix(what, header=True)}")
+
+
+def _no_header(path: Path, problem: str, names: list[str]) -> DataError:
+    return DataError(
+        f"data file '{path}': {problem}, and its first row {names} does not look like a header; if the file has "
+        "none, give the columns by 0-based number (evaluate: --text-column 0 --label-column 1; train: "
+        "data.text_column and data.label_column), else name one of those columns"
+    )
 
 
 def _refuse_pairs(path: Path, names, what: str) -> None:
@@ -607,6 +620,8 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
             return default
         found = next((lowered.index(k) for k in known if k in lowered), None)
         if found is None and (what == "text" or require_labels):
+            if not _is_header(first_cells):  # read as a header because the other column was given by name
+                raise _no_header(path, f"the {what} column cannot be found by name", names)
             raise DataError(
                 f"data file '{path}': cannot find the {what} column in the header {names}; {_SETTING[what]}"
             )
