@@ -40,6 +40,20 @@ def test_a_header_after_a_byte_order_mark_inside_a_file_is_never_an_example(tmp_
     assert "sentence" not in data.texts and "text" not in data.texts
 
 
+@pytest.mark.parametrize("name, part", [
+    ("joined.tsv", "1\tgood film\n0\tbad film\n"),  # label first, as AG News files are: the BOM met the label
+    ("joined.csv", "1,good film\r\n0,bad film\r\n"),
+    ("joined.jsonl", '{"label": 1, "text": "good film"}\n{"label": 0, "text": "bad film"}\n'),  # not valid JSON
+])
+def test_a_byte_order_mark_inside_a_headerless_file_sticks_to_no_cell(tmp_path, name, part):
+    path = tmp_path / name
+    path.write_text(BOM + part + BOM + part, encoding="utf-8")
+    columns = (None, None) if name.endswith(".jsonl") else (1, 0)
+    data = read_classification_file(path, *columns)
+    assert data.labels == ["1", "0", "1", "0"] and data.label_names == ["0", "1"]
+    assert data.texts == ["good film", "bad film"] * 2
+
+
 @pytest.mark.parametrize("content, columns, says", [
     # the text field named "sentence" (as configs/encoder-classify.toml did), the file calls it "text"
     ('{"text": "good", "label": 1}\n', ("sentence", None),

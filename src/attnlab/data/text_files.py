@@ -408,7 +408,9 @@ def read_classification_file(
     """
     path = Path(path)
     fmt = detect_format(path, format)
-    text = read_text(path)
+    # read_text drops the file's byte-order mark; files saved with one and joined by `cat` hold more, each at the
+    # start of a line, where it would stick to a label ("\ufeff1", a class of its own) or break a JSON line.
+    text = read_text(path).replace("\n\ufeff", "\n").replace("\r\ufeff", "\r")
     if fmt == "jsonl":
         data = _read_jsonl(path, text, text_column, label_column, require_labels)
     else:
