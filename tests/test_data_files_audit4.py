@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import warnings
 
 import pytest
 from cli_helpers import one_line_error
@@ -52,6 +53,18 @@ def test_a_byte_order_mark_inside_a_headerless_file_sticks_to_no_cell(tmp_path, 
     data = read_classification_file(path, *columns)
     assert data.labels == ["1", "0", "1", "0"] and data.label_names == ["0", "1"]
     assert data.texts == ["good film", "bad film"] * 2
+
+
+def test_two_spellings_of_one_number_as_labels_are_warned_of(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("text,label\ngood,1\nfine,1.0\nbad,0\n", encoding="utf-8")
+    with pytest.warns(UserWarning, match="the labels '1' and '1.0' are one number but two classes"):
+        data = read_classification_file(path)
+    assert data.label_names == ["0", "1", "1.0"]  # kept as written: the warning says how to mend the file
+    path.write_text("text,label\ngood,1\nbad,0\nodd,-1\nother,pos\n", encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_classification_file(path).label_names == ["-1", "0", "1", "pos"]
 
 
 @pytest.mark.parametrize("content, columns, says", [

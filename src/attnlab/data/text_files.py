@@ -418,7 +418,24 @@ def read_classification_file(
     if not any(t.strip() for t in data.texts):  # a classifier would learn the labels' frequencies only
         raise DataError(f"data file '{path}': every text is empty ({len(data.texts)} lines); check that "
                         "data.text_column (evaluate: --text-column) names the column of the texts")
+    _warn_same_number(data)
     return data
+
+
+def _warn_same_number(data: ClassificationData) -> None:
+    """Warn of two labels that spell one number ("1" and "1.0", "01"): each is a class of its own, as text labels are
+    (a JSON number's spelling is not kept: 1.0 reads as "1")."""
+    seen: dict[float, str] = {}
+    for name in sorted(set(data.labels or ())):
+        try:
+            value = float(name)
+        except ValueError:
+            continue
+        if value in seen:
+            warnings.warn(f"data file '{data.path}': the labels {seen[value]!r} and {name!r} are one number but two "
+                          "classes, as labels are read as text; write each class one way", stacklevel=3)
+            return
+        seen[value] = name
 
 
 # How to name the text and the label column: training's setting, and the flag of `evaluate` (which reads the same
