@@ -232,6 +232,13 @@ def test_save_load_equal(kind, tmp_path, bpe, wordpiece):
     assert [loaded.pad_id, loaded.mask_id, loaded.eos_id] == [tok.pad_id, tok.mask_id, tok.eos_id]
 
 
+def test_a_run_folder_gives_the_tokenizer_of_its_checkpoint(tmp_path):
+    # `attnlab train` saves tokenizer.json in checkpoint/ and best/, never at the top of the run folder.
+    tok = CharTokenizer.train(TEXT)
+    tok.save(tmp_path / "checkpoint")
+    assert load_tokenizer(tmp_path).to_dict() == tok.to_dict()
+
+
 def test_save_load_explicit_char_list(tmp_path):
     tok = CharTokenizer(["□", "⁇", "a", "b"], pad="□", mask="⁇")
     loaded = load_tokenizer(tok.save(tmp_path / "x" / "chars.json"))

@@ -855,11 +855,14 @@ def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
-    """Read a tokenizer saved by `Tokenizer.save`: a JSON file, or a folder holding tokenizer.json."""
+    """Read a tokenizer saved by `Tokenizer.save`: a JSON file, a folder holding tokenizer.json, or a run folder
+    (`attnlab train` saves it in the run's checkpoint/)."""
     path = Path(path)
     if path.is_dir():
         folder = path
         path = path / TOKENIZER_FILE
+        if not path.is_file() and (folder / "checkpoint" / TOKENIZER_FILE).is_file():
+            path = folder / "checkpoint" / TOKENIZER_FILE
         if not path.is_file():
             raise CheckpointError(  # a checkpoint without one: weights converted or saved on their own
                 f"folder '{folder}' has no {TOKENIZER_FILE}, which the text is read with; give a run or checkpoint "
