@@ -235,6 +235,7 @@ def test_save_load_equal(kind, tmp_path, bpe, wordpiece):
 def test_a_run_folder_gives_the_tokenizer_of_its_checkpoint(tmp_path):
     # `attnlab train` saves tokenizer.json in checkpoint/ and best/, never at the top of the run folder.
     tok = CharTokenizer.train(TEXT)
+    (tmp_path / "checkpoint").mkdir()
     tok.save(tmp_path / "checkpoint")
     assert load_tokenizer(tmp_path).to_dict() == tok.to_dict()
 
