@@ -71,7 +71,9 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{name}: expected an integer, got {value!r}")
         if not -2**63 <= value < 2**63:  # torch and numpy hold 64 bits: larger ones failed with tracebacks
-            raise ConfigError(f"{name}: {value} does not fit in 64 bits; give an integer from -2**63 to 2**63 - 1")
+            digits = len(str(abs(value))) if abs(value) < 10**4000 else None  # str() refuses over 4,300 digits
+            shown = value if digits and digits <= 24 else f"an integer of {digits or 'over 4,000'} digits"
+            raise ConfigError(f"{name}: {shown} does not fit in 64 bits; give an integer from -2**63 to 2**63 - 1")
         return value
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -324,17 +324,53 @@ def parameter_count(settings: KnowledgeScale, vocab_size: int, variant: Variant)
 
 def _phase_config(settings: KnowledgeScale, *, batch: int, lr: float, epochs: float, n_examples: int,
                   n_corpus: int, seed: int, device: str, progress: bool) -> dict[str, Any]:
-    steps = max(1, math.ceil(epochs * n_examples / batch))
+    def ceil(x: float) -> int:  # a count past any float (epochs 1e308) is refused by the trainer, named there
+        return math.ceil(x) if math.isfinite(x) else 2**63
+
+    steps = max(1, ceil(epochs * n_examples / batch))
     tokens_per_step = batch * settings.block_size
-    warmup = min(steps - 1, math.ceil(settings.warmup_tokens / tokens_per_step)) if steps > 1 else 0
+    warmup = min(steps - 1, ceil(settings.warmup_tokens / tokens_per_step)) if steps > 1 else 0
     decay = None
     if settings.decay_epochs is not None:
-        decay = max(warmup + 1, math.ceil(settings.decay_epochs * n_corpus * settings.block_size / tokens_per_step))
+        decay = max(warmup + 1, ceil(settings.decay_epochs * n_corpus * settings.block_size / tokens_per_step))
     return {"steps": steps, "batch_size": batch, "lr": lr, "warmup_steps": warmup, "decay_steps": decay,
             "schedule": "cosine", "min_lr_ratio": 0.1, "weight_decay": settings.weight_decay,
             "betas": (0.9, 0.95), "grad_clip": 1.0, "seed": seed, "precision": settings.precision,
             "device": device, "progress": progress, "log_every": max(1, min(25, steps // 50 or 1)),
             "save_every": max(0, steps // 4)}
+
+
+def _check_phase_settings(kind: str, variant: Variant, config: dict[str, Any]) -> None:
+    """Refuse a phase whose trainer settings the trainer refuses, naming the experiment's settings they come from
+    (the trainer names its own, which the user never gave)."""
+    from attnlab.training.trainer import TrainerConfig
+
+    try:
+        TrainerConfig.from_dict(config, where="train")
+    except ConfigError as e:
+        epochs = ("pretrain_epochs" if kind == "pretrain" else
+                  "finetune_epochs_pretrained" if variant.pretrain else "finetune_epochs_scratch")
+        batch, lr = f"{kind}_batch", f"{kind}_lr"
+        made_of = {"steps": f"{epochs} and {batch}", "batch_size": batch, "lr": lr, "decay_steps": "decay_epochs",
+                   "warmup_steps": "warmup_tokens"}
+        knobs = next((v for k, v in made_of.items() if str(e).startswith(f"train.{k}:")), "the --set values")
+        phase = "pretraining" if kind == "pretrain" else "fine-tuning"
+        raise ConfigError(f"--set: the {phase} phase of row {variant.name} gets a setting the trainer refuses "
+                          f"from {knobs} ({e}); change {knobs}") from None
+
+
+def _check_outputs_free(out: Path, rows: list[Variant], earlier: list[Path], *, predict: bool) -> None:
+    """Refuse an entry of the user's where an output goes (a file named as a phase folder, a folder named as a
+    table), before any phase is trained: found only when the run wrote there, it had cost every phase before."""
+    paths = [out / name for name in _OUTPUT_FILES] + [out / "predictions"]
+    for variant in rows:
+        paths += [out / f"{kind}-{variant.name}" for kind in ("pretrain", "finetune")[not variant.pretrain:]]
+        paths += [out / "predictions" / f"{variant.name}{ext}" for ext in (".tsv", ".predict.tsv")[:1 + predict]]
+    for path in paths:
+        folder = path.name.startswith(("pretrain-", "finetune-")) or path.name == "predictions"
+        if path not in earlier and (path.is_file() if folder else path.is_dir()):
+            raise ConfigError(f"--out: {str(path)!r} is a {'file' if folder else 'folder'}, where this run writes "
+                              f"its {'folder' if folder else 'file'} {path.name!r}; move it, or choose another --out")
 
 
 def _phase_done(folder: Path, steps: int) -> bool:
@@ -571,11 +607,18 @@ _SYSTEM_FILES = (".DS_Store", "Thumbs.db", "desktop.ini")
 
 
 def _generated_world(out: Path) -> bool:
-    """Whether `out/data` holds the synthetic world of an earlier run, as its mark says, or, unmarked (a run from
-    before the mark), as its files hold exactly the world its results describe: the user's own files under the
-    world's names were taken for one (beside any synthetic run's results, their own world.json removed)."""
-    if (out / "data" / WORLD_MARK).is_file():
-        return True
+    """Whether `out/data` holds the synthetic world of an earlier run: exactly the world its mark describes, or,
+    unmarked (a run from before the mark), the world its results describe. The user's own files under the world's
+    names were taken for one (beside any synthetic run's results, their own world.json removed; or put in a
+    marked world's place and read by a run with --corpus/--train/--eval)."""
+    mark = out / "data" / WORLD_MARK
+    if mark.is_file():  # and the files still hold the world it describes: the user may have put theirs there since
+        try:
+            recipe = json.loads(mark.read_text(encoding="utf-8"))
+            world = make_world(int(recipe["n_people"]), int(recipe["seed"]))
+            return _holds_world(out / "data", world.files(float(recipe["eval_fraction"]), int(recipe["split_seed"])))
+        except (OSError, ValueError, KeyError, TypeError, AttnlabError):  # a damaged mark proves nothing
+            return False
     try:
         earlier = json.loads((out / "results.json").read_text(encoding="utf-8"))
         if earlier["data"]["source"] != "synthetic":
@@ -654,6 +697,9 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
     world = out / "data"
     if data.world_files is not None and world.exists() and world not in earlier and not _generated_world(out) \
             and not _holds_world(world, data.world_files):  # resuming too: it rewrote the user's files
+        if not world.is_dir():
+            raise ConfigError(f"--out: {str(world)!r} is a file, where this run writes its synthetic world's folder "
+                              "'data'; move it, or choose another --out")
         raise ConfigError(f"--out: {str(world)!r} holds files that are not an earlier knowledge run's synthetic "
                           "world (or no such run's results lie beside them), and this run would write its world "
                           "there; move them (or remove the folder, if an interrupted run left it), or choose "
@@ -686,6 +732,26 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
                                            seed=seed, pack=True)
     finetune_source = QASource(data.train, vocab, settings.block_size, settings.finetune_batch, seed=seed,
                                name=data.train_name, pack=True)
+    def phases(variant: Variant) -> list[tuple[str, dict[str, Any]]]:
+        """(kind, trainer settings) of each phase of a row, in order."""
+        plan = []
+        if variant.pretrain:
+            plan.append(("pretrain", _phase_config(
+                settings, batch=settings.pretrain_batch, lr=settings.pretrain_lr, epochs=settings.pretrain_epochs,
+                n_examples=len(data.corpus), n_corpus=len(data.corpus), seed=seed, device=device,
+                progress=progress)))
+        epochs = settings.finetune_epochs_pretrained if variant.pretrain else settings.finetune_epochs_scratch
+        plan.append(("finetune", _phase_config(
+            settings, batch=settings.finetune_batch, lr=settings.finetune_lr, epochs=epochs,
+            n_examples=len(data.train), n_corpus=len(data.corpus), seed=seed, device=device, progress=progress)))
+        return plan
+
+    # Refused before an earlier run is replaced, not when a row reaches them after hours of training: a trainer
+    # setting a phase cannot have (steps beyond 64 bits from a huge epochs setting), and an entry in an output's way.
+    for variant in rows:
+        for kind, cfg in phases(variant):
+            _check_phase_settings(kind, variant, cfg)
+    _check_outputs_free(out, rows, earlier, predict=bool(data.predict))
     results: list[dict[str, Any]] = []
     if earlier:
         what = ("the results of a knowledge run" if (out / "results.json").is_file() else
@@ -701,20 +767,6 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
     (out / "predictions").mkdir(exist_ok=True)
     fingerprints = {"pretrain": data_fingerprint(data.corpus), "finetune": data_fingerprint(data.train)}
     sources = {"pretrain": pretrain_source, "finetune": finetune_source}
-
-    def phases(variant: Variant) -> list[tuple[str, dict[str, Any]]]:
-        """(kind, trainer settings) of each phase of a row, in order."""
-        plan = []
-        if variant.pretrain:
-            plan.append(("pretrain", _phase_config(
-                settings, batch=settings.pretrain_batch, lr=settings.pretrain_lr, epochs=settings.pretrain_epochs,
-                n_examples=len(data.corpus), n_corpus=len(data.corpus), seed=seed, device=device,
-                progress=progress)))
-        epochs = settings.finetune_epochs_pretrained if variant.pretrain else settings.finetune_epochs_scratch
-        plan.append(("finetune", _phase_config(
-            settings, batch=settings.finetune_batch, lr=settings.finetune_lr, epochs=epochs,
-            n_examples=len(data.train), n_corpus=len(data.corpus), seed=seed, device=device, progress=progress)))
-        return plan
 
     if resume:  # every phase on disk is checked before any is trained
         from attnlab.training.checkpoint import checkpoint_present
