@@ -51,3 +51,28 @@ def test_an_entry_in_an_outputs_way_is_refused_before_any_phase_trains(tmp_path,
             run_knowledge(out, variants="none,dot", overrides=TINY, echo=said.append, resume=resume, **ARGS)
     assert not list(out.glob("finetune-*")) and not any("fine-tune" in line for line in said)
     assert path.is_dir() if folder else path.read_text(encoding="utf-8") == "mine\n"
+
+
+def test_ctrl_c_between_phases_says_how_to_go_on(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the questions were answered ended with a bare "attnlab: interrupted", though --resume goes on
+    from the phases trained."""
+    from cli_helpers import run_cli
+
+    import attnlab.experiments.knowledge as knowledge
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(knowledge, "answer_questions", stopped)
+    out = tmp_path / "out"
+    sets = [arg for key, value in {**TINY, "n_people": 20}.items() for arg in ("--set", f"{key}={value}")]
+    code, _, err = run_cli(capsys, "run", "knowledge", "--variants", "none", "--quiet", "--device", "cpu", "-o",
+                           str(out), *sets)
+    assert code == 130
+    assert err.strip().splitlines()[-1] == (f"attnlab: interrupted; what was trained is kept in {out}: to go on, run "
+                                            "the same command with --resume")
+    assert (out / "finetune-none" / "checkpoint").is_dir()
+    monkeypatch.undo()
+    code, out_text, err = run_cli(capsys, "run", "knowledge", "--variants", "none", "--quiet", "--device", "cpu",
+                                  "-o", str(out), "--resume", *sets)
+    assert code == 0 and "already done" in out_text, err

@@ -257,10 +257,15 @@ def knowledge(
 ) -> None:
     """Span-corruption pretraining then fine-tuning on "Where was X born?" vs fine-tuning from scratch."""
     from attnlab.experiments.knowledge import run_knowledge
+    from attnlab.training.trainer import TrainingInterrupted
 
-    run_knowledge(out, scale=scale, variants=variants, corpus=corpus, train=train, eval_path=eval_path,
-                  predict=predict, seed=seed, device=device, overrides=_parse_sets(overrides), resume=resume,
-                  progress=not quiet)
+    try:
+        run_knowledge(out, scale=scale, variants=variants, corpus=corpus, train=train, eval_path=eval_path,
+                      predict=predict, seed=seed, device=device, overrides=_parse_sets(overrides), resume=resume,
+                      progress=not quiet)
+    except KeyboardInterrupt:  # between phases (answering, writing the tables): a phase's own interrupt says more
+        raise TrainingInterrupted(f"interrupted; what was trained is kept in {out}: to go on, run the same command "
+                                  "with --resume") from None
 
 
 def _click_exceptions():
