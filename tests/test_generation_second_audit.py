@@ -67,3 +67,25 @@ def test_a_pad_id_outside_the_vocabulary_is_refused(pad_id):
     for fast in (True, False):
         with pytest.raises(ConfigError, match=f"pad_id {pad_id!r} is not a token id of the model's vocabulary"):
             generate(model, [[1, 2, 3], [4]], 2, greedy=True, pad_id=pad_id, fast=fast)
+
+
+def test_generate_refuses_models_that_do_not_predict_the_next_token():
+    """A classifier's class scores had been read as token ids (greedy: token 0 every time), BERT's masked-LM guess
+    of the last token itself as the next one, and a seq2seq model failed with a TypeError from deep inside."""
+    from attnlab.models.bert import BertConfig, BertModel
+    from attnlab.models.encoder import EncoderConfig, EncoderModel
+    from attnlab.models.transformer import Seq2SeqTransformer, TransformerConfig
+
+    small = dict(d_model=16, n_heads=2, d_ff=32, dropout=0.0)
+    classifier = EncoderModel(EncoderConfig(vocab_size=10, n_layers=1, head="classification", **small))
+    with pytest.raises(ConfigError, match="EncoderModel with the 'classification' head does not predict the next "
+                                          "token, so generate cannot continue a prompt with it"):
+        generate(classifier, [[3, 4, 5]], 4, greedy=True)
+    with pytest.raises(ConfigError, match="BertModel with the 'pretraining' head does not predict the next token"):
+        generate(BertModel(BertConfig(vocab_size=10, n_layers=1, **small)), [[3, 4, 5]], 4, greedy=True)
+    seq2seq = Seq2SeqTransformer(TransformerConfig(src_vocab_size=10, tgt_vocab_size=10, n_encoder_layers=1,
+                                                   n_decoder_layers=1, **small))
+    with pytest.raises(ConfigError, match="use greedy_translate or beam_search, not generate"):
+        generate(seq2seq, [[3, 4, 5]], 4, greedy=True)
+    lm = EncoderModel(EncoderConfig(vocab_size=10, n_layers=1, head="lm", **small))  # the encoder LM generates
+    assert len(generate(lm, [[3, 4, 5]], 4, greedy=True)[0]) == 4

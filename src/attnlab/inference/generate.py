@@ -175,6 +175,7 @@ def generate(
         The new tokens of each row (prompts excluded).
     """
     _check_options(max_new_tokens, temperature, top_k, top_p)
+    _check_next_token_model(model)
     device = next(model.parameters()).device
     rows = _prompt_rows(prompt)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
@@ -230,6 +231,22 @@ def generate(
             new = new[: new.index(eos_id) + 1]
         out.append(new)
     return out
+
+
+def _check_next_token_model(model: nn.Module) -> None:
+    """Refuse attnlab's models that do not predict the next token, whose last logits generation would read as one
+    (a classifier's class scores as token ids, BERT's masked-LM guess of the last token itself); a seq2seq model
+    translates. Other models are taken at their word (a causal LM of the user's with the same interface)."""
+    from attnlab.models.bert import BertModel
+    from attnlab.models.encoder import EncoderModel
+    from attnlab.models.transformer import Seq2SeqTransformer
+
+    if isinstance(model, Seq2SeqTransformer):
+        raise ConfigError("a seq2seq model translates a source: use greedy_translate or beam_search, not generate")
+    if isinstance(model, BertModel) or (isinstance(model, EncoderModel) and model.config.head != "lm"):
+        head = getattr(model.config, "head", None) or getattr(model.config, "heads", None)
+        raise ConfigError(f"{type(model).__name__} with the {head!r} head does not predict the next token, so "
+                          "generate cannot continue a prompt with it; give a GPT or an EncoderModel with the LM head")
 
 
 def _decoder(model: nn.Module, ids: Tensor, mask: Tensor, total: int, *, masked: bool, cached: bool,
