@@ -13,6 +13,7 @@ import torch
 
 from attnlab.cli import main
 from attnlab.data.knowledge import IGNORE, KnowledgeVocab, QASource, SpanCorruptionSource
+from attnlab.data.world import make_world
 from attnlab.errors import ConfigError, DataError
 from attnlab.experiments.knowledge import (
     ASSIGNMENT_VOCAB,
@@ -256,9 +257,7 @@ def test_a_run_from_files_replacing_a_synthetic_one_leaves_no_stale_data(tmp_pat
     # the data the run used (stop-33 knowledge audit).
     files = write_files(tmp_path)
     out = tmp_path / "out"
-    (out / "data").mkdir(parents=True)
-    (out / "data" / "corpus.txt").write_text("An earlier world.\n", encoding="utf-8")
-    (out / "data" / "world.json").write_text("{}", encoding="utf-8")  # the mark a generated world has
+    make_world(20, 3).write(out / "data", 0.5, 3)  # a generated world, with its mark
     (out / "results.json").write_text("{}", encoding="utf-8")
     with pytest.warns(UserWarning, match="already holds the results of a knowledge run"):
         run_knowledge(out, variants="none", corpus=files["corpus"], train=files["train"], eval_path=files["eval"],
