@@ -143,3 +143,19 @@ def test_the_optimizer_state_goes_to_parameters_by_position_whatever_ids_the_hea
     save_file(tensors, path, metadata={**metadata, "param_groups": json.dumps(groups)})
     with pytest.raises(CheckpointError, match="a parameter group's 'params' in its header is not a list"):
         _resume(damaged).fit()
+
+
+def test_a_checkpoint_folder_linked_to_another_disk_is_saved_through_the_link(tmp_path):
+    """The first save renamed the link itself to .checkpoint.old; every later save died on rmtree of that link, and
+    so did every resume, at its first save."""
+    run, disk = tmp_path / "run", tmp_path / "disk"
+    Trainer(tiny_model(), _config(4), ToySource(), eval_source=ToySource(), out_dir=run).fit()
+    disk.mkdir()
+    (run / "checkpoint").rename(disk / "checkpoint")
+    (run / "checkpoint").symlink_to(disk / "checkpoint", target_is_directory=True)
+    for steps in (6, 8):  # two resumes: each saves (several times) through the link
+        Trainer(tiny_model(), _config(steps), ToySource(), eval_source=ToySource(), out_dir=run, resume=True).fit()
+        assert (run / "checkpoint").is_symlink()
+        assert json.loads((disk / "checkpoint" / "trainer_state.json").read_text(encoding="utf-8"))["step"] == steps
+    assert sorted(p.name for p in disk.iterdir()) == ["checkpoint"]  # no .tmp or .old left beside it
+    assert not (run / ".checkpoint.old").exists() and not (run / ".checkpoint.tmp").exists()

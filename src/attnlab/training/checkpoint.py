@@ -150,6 +150,12 @@ def _sibling(folder: Path, suffix: str) -> Path:
     return folder.with_name(f".{folder.name}.{suffix}")
 
 
+def _through_link(folder: Path) -> Path:
+    """Where a checkpoint folder given as a symbolic link (to another disk) is: saved and removed there, with its
+    `.tmp` and `.old` siblings beside it, the link kept (renamed itself, it had broken every later save)."""
+    return folder.resolve() if folder.is_symlink() else folder
+
+
 def _complete(folder: Path) -> bool:
     return (folder / MODEL_FILE).is_file()
 
@@ -240,7 +246,7 @@ def checkpoint_in_place(folder: str | os.PathLike[str]) -> Path:
     """`folder`, or where it is missing the `.old` copy a crash between two renames left in its place (complete
     or not: either may not exist)."""
     folder = Path(folder)
-    return folder if folder.exists() else _sibling(folder, "old")
+    return folder if folder.exists() else _sibling(_through_link(folder), "old")
 
 
 def checkpoint_present(folder: str | os.PathLike[str]) -> bool:
@@ -251,7 +257,7 @@ def checkpoint_present(folder: str | os.PathLike[str]) -> bool:
 
 def remove_checkpoint(folder: str | os.PathLike[str]) -> None:
     """Delete a checkpoint folder and the `.old` copy a crash between two renames may have left beside it."""
-    folder = Path(folder)
+    folder = _through_link(Path(folder))
     for path in (folder, _sibling(folder, "old")):
         if path.exists():
             shutil.rmtree(path)
@@ -539,10 +545,11 @@ def save_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
         trainer_state: a JSON-serialisable dict written to ``trainer_state.json``.
         tokenizer: an object with ``save(path)``, written to ``tokenizer.json``.
     """
-    folder = Path(folder)
+    given = folder = Path(folder)
     model = unwrap(model)
     config = _model_config(model)
     folder.parent.mkdir(parents=True, exist_ok=True)
+    folder = _through_link(folder)
     tmp = _sibling(folder, "tmp")
     if tmp.exists():  # left by a crash during an earlier save
         shutil.rmtree(tmp)
@@ -577,7 +584,7 @@ def save_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
             raise failure from None
         raise
     _swap_into_place(tmp, folder)
-    return folder
+    return given
 
 
 def _as_os_error(e: BaseException, folder: Path) -> OSError | None:
