@@ -159,3 +159,13 @@ def test_a_checkpoint_folder_linked_to_another_disk_is_saved_through_the_link(tm
         assert json.loads((disk / "checkpoint" / "trainer_state.json").read_text(encoding="utf-8"))["step"] == steps
     assert sorted(p.name for p in disk.iterdir()) == ["checkpoint"]  # no .tmp or .old left beside it
     assert not (run / ".checkpoint.old").exists() and not (run / ".checkpoint.tmp").exists()
+
+
+def test_a_resume_whose_weights_were_removed_names_the_file_not_a_missing_checkpoint(finished, tmp_path):
+    """It had said "no checkpoint ... train without resuming to start from scratch", which replaces the run."""
+    (finished / "checkpoint" / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"^cannot resume: .*checkpoint has no model.safetensors \(removed since "
+                                              r"it was saved\); restore the file to resume, or train without"):
+        _resume(finished).fit()
+    with pytest.raises(CheckpointError, match="^cannot resume: no checkpoint in .*; train without resuming"):
+        _resume(tmp_path / "never_trained").fit()

@@ -819,6 +819,12 @@ class Trainer:
         try:
             return ckpt.find_checkpoint(folder)
         except CheckpointError:
+            present = ckpt.checkpoint_in_place(folder)
+            if (present / ckpt.CONFIG_FILE).is_file() and not (present / ckpt.MODEL_FILE).is_file():
+                # the run is there, its weights lost: starting from scratch, as advised below, would replace it
+                raise CheckpointError(f"cannot resume: {present} has no {ckpt.MODEL_FILE} (removed since it was "
+                                      "saved); restore the file to resume, or train without --resume to start the "
+                                      "run again") from None
             raise CheckpointError(f"cannot resume: no checkpoint in {folder}; "
                                   "train without resuming to start from scratch") from None
 
