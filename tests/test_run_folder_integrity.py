@@ -586,3 +586,20 @@ def test_a_bare_checkpoint_of_an_unbounded_translation_model_names_the_default_i
     trained = types.SimpleNamespace(data={"max_length": 20}, model=types.SimpleNamespace(max_len=None))
     with pytest.warns(UserWarning, match="the run's data.max_length"):
         assert [len(s) for s in _cut_sources(trained, [long, short])] == [20, 5]
+
+
+@pytest.mark.parametrize("replaced", ["model.safetensors", "config.json"])
+def test_a_resume_from_weights_and_config_of_two_runs_names_them_not_the_tokenizer(capsys, lm_copy, tmp_path,
+                                                                                replaced):
+    """It had blamed the run's own, untouched tokenizer.json ("use the run's own tokenizer.json")."""
+    text = tmp_path / "small.txt"
+    text.write_text("abc defg hij\n" * 200, encoding="utf-8")
+    other = tmp_path / "other"
+    _train("--set", "train.steps=1", "--set", f"data.path={_q(text)}", "--set", f"train.out_dir={_q(other)}", *LM)
+    shutil.copy(other / "checkpoint" / replaced, lm_copy / "checkpoint" / replaced)
+    for argv in (["--set", f"train.out_dir={_q(lm_copy)}", "--resume", *LM],
+                 ["--set", f"model.init_from={_q(lm_copy)}", "--set", f"train.out_dir={_q(tmp_path / 'new')}", *TINY]):
+        line = one_line_error(capsys, "train", "--set", "train.steps=6", *argv)
+        assert "checkpoint/model.safetensors and " in line
+        assert "checkpoint/config.json are not of one model (weight 'embed.token.weight': shape [" in line
+        assert line.endswith("one of them was replaced by another run's: restore the run's own files")

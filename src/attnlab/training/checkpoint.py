@@ -714,6 +714,41 @@ def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu")
     return model.to(device).eval()
 
 
+def check_weights_fit_config(path: str | os.PathLike[str]) -> None:
+    """Refuse a checkpoint whose config.json does not describe its weights file (one of them replaced by another
+    run's), by the weights' names and shapes, read from the file's header alone: nothing is loaded. For the
+    callers that read the checkpoint's tokenizer before its weights (resume, model.init_from), which would blame
+    the tokenizer for the difference.
+
+    Raises:
+        CheckpointError: naming both files and the first weight that differs.
+    """
+    folder = find_checkpoint(path)
+    config = read_config(folder)
+    with torch.device("meta"):
+        expected = {key: tuple(t.shape) for key, t in _build_saved(folder, config).state_dict().items()}
+    file = folder / MODEL_FILE
+    check_readable(file)
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            metadata = dict(f.metadata() or {})
+            shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    except Exception as e:  # safetensors raises its own SafetensorError
+        raise CheckpointError(f"{file} is corrupt or not a safetensors file ({one_line(e)}); "
+                              "use another checkpoint") from None
+    for alias, target in _metadata_object(metadata, "aliases", file, strings=True).items():
+        if target in shapes:
+            shapes[alias] = shapes[target]
+    differ = next((key for key in expected if shapes.get(key) != expected[key]), None) \
+        or next((key for key in shapes if key not in expected), None)
+    if differ is not None:
+        held = "no such weight" if differ not in shapes else f"shape {list(shapes[differ])}"
+        described = "no such weight" if differ not in expected else f"shape {list(expected[differ])}"
+        raise CheckpointError(f"{file} and {folder / CONFIG_FILE} are not of one model (weight {differ!r}: "
+                              f"{held} in the weights, {described} in the config); one of them was replaced by "
+                              "another run's: restore the run's own files")
+
+
 def _build_saved(folder: Path, config: dict[str, Any]) -> nn.Module:
     """The model `config` (the folder's config.json) describes, untrained, on torch's default device."""
     from attnlab.models.registry import build_model

@@ -639,11 +639,17 @@ def _tokenizer(run: RunConfig, texts: Any, saved: Path | None, **options: Any):
     one saved in the checkpoint a run resumes from (`saved`), else one trained on `texts` as the [data]
     table says, the same in every process of a distributed run."""
     from attnlab.data.tokenizers import load_tokenizer, train_tokenizer
-    from attnlab.training.checkpoint import check_tokenizer_fits, find_checkpoint, read_config
+    from attnlab.training.checkpoint import (
+        check_tokenizer_fits,
+        check_weights_fit_config,
+        find_checkpoint,
+        read_config,
+    )
 
     folder = find_checkpoint(run.model["init_from"]) if "init_from" in run.model else saved
     if folder is not None:  # the pretrained run's, or the resumed checkpoint's: its weights' own
         tokenizer = load_tokenizer(folder)
+        check_weights_fit_config(folder)  # first: a config or weights file of another run is not the tokenizer's fault
         check_tokenizer_fits(read_config(folder), tokenizer, folder)
         # Settings of another tokenizer beside init_from are said to be unused, not passed over in silence: run.json
         # records them as given (a config file's [data] table), where they read as the run's tokenizer.
