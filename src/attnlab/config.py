@@ -11,7 +11,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import difflib
+import functools
 import math
+import numbers
+import operator
+import os
 import types
 import typing
 from typing import Any, TypeVar
@@ -68,6 +72,11 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
             raise ConfigError(f"{name}: expected true or false, got {value!r}")
         return value
     if annotation is int:
+        if not isinstance(value, int) and hasattr(value, "__index__"):  # numpy's integers, ids.max() + 1 in torch
+            try:
+                value = operator.index(value)
+            except TypeError:  # a float tensor
+                pass
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{name}: expected an integer, got {value!r}")
         if not -2**63 <= value < 2**63:  # torch and numpy hold 64 bits: larger ones failed with tracebacks
@@ -76,6 +85,8 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
             raise ConfigError(f"{name}: {shown} does not fit in 64 bits; give an integer from -2**63 to 2**63 - 1")
         return value
     if annotation is float:
+        if isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):  # numpy's float32
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{name}: expected a number, got {value!r}")
         try:
@@ -83,6 +94,8 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
         except OverflowError:  # an integer of 400 digits
             raise ConfigError(f"{name}: {str(value)[:12]}... is too large for a number") from None
     if annotation is str:
+        if isinstance(value, os.PathLike):  # a pathlib.Path given in Python, for a folder or file setting
+            value = os.fspath(value)
         if not isinstance(value, str):
             # What TOML read unquoted as another type; not echoed back (1.10 came back as "1.1", 0x1F as "31").
             quoted = isinstance(value, (int, float, datetime.date, datetime.time))
@@ -94,7 +107,34 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
 
 @dataclasses.dataclass
 class Config:
-    """Base for every config dataclass: `to_dict`, `from_dict` (validating), `replace`."""
+    """Base for every config dataclass: `to_dict`, `from_dict` (validating), `replace`.
+
+    Built directly too, every setting is checked against its type (as `from_dict` checks it) before the class's
+    own `__post_init__` runs: `steps=2.5`, `bias="no"` or a `Path` had been taken as given, the last two written
+    into a checkpoint that could not be read back (or, a Path, not written at all, after the whole run)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is not None and not getattr(own, "_checks_types", False):
+            def __post_init__(self, _own=own) -> None:
+                self._check_types()
+                _own(self)
+
+            __post_init__._checks_types = True  # type: ignore[attr-defined]
+            cls.__post_init__ = __post_init__  # type: ignore[method-assign]
+
+    def __post_init__(self) -> None:
+        self._check_types()
+
+    def _check_types(self) -> None:
+        hints = _type_hints(type(self))
+        for field in dataclasses.fields(self):
+            if field.init and field.name in hints:
+                value = getattr(self, field.name)
+                checked = _coerce(field.name, value, hints[field.name])
+                if checked is not value:
+                    object.__setattr__(self, field.name, checked)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -129,6 +169,11 @@ class Config:
 
     def replace(self: C, **changes: Any) -> C:
         return dataclasses.replace(self, **changes)
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 def check_choice(name: str, value: str, allowed: typing.Iterable[str]) -> None:
