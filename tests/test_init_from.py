@@ -294,3 +294,19 @@ def test_an_init_from_that_is_not_text_is_one_line(capsys, value):
     line = one_line_error(capsys, "train", "--set", f"model.init_from={value}")
     assert line.endswith(f"model.init_from: expected a string (a run folder), got {value}; write it in double "
                          "quotes (on the command line: --set model.init_from='\"...\"')")
+
+
+def test_a_setting_that_leaves_out_pretrained_body_weights_is_refused(files):
+    """model.final_norm = false beside init_from (a pre-norm model has a final norm) dropped the pretrained norm
+    without a word: the body computed something else before the first step."""
+    pre_norm = files / "pre-norm"
+    train_run(load_run_config(None, [
+        "model.family=encoder", "model.head=lm", "model.norm=pre", "model.d_model=16", "model.n_layers=1",
+        "model.n_heads=2", "model.d_ff=32", "data.tokenizer=word", "data.block_size=8",
+        f"data.path={_q(files / 'docs.txt')}", f"train.out_dir={_q(pre_norm)}", *TINY]))
+    assert "encoder.norm.weight" in load_model(pre_norm).state_dict()
+    with pytest.raises(CheckpointError, match=r"has weights this model lacks \(encoder.norm.bias, encoder.norm.weight\)"
+                                              ": a model.\\* setting given beside init_from leaves out part of the "
+                                              "pretrained model; drop it"):
+        prepare(_classify(files, pre_norm, "model.final_norm=false"))
+    prepare(_classify(files, pre_norm))  # and without it, the body is taken whole

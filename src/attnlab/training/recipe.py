@@ -760,6 +760,13 @@ def init_from_pretrained(model, path: str | Path, *, new_heads: bool = False) ->
                                   "start from a run of the same architecture")
         else:
             loaded[key] = saved[key]
+    # A setting beside init_from that leaves out part of the body (model.final_norm = false under pre-norm, biases
+    # off) had dropped those pretrained weights without a word: the body computed something else from the start.
+    dropped = sorted(k for k in saved if k not in ours and not k.startswith(modules))
+    if dropped:
+        raise CheckpointError(f"{folder} has weights this model lacks ({', '.join(dropped[:4])}"
+                              f"{', ...' if len(dropped) > 4 else ''}): a model.* setting given beside init_from "
+                              "leaves out part of the pretrained model; drop it")
     with torch.no_grad():
         model.load_state_dict(loaded, strict=False)
     return {"loaded": list(loaded), "new": new}
