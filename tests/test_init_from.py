@@ -310,3 +310,20 @@ def test_a_setting_that_leaves_out_pretrained_body_weights_is_refused(files):
                                               "pretrained model; drop it"):
         prepare(_classify(files, pre_norm, "model.final_norm=false"))
     prepare(_classify(files, pre_norm))  # and without it, the body is taken whole
+
+
+def test_resuming_continued_pretraining_needs_not_the_pretrained_run(files, tmp_path):
+    """A BERT mlm run from model.init_from read the pretrained folder again on --resume (whether it predicts the
+    next sentence): deleted since, the resume was refused; retrained as a GPT, it ended in a traceback."""
+    import shutil
+
+    source, run = tmp_path / "src", tmp_path / "ft"
+    common = ["data.task=mlm", "data.tokenizer=word", f"data.path={_q(files / 'docs.txt')}", "data.max_length=24",
+              "data.val_fraction=0", *TINY]
+    train_run(load_run_config(None, ["model.family=bert", "model.d_model=16", "model.n_layers=1", "model.n_heads=2",
+                                     "model.d_ff=32", f"train.out_dir={_q(source)}", *common]))
+    sets = [f"model.init_from={_q(source)}", f"train.out_dir={_q(run)}", *common]
+    train_run(load_run_config(None, sets))
+    shutil.rmtree(source)
+    resumed = load_run_config(None, [*sets, "train.steps=4"], resume=True)
+    assert train_run(resumed, resume=True)["steps"] == 4

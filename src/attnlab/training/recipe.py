@@ -1295,7 +1295,9 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     # its eval counts): a misspelt train.best_metric is refused now, not at the first evaluation.
     evaluated = {"lm": ["perplexity"], "translation": ["perplexity"], "classification": ["accuracy"],
                  "mlm": ["perplexity", "mlm_accuracy"]}[run.data.task]
-    if run.data.task == "mlm" and _predicts_next_sentence(run):
+    # resumed: the run's own checkpoint stands for model.init_from's folder (retrained or deleted since, say)
+    if run.data.task == "mlm" and _predicts_next_sentence(
+            dataclasses.replace(run, model=_resumed_init_from(run.model, str(out))) if resume else run):
         evaluated.append("nsp_accuracy")
     if run.train.best_metric not in ("loss", *evaluated):
         raise ConfigError(f"train.best_metric {run.train.best_metric!r} is not a metric that data.task = "
