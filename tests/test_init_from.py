@@ -327,3 +327,16 @@ def test_resuming_continued_pretraining_needs_not_the_pretrained_run(files, tmp_
     shutil.rmtree(source)
     resumed = load_run_config(None, [*sets, "train.steps=4"], resume=True)
     assert train_run(resumed, resume=True)["steps"] == 4
+
+
+def test_a_run_named_dot_from_inside_it_and_an_empty_init_from(files, encoder_run, monkeypatch, capsys):
+    """"." (a folder named by where it is) ended in a ValueError traceback (an empty name has no .old sibling), and
+    an empty model.init_from was taken as the working folder."""
+    monkeypatch.chdir(encoder_run)
+    assert find_checkpoint(".").resolve() == find_checkpoint(encoder_run)
+    prepare(_classify(files, "."))
+    with pytest.raises(ConfigError, match="^model.init_from is empty; give the folder of the pretrained run"):
+        prepare(_classify(files, ""))
+    monkeypatch.chdir(files)  # a folder that holds runs: said so, as for any other name of it
+    line = one_line_error(capsys, "evaluate", ".", "--data", str(files / "cls.tsv"), "--device", "cpu")
+    assert line.startswith("attnlab: error: . holds no model itself but the runs ")

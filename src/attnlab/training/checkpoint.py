@@ -147,7 +147,9 @@ def _jsonable(value: Any) -> Any:
 
 
 def _sibling(folder: Path, suffix: str) -> Path:
-    return folder.with_name(f".{folder.name}.{suffix}")
+    if not folder.name:  # ".", "" or "/": named by where it is (a run folder given as ".", from inside it)
+        folder = Path(os.path.abspath(folder))
+    return folder.parent / f".{folder.name}.{suffix}"
 
 
 def _through_link(folder: Path) -> Path:

@@ -509,7 +509,9 @@ def _init_from_config(path: str) -> dict[str, Any]:
     if not isinstance(path, str):  # TOML read a folder named 42, or a list, as what it looks like
         raise ConfigError(f"model.init_from: expected a string (a run folder), got {path!r}; write it in double "
                           "quotes (on the command line: --set model.init_from='\"...\"')")
-
+    if not path.strip():  # not the working folder, as the path "" would be
+        raise ConfigError("model.init_from is empty; give the folder of the pretrained run, or leave the setting "
+                          "out to train from scratch")
     try:
         return read_config(path)
     except CheckpointError as e:
