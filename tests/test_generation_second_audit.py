@@ -89,3 +89,28 @@ def test_generate_refuses_models_that_do_not_predict_the_next_token():
         generate(seq2seq, [[3, 4, 5]], 4, greedy=True)
     lm = EncoderModel(EncoderConfig(vocab_size=10, n_layers=1, head="lm", **small))  # the encoder LM generates
     assert len(generate(lm, [[3, 4, 5]], 4, greedy=True)[0]) == 4
+
+
+def test_the_run_helpers_refuse_one_string_and_translation_options_out_of_range(tmp_path):
+    """A string where a list goes was iterated: one text per character; a beam width of 0 or -3 decoded greedily,
+    a batch size of 0 failed in range(); the translation decoders on another model raised AttributeErrors."""
+    from attnlab.data.tokenizers import train_tokenizer
+    from attnlab.inference.generate import greedy_translate
+    from attnlab.inference.runs import LoadedRun, generate_texts, translate_lines
+
+    tok = train_tokenizer("word", ["a b c d"])
+    seq2seq = LoadedRun(build_model(get_preset("seq2seq-tiny")[1]).eval(), tok, "seq2seq", tmp_path, {})
+    gpt = LoadedRun(build_model(get_preset("gpt-char-tiny")[1]).eval(), tok, "gpt", tmp_path, {})
+    with pytest.raises(ConfigError, match=r"generate_texts takes a list of prompts, not one string: give \[prompt\]"):
+        generate_texts(gpt, "The")
+    with pytest.raises(ConfigError, match=r"translate_lines takes a list of sentences, not one string: give \[text\]"):
+        translate_lines(seq2seq, "a b")
+    for width in (0, -3):
+        with pytest.raises(ConfigError, match=f"beam_size \\(--beam-size\\) must be a whole number from 1 to 1,000, "
+                                              f"got {width}"):
+            translate_lines(seq2seq, ["a b"], beam_size=width)
+    with pytest.raises(ConfigError, match="batch_size must be a whole number of sources, at least 1; got 0"):
+        translate_lines(seq2seq, ["a b"], batch_size=0)
+    for decode in (greedy_translate, beam_search):
+        with pytest.raises(ConfigError, match="GPT is no translation model .*continue a prompt with generate instead"):
+            decode(gpt.model, torch.tensor([[3, 4]]))

@@ -304,6 +304,9 @@ def _check_sources(model: nn.Module, src_ids: Tensor) -> None:
     """Sources as the translation decoders take them, or one line: ids outside the source vocabulary failed with an
     IndexError from inside the embedding, a source of no tokens with a reshape error (as `generate` checks its
     prompts)."""
+    if not hasattr(model, "encode") or not hasattr(getattr(model, "config", None), "bos_id"):
+        raise ConfigError(f"{type(model).__name__} is no translation model (an encoder-decoder, Seq2SeqTransformer): "
+                          "greedy_translate and beam_search decode one; continue a prompt with generate instead")
     if not isinstance(src_ids, Tensor) or src_ids.dim() != 2 or src_ids.is_floating_point() or \
             src_ids.is_complex() or src_ids.dtype == torch.bool:
         got = f"a tensor of shape {tuple(src_ids.shape)} and {src_ids.dtype}" if isinstance(src_ids, Tensor) else \

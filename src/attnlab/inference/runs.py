@@ -149,6 +149,8 @@ def translate_lines(run: LoadedRun, lines: Sequence[str], *, beam_size: int = 1,
     Sources are cut to the run's `data.max_length` as training cut them (with a warning), and translated in
     batches of similar length (less padding; each source gets the translation it gets alone). `name` names
     the lines in errors (a file's path: "FILE line N: ...")."""
+    if isinstance(lines, str):  # iterated, it gave one translation per character
+        raise ConfigError("translate_lines takes a list of sentences, not one string: give [text]")
     tok = run.tokenizer
     encoded = []
     for number, line in enumerate(lines, start=1):
@@ -221,8 +223,11 @@ def translate_ids(run: LoadedRun, sources: Sequence[Sequence[int]], *, beam_size
     import numpy as np
 
     from attnlab.data.sources import pad_batch
-    from attnlab.inference.generate import beam_search, greedy_translate
+    from attnlab.inference.generate import _whole, beam_search, greedy_translate
 
+    _check_translation_lengths(max_len, beam_size)  # a width of 0 had decoded greedily without a word
+    if not _whole(batch_size) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a whole number of sources, at least 1; got {batch_size!r}")
     tok, model = run.tokenizer, run.model
     device = _device(model)
     texts = [""] * len(sources)
@@ -316,6 +321,9 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
     from attnlab.inference.generate import generate
 
     tok, model = run.tokenizer, run.model
+    if isinstance(prompts, str):  # iterated, it gave one text per character
+        raise ConfigError("generate_texts takes a list of prompts, not one string: give [prompt] (or use "
+                          "generate_text)")
     if not prompts:
         raise ConfigError("give at least one prompt")
     check_beam_size(beam_size)
