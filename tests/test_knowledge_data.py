@@ -80,6 +80,9 @@ def test_vocab_unknown_character_is_a_one_line_error():
         with pytest.raises(DataError, match=r"'z' \(U\+007A\) is not in the vocabulary.*fine-tuning") as e:
             encode("abz")
         assert "\n" not in str(e.value)
+        # above every character of the vocabulary (□ and ⁇ included): past the end of its sorted codes
+        with pytest.raises(DataError, match=r"'中' \(U\+4E2D\) is not in the vocabulary"):
+            encode("ab中")
     with pytest.raises(DataError):
         KnowledgeVocab(["a", "b"])
     with pytest.raises(DataError):
@@ -209,6 +212,10 @@ def test_span_eval_iteration_is_fixed_and_complete(world, vocab):
     second = list(src.iter_batches(16))
     assert [b["input_ids"].shape[0] for b in first] == [16, 16, 16, 2]
     assert all(torch.equal(p["input_ids"], q["input_ids"]) for p, q in zip(first, second))
+    # each document its own draws (seeded by its index): equal documents are corrupted differently
+    same = SpanCorruptionSource([docs[0]] * 8, vocab, 64, 8, seed=3)
+    rows = next(iter(same.iter_batches(8)))["input_ids"]
+    assert len({tuple(r.tolist()) for r in rows}) > 4
 
 
 # ---- fine-tuning ---------------------------------------------------------------------------------------
@@ -283,8 +290,8 @@ def test_read_qa_file(tmp_path):
 
 def test_read_corpus_skips_blank_lines(tmp_path):
     path = tmp_path / "corpus.txt"
-    path.write_text("one doc .\r\n\ntwo doc .\n", encoding="utf-8")
-    assert read_corpus(path) == ["one doc .", "two doc ."]
+    path.write_text("one doc .\r\n\n   \t\ntwo doc .\n", encoding="utf-8")
+    assert read_corpus(path) == ["one doc .", "two doc ."]  # a line of spaces is blank too
 
 
 @pytest.mark.parametrize("char", [MASK, PAD])

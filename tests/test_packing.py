@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -226,3 +227,18 @@ def test_the_trainer_counts_packed_examples_as_the_model_reads_them(tmp_path):
     trainer = Trainer(model, {"steps": 1, "batch_size": 4, "precision": "fp32", "device": "cpu", "progress": False,
                               "save_every": 0, "eval_every": 0}, RestartingIds(), out_dir=tmp_path)
     assert trainer.fit()["steps"] == 1
+
+
+@pytest.mark.parametrize("lengths, rows", [([4, 4], [[0, 0, 0, 0, 1, 1, 1, 1]]),  # exactly filled: one row
+                                           ([3, 3, 5, 5], [[2, 2, 2, 2, 2, 0, 0, 0], [3, 3, 3, 3, 3, 1, 1, 1]])])
+def test_packing_is_first_fit_longest_first(lengths, rows):
+    """The rows the docstring promises (as few as the examples fit in, first fit, longest first), pinned on lengths
+    where in-order packing, or a row never filled to the brim, would take more rows."""
+    from attnlab.data.knowledge import _packed_batch
+
+    width = 8
+    ids = np.zeros((len(lengths), width + 1), dtype=np.int64)
+    labels = np.full((len(lengths), width), IGNORE, dtype=np.int64)
+    for i, n in enumerate(lengths):
+        ids[i, :n], labels[i, :n] = np.arange(2, 2 + n), 5
+    assert _packed_batch(ids, labels, pad_id=0)["document_ids"].tolist() == rows
