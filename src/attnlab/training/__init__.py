@@ -2,7 +2,7 @@
 
 Typical use::
 
-    from attnlab.training import Trainer, TrainerConfig
+    from attnlab.training import Trainer, TrainerConfig, load_model
 
     trainer = Trainer(model, TrainerConfig(steps=2000, batch_size=64, lr=1e-3), train_source,
                       eval_source=dev_source, tokenizer=tokenizer, out_dir="runs/gpt-char")
