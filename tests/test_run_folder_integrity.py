@@ -603,3 +603,12 @@ def test_a_resume_from_weights_and_config_of_two_runs_names_them_not_the_tokeniz
         assert "checkpoint/model.safetensors and " in line
         assert "checkpoint/config.json are not of one model (weight 'embed.token.weight': shape [" in line
         assert line.endswith("one of them was replaced by another run's: restore the run's own files")
+
+
+def test_best_asked_of_a_checkpoint_folder_says_where_best_is(capsys, lm_copy):
+    """It had said the run kept no best/ checkpoint (and why runs keep none), with best/ right beside it."""
+    assert (lm_copy / "best").is_dir()
+    line = one_line_error(capsys, "generate", str(lm_copy / "checkpoint"), "--best", "-p", "a", "-n", "2",
+                          "--device", "cpu")
+    assert line == (f"attnlab: error: {lm_copy / 'checkpoint'} is the run's latest checkpoint, and --best asks for "
+                    f"its best one: give the run folder {lm_copy} with --best, or {lm_copy / 'checkpoint'} without it")

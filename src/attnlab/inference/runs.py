@@ -76,6 +76,9 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
         raise ConfigError(f"which must be 'checkpoint' or 'best', got {which!r}")
     # best/ and checkpoint/ (or the .old copy a crash between two renames left) are read as the latest is.
     chosen = checkpoint_present(path / which)
+    if which == "best" and not chosen and path.name == "checkpoint" and (path / "config.json").is_file():
+        raise CheckpointError(f"{path} is the run's latest checkpoint, and --best asks for its best one: give the run "
+                              f"folder {path.parent} with --best, or {path} without it")
     if which == "best" and not chosen and path.name != "best":  # no fallback to the latest
         raise CheckpointError(f"{path} has no best/ checkpoint (the run kept one only where it evaluated during "
                               "training: data.eval_path or data.val_fraction, train.eval_every); drop --best")
