@@ -612,3 +612,20 @@ def test_best_asked_of_a_checkpoint_folder_says_where_best_is(capsys, lm_copy):
                           "--device", "cpu")
     assert line == (f"attnlab: error: {lm_copy / 'checkpoint'} is the run's latest checkpoint, and --best asks for "
                     f"its best one: give the run folder {lm_copy} with --best, or {lm_copy / 'checkpoint'} without it")
+
+
+def test_params_reads_what_generate_reads(capsys, lm_copy, tmp_path):
+    """params had refused the .old copy a crash between a save's renames leaves (which generate, evaluate and resume
+    read) as "the runs .checkpoint.old", and counted a config.json of another run over weights of other shapes."""
+    shutil.rmtree(lm_copy / "best")
+    (lm_copy / "checkpoint").rename(lm_copy / ".checkpoint.old")
+    code, out, err = run_cli(capsys, "params", str(lm_copy), "--json")
+    assert code == 0, err
+    from attnlab.training.checkpoint import load_model
+
+    assert json.loads(out)["total"] == sum(p.numel() for p in load_model(lm_copy).parameters())
+    (lm_copy / ".checkpoint.old").rename(lm_copy / "checkpoint")
+    config = json.loads((lm_copy / "checkpoint" / "config.json").read_text(encoding="utf-8"))
+    (lm_copy / "checkpoint" / "config.json").write_text(json.dumps({**config, "d_model": 64}), encoding="utf-8")
+    line = one_line_error(capsys, "params", str(lm_copy))
+    assert "checkpoint/config.json are not of one model (weight " in line

@@ -841,9 +841,12 @@ RUN_CONFIG_SUFFIXES = (".toml", ".yaml", ".yml")  # `attnlab train` configs: no 
 
 
 def _model_file(folder: Path) -> Path | None:
-    """The config.json of a checkpoint folder, or of a run folder holding checkpoint/ (or best/); None if none."""
-    return next((c for c in (folder / "config.json", folder / "checkpoint" / "config.json",
-                             folder / "best" / "config.json") if c.is_file()), None)
+    """The config.json of a checkpoint folder, or of a run folder holding checkpoint/ (or best/), or the `.old` copy
+    a crash between a save's two renames left in their place (which generate and evaluate read); None if none."""
+    from attnlab.training.checkpoint import checkpoint_in_place
+
+    folders = (folder, checkpoint_in_place(folder / "checkpoint"), checkpoint_in_place(folder / "best"))
+    return next((f / "config.json" for f in folders if (f / "config.json").is_file()), None)
 
 
 def _holds_model(name: str) -> bool:
@@ -915,9 +918,15 @@ def _load(name: str) -> tuple[str, Config, Path | None]:
                               "config.json); give a run or checkpoint folder written by attnlab, or a preset name "
                               "(attnlab params --list)")
         try:
-            return str(path), config_from_dict(data)[1], file
+            config = config_from_dict(data)[1]
         except ConfigError as e:  # name the file, as generate and evaluate do: the setting is in it
             raise ConfigError(f"{file}: {e}") from None
+        if file.name == "config.json" and (file.parent / "model.safetensors").is_file():
+            from attnlab.training.checkpoint import check_weights_fit_config
+
+            # the count is of the weights the folder holds: a config.json of another run is refused, not counted
+            check_weights_fit_config(file.parent)
+        return str(path), config, file
     try:
         return name, get_preset(name)[1], None
     except ConfigError as e:
