@@ -629,3 +629,12 @@ def test_params_reads_what_generate_reads(capsys, lm_copy, tmp_path):
     (lm_copy / "checkpoint" / "config.json").write_text(json.dumps({**config, "d_model": 64}), encoding="utf-8")
     line = one_line_error(capsys, "params", str(lm_copy))
     assert "checkpoint/config.json are not of one model (weight " in line
+
+
+def test_a_classifier_replacing_a_language_model_takes_its_token_files_away(lm_copy, cls_run):
+    """They had stayed (a corpus's worth of disk) beside a run that never reads them; a file of the user's stays."""
+    assert (lm_copy / "data" / "train.bin").is_file()
+    (lm_copy / "data" / "notes.txt").write_text("mine\n", encoding="utf-8")
+    with pytest.warns(UserWarning, match="already holds a trained run; training from scratch replaces it"):
+        _train(*_classifier(cls_run.parent / "train.tsv", lm_copy, steps=2))
+    assert sorted(p.name for p in (lm_copy / "data").iterdir()) == ["notes.txt"]

@@ -1321,6 +1321,8 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
         if replacing:
             warnings.warn(f"{out} already holds a trained run; training from scratch replaces it (--resume "
                           "continues it instead)", stacklevel=2)
+            if run.data.task != "lm" and env_world().is_main:  # a language model's token files, which no task reads
+                _remove_token_files(out / "data")
         description = run.to_dict()
         if "labels" in prep.info:  # the class names, in the order of the classifier's outputs
             description["labels"] = list(prep.info["labels"])
@@ -1344,6 +1346,20 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
 
         summary = trainer.fit(resume=resume, on_start=describe)
         return {**summary, **prep.info}
+
+
+def _remove_token_files(data_dir: Path) -> None:
+    """The token files of an earlier language model in `data_dir` (a corpus's worth of disk), for a run of another
+    task that replaces it (they were left beside it, unread); the user's own files there stay."""
+    from attnlab.data.corpus import sidecar_path
+
+    for name in ("train.bin", "val.bin"):
+        for path in (data_dir / name, sidecar_path(data_dir / name)):
+            path.unlink(missing_ok=True)
+    try:
+        data_dir.rmdir()
+    except OSError:  # not there, not empty, or a link to another disk: left as it is
+        pass
 
 
 def _check_device(train: Any) -> None:
