@@ -114,3 +114,26 @@ def test_the_run_helpers_refuse_one_string_and_translation_options_out_of_range(
     for decode in (greedy_translate, beam_search):
         with pytest.raises(ConfigError, match="GPT is no translation model .*continue a prompt with generate instead"):
             decode(gpt.model, torch.tensor([[3, 4]]))
+
+
+@pytest.mark.parametrize("seed", [1.5, 2**64, -2**63 - 1, "7"])
+def test_a_seed_torch_cannot_take_is_refused_in_one_line(seed):
+    model = build_model(get_preset("gpt-char-tiny")[1]).eval()
+    with pytest.raises(ConfigError, match=r"seed \(--seed\) must be a whole number from -2\*\*63 to 2\*\*64 - 1"):
+        generate(model, [[3, 4]], 2, seed=seed)
+
+
+def test_load_run_and_select_device_take_what_users_write(tmp_path):
+    from attnlab.data.tokenizers import CharTokenizer
+    from attnlab.inference.runs import load_run
+    from attnlab.models.gpt import GPT, GPTConfig
+    from attnlab.training.checkpoint import save_checkpoint
+    from attnlab.training.device import select_device
+
+    assert select_device(torch.device("cpu")) == torch.device("cpu")
+    tok = CharTokenizer.train("abc")
+    save_checkpoint(tmp_path, GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=8, d_model=8, n_heads=2,
+                                            n_layers=1)), tokenizer=tok)
+    assert load_run(tmp_path, torch.device("cpu")).model.config.vocab_size == tok.vocab_size
+    with pytest.raises(ConfigError, match="device: unknown device 'gpu'; choose one of: auto, cpu, cuda, mps"):
+        load_run(tmp_path, "gpu")

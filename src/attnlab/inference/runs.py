@@ -70,6 +70,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
         read_config,
         read_trainer_state,
     )
+    from attnlab.training.device import select_device
 
     path = Path(path)
     if which not in ("checkpoint", "best"):
@@ -87,7 +88,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
         raise CheckpointError(f"{folder} has no tokenizer.json; generate and evaluate need a run trained "
                               "by `attnlab train` (it saves the tokenizer beside the weights)")
     torch_dtype = weight_dtype(dtype)
-    model = load_model(folder, device)
+    model = load_model(folder, select_device(device))  # "gpu" had failed in torch's words; "auto" picks one
     if torch_dtype != torch.float32:
         model = model.to(torch_dtype)
     tokenizer = load_tokenizer(folder)

@@ -35,6 +35,10 @@ def select_device(name: str = "auto") -> torch.device:
     Raises:
         ConfigError: an unknown name, or a device this machine does not have.
     """
+    if isinstance(name, torch.device):  # as torch names it: "cuda:0", "cpu"
+        name = str(name)
+    if not isinstance(name, str):
+        raise ConfigError(f"device: expected a name such as 'cpu', 'cuda' or 'auto', got {name!r}")
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
