@@ -22,6 +22,7 @@ from attnlab.models.common import (
     LOGITS_AT,
     check_attention_mask,
     check_given_positions,
+    check_ids,
     check_length,
     default_positions,
     labelled_rows,
@@ -266,6 +267,7 @@ class BertModel(nn.Module):
         Positions count real tokens (right padding gives HF's 0..T-1 on every real token); pass
         `position_ids` (B|1, T) to override.
         """
+        check_ids(input_ids)
         b, t = input_ids.shape
         check_length(t, self.max_len)
         check_given_positions(position_ids, self.max_len, "position_ids", shape=(b, t))

@@ -119,6 +119,18 @@ def length_limit(attention: str, position: PositionScheme, block_size: int) -> i
 SELECT_ROWS_BELOW = 0.5
 
 
+def check_ids(ids: Tensor, what: str = "input_ids") -> None:
+    """Refuse token ids that are not a (B, T) tensor of integers, in one line: a 1-D sequence, float ids or a list
+    failed deep inside the model in torch's or Python's words (an unpacking error, an embedding's dtype error)."""
+    if isinstance(ids, Tensor) and ids.dim() == 2 and not (ids.is_floating_point() or ids.is_complex()
+                                                          or ids.dtype == torch.bool):
+        return
+    got = f"a tensor of shape {tuple(ids.shape)} and {str(ids.dtype).removeprefix('torch.')}" \
+        if isinstance(ids, Tensor) else type(ids).__name__
+    hint = f" (one sequence: {what}[None])" if isinstance(ids, Tensor) and ids.dim() == 1 else ""
+    raise ConfigError(f"{what} must be a (B, T) tensor of integer token ids; got {got}{hint}")
+
+
 def token_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
     """Mean cross-entropy over labels != -100, and the number of such labels.
 
@@ -132,6 +144,12 @@ def token_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) 
     answers. The same loss (summed in another order) and gradient. Not on GPUs, where picking rows waits for
     the device, nor under torch.compile.
     """
+    if not isinstance(labels, Tensor) or labels.shape != logits.shape[:-1] or labels.is_floating_point() \
+            or labels.is_complex() or labels.dtype == torch.bool:
+        got = f"shape {tuple(labels.shape)} and {str(labels.dtype).removeprefix('torch.')}" \
+            if isinstance(labels, Tensor) else type(labels).__name__
+        raise ConfigError(f"labels must be integer ids of the logits' shape without their last axis, "
+                          f"{tuple(logits.shape[:-1])} (-100 where nothing is scored); got {got}")
     flat_logits = logits.reshape(-1, logits.shape[-1])
     flat_labels = labels.reshape(-1)
     has_label = flat_labels != IGNORE_INDEX
@@ -142,8 +160,14 @@ def token_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) 
         flat_logits, flat_labels = flat_logits.index_select(0, rows), flat_labels.index_select(0, rows)
     if flat_logits.dtype not in (torch.float32, torch.float64):  # half precision: sum in fp32; float64 stays
         flat_logits = flat_logits.float()
-    total = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="sum",
-                            label_smoothing=label_smoothing)
+    try:
+        total = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="sum",
+                                label_smoothing=label_smoothing)
+    except IndexError:  # torch's "Target 99 is out of bounds"
+        scored = flat_labels[flat_labels != IGNORE_INDEX]
+        bad = int(scored.max()) if int(scored.max()) >= flat_logits.shape[-1] else int(scored.min())
+        raise IdOutOfRange(f"labels must lie in 0 to {flat_logits.shape[-1] - 1} (or be -100, not scored), got "
+                           f"{bad}") from None
     return total / n.clamp(min=1), n
 
 

@@ -25,6 +25,7 @@ from attnlab.errors import ConfigError
 from attnlab.models.common import (
     Embedder,
     check_attention_mask,
+    check_ids,
     check_length,
     default_positions,
     length_limit,
@@ -250,6 +251,7 @@ class EncoderModel(nn.Module):
                need_weights: bool = False, output_hidden_states: bool = False
                ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """(B, T) ids -> (final states (B, T, D), per-layer attention weights, hidden states)."""
+        check_ids(input_ids)
         b, t = input_ids.shape
         if cache is not None and not self.supports_cache:
             raise self._no_cache_error()

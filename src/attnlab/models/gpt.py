@@ -21,6 +21,7 @@ from attnlab.models.common import (
     Embedder,
     check_attention_mask,
     check_given_positions,
+    check_ids,
     check_length,
     default_positions,
     length_limit,
@@ -153,6 +154,7 @@ class GPT(nn.Module):
         **ignored: Tensor,
     ) -> ModelOutput:
         refuse_unknown_keywords(self, ignored)
+        check_ids(input_ids)
         b, t = input_ids.shape
         past = cache[0].length if cache else 0
         check_length(past + t, self.max_len, "input")

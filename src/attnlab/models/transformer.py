@@ -22,6 +22,7 @@ from attnlab.models.common import (
     LOGITS_AT,
     Embedder,
     check_attention_mask,
+    check_ids,
     check_length,
     default_positions,
     labelled_rows,
@@ -149,6 +150,7 @@ class Seq2SeqTransformer(nn.Module):
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None, *, need_weights: bool = False,
                output_hidden_states: bool = False) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """(B, S) ids -> memory (B, S, D), encoder attention weights, hidden states."""
+        check_ids(src_ids, "src_ids")
         check_length(src_ids.shape[1], self.max_len, "source sequence")
         check_attention_mask(src_mask, *src_ids.shape, what="src_mask", tokens="source token")
         # With a mask, positions count real tokens, so a left-padded source reads as it does alone.
@@ -163,6 +165,10 @@ class Seq2SeqTransformer(nn.Module):
                       cache: list[tuple[KVCache, KVCache]] | None = None, need_weights: bool = False,
                       output_hidden_states: bool = False):
         """`decode` up to the LM head: the decoder's output states (B, T, D) in place of the logits."""
+        check_ids(tgt_ids, "tgt_ids")
+        if tgt_ids.shape[0] != memory.shape[0]:  # broadcast over the sources, or a raw broadcasting error
+            raise ConfigError(f"tgt_ids has {tgt_ids.shape[0]} rows but there are {memory.shape[0]} sources; give one "
+                              "target row per source")
         past = cache[0][0].length if cache else 0
         check_length(past + tgt_ids.shape[1], self.max_len, "target sequence")
         positions = default_positions(tgt_ids.shape[1], past, tgt_ids.device)
