@@ -169,3 +169,18 @@ def test_a_resume_whose_weights_were_removed_names_the_file_not_a_missing_checkp
         _resume(finished).fit()
     with pytest.raises(CheckpointError, match="^cannot resume: no checkpoint in .*; train without resuming"):
         _resume(tmp_path / "never_trained").fit()
+
+
+def test_a_linked_checkpoint_left_as_its_old_copy_by_a_crash_resumes(tmp_path):
+    """Saved through the link, the .old copy a crash between the save's renames leaves lies beside the link's
+    target: find_checkpoint looked beside the link, and resume said there was no checkpoint (start from scratch)."""
+    from attnlab.training.checkpoint import find_checkpoint
+
+    run, disk = tmp_path / "run", tmp_path / "disk"
+    Trainer(tiny_model(), _config(4), ToySource(), eval_source=ToySource(), out_dir=run).fit()
+    disk.mkdir()
+    (run / "checkpoint").rename(disk / ".checkpoint.old")  # the crash: the target renamed away, the new not in yet
+    (run / "checkpoint").symlink_to(disk / "checkpoint", target_is_directory=True)
+    assert find_checkpoint(run) == disk / ".checkpoint.old"
+    Trainer(tiny_model(), _config(6), ToySource(), eval_source=ToySource(), out_dir=run, resume=True).fit()
+    assert json.loads((disk / "checkpoint" / "trainer_state.json").read_text(encoding="utf-8"))["step"] == 6

@@ -61,10 +61,12 @@ def test_two_spellings_of_one_number_as_labels_are_warned_of(tmp_path):
     with pytest.warns(UserWarning, match="the labels '1' and '1.0' are one number but two classes"):
         data = read_classification_file(path)
     assert data.label_names == ["0", "1", "1.0"]  # kept as written: the warning says how to mend the file
-    path.write_text("text,label\ngood,1\nbad,0\nodd,-1\nother,pos\n", encoding="utf-8")
+    path.write_text("text,label\ngood,1\nbad,0\nodd,-1\nother,pos\nbig,10000000000000000\nbigger,10000000000000001\n",
+                    encoding="utf-8")  # two numbers a float takes for one
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert read_classification_file(path).label_names == ["-1", "0", "1", "pos"]
+        assert read_classification_file(path).label_names == ["-1", "0", "1", "10000000000000000",
+                                                              "10000000000000001", "pos"]
 
 
 @pytest.mark.parametrize("content, columns, says", [

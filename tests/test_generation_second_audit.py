@@ -87,6 +87,8 @@ def test_generate_refuses_models_that_do_not_predict_the_next_token():
                                                    n_decoder_layers=1, **small))
     with pytest.raises(ConfigError, match="use greedy_translate or beam_search, not generate"):
         generate(seq2seq, [[3, 4, 5]], 4, greedy=True)
+    with pytest.raises(ConfigError, match="EncoderModel with the 'classification' head does not predict"):
+        generate(torch.compile(classifier), [[3, 4, 5]], 4, greedy=True)  # judged by the model inside
     lm = EncoderModel(EncoderConfig(vocab_size=10, n_layers=1, head="lm", **small))  # the encoder LM generates
     assert len(generate(lm, [[3, 4, 5]], 4, greedy=True)[0]) == 4
 

@@ -200,6 +200,14 @@ def test_a_headerless_file_read_with_one_named_column_says_it_has_no_header(tmp_
         with pytest.raises(DataError, match=r"first row \['lovely nice movie', '1'\] does not look like a header; "
                                             "if the file has none, give the columns by 0-based number"):
             read_classification_file(path, text_column=text_column, label_column="label")
+    # a header of names attnlab does not know, one of them given: a header, whose other column is to be named
+    path.write_text("tweet\tstars\ngood\t5\n")
+    with pytest.raises(DataError, match=r"cannot find the label column in the header \['tweet', 'stars'\]; set "
+                                        "data.label_column"):
+        read_classification_file(path, text_column="tweet")
+    with pytest.raises(DataError, match=r"cannot find the text column in the header \['tweet', 'stars'\]; set "
+                                        "data.text_column"):
+        read_classification_file(path, label_column="stars")
 
 
 def test_headerless_two_columns_keep_labels_when_they_are_optional(tmp_path):

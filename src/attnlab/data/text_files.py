@@ -13,6 +13,7 @@ from __future__ import annotations
 import codecs
 import csv
 import dataclasses
+import decimal
 import io
 import json
 import os
@@ -425,11 +426,13 @@ def read_classification_file(
 def _warn_same_number(data: ClassificationData) -> None:
     """Warn of two labels that spell one number ("1" and "1.0", "01"): each is a class of its own, as text labels are
     (a JSON number's spelling is not kept: 1.0 reads as "1")."""
-    seen: dict[float, str] = {}
+    seen: dict[decimal.Decimal, str] = {}
     for name in sorted(set(data.labels or ())):
-        try:
-            value = float(name)
-        except ValueError:
+        try:  # exactly: a float took 10000000000000000 and 10000000000000001 for one number
+            value = decimal.Decimal(name)
+        except decimal.InvalidOperation:
+            continue
+        if not value.is_finite():
             continue
         if value in seen:
             warnings.warn(f"data file '{data.path}': the labels {seen[value]!r} and {name!r} are one number but two "
@@ -639,7 +642,9 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
             return default
         found = next((lowered.index(k) for k in known if k in lowered), None)
         if found is None and (what == "text" or require_labels):
-            if not _is_header(first_cells):  # read as a header because the other column was given by name
+            named = [_header_cell(c).lower() for c in (text_column, label_column) if isinstance(c, str)]
+            if not _is_header(first_cells) and not set(named) & set(lowered):
+                # read as a header because the other column was given by name, which it does not hold either
                 raise _no_header(path, f"the {what} column cannot be found by name", names)
             raise DataError(
                 f"data file '{path}': cannot find the {what} column in the header {names}; {_SETTING[what]}"

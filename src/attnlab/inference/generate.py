@@ -242,7 +242,9 @@ def _check_next_token_model(model: nn.Module) -> None:
     from attnlab.models.bert import BertModel
     from attnlab.models.encoder import EncoderModel
     from attnlab.models.transformer import Seq2SeqTransformer
+    from attnlab.training.distributed import unwrap
 
+    model = unwrap(model)  # a compiled or DDP-wrapped model is judged by the model inside
     if isinstance(model, Seq2SeqTransformer):
         raise ConfigError("a seq2seq model translates a source: use greedy_translate or beam_search, not generate")
     if isinstance(model, BertModel) or (isinstance(model, EncoderModel) and model.config.head != "lm"):

@@ -166,7 +166,7 @@ def _resolve(folder: Path) -> Path | None:
     """`folder` if it holds a checkpoint, else its `.old` sibling left by a crash between two renames."""
     if _complete(folder):
         return folder
-    old = _sibling(folder, "old")
+    old = _sibling(_through_link(folder), "old")  # as `checkpoint_in_place` finds it
     if not folder.exists() and _complete(old):
         return old
     return None
