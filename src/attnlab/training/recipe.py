@@ -727,7 +727,8 @@ def init_from_pretrained(model, path: str | Path, *, new_heads: bool = False) ->
     Returns {"loaded": names, "new": names}.
 
     Raises:
-        CheckpointError: another family, or a body weight missing or of another shape.
+        CheckpointError: another family, a body weight missing or of another shape, or body weights of the
+            checkpoint the model lacks (a setting beside init_from that leaves part of the body out).
     """
     import torch
 
