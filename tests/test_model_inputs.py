@@ -53,3 +53,17 @@ def test_a_seq2seq_model_names_targets_for_another_number_of_sources():
         with pytest.raises(ConfigError, match=f"^tgt_ids has {rows} rows but there are 2 sources; give one target "
                                               "row per source$"):
             model(IDS, torch.randint(3, 20, (rows, 4)))
+
+
+@pytest.mark.parametrize("preset, options", [("encoder-tiny", {"pooling": "mean"}),
+                                             ("encoder-tiny", {"pooling": "first"}),
+                                             ("encoder-tiny", {"pooling": "last"}), ("bert-tiny", {})])
+def test_a_classifier_given_sequences_of_no_tokens_says_so(preset, options):
+    """Mean pooling gave NaN scores silently; first/last pooling and BERT's pooler an IndexError."""
+    config = get_preset(preset)[1]
+    config = config.replace(**options, **({"head": "classification"} if preset.startswith("encoder") else
+                                          {"heads": "classification"}), n_classes=3)
+    model = build_model(config).eval()
+    with pytest.raises(ConfigError, match=r"^the sequences have no tokens \(input_ids of shape \(B, 0\)\), so there "
+                                          "is nothing to pool"):
+        model(torch.zeros((2, 0), dtype=torch.long))

@@ -24,6 +24,7 @@ from attnlab.models.common import (
     check_given_positions,
     check_ids,
     check_length,
+    check_some_tokens,
     default_positions,
     labelled_rows,
     length_limit,
@@ -181,6 +182,7 @@ class Pooler(nn.Module):
         self.dense = nn.Linear(d_model, d_model)
 
     def forward(self, h: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        check_some_tokens(h)
         return torch.tanh(self.dense(first_pool(h, attention_mask)))  # (B, D)
 
 

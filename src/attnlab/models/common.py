@@ -131,6 +131,14 @@ def check_ids(ids: Tensor, what: str = "input_ids") -> None:
     raise ConfigError(f"{what} must be a (B, T) tensor of integer token ids; got {got}{hint}")
 
 
+def check_some_tokens(h: Tensor) -> None:
+    """A summary of each sequence (a classifier's pooling, BERT's pooler) needs a token to read: sequences of none
+    gave NaN scores silently (mean pooling) or an IndexError (first or last token)."""
+    if h.shape[1] == 0:
+        raise ConfigError("the sequences have no tokens (input_ids of shape (B, 0)), so there is nothing to pool "
+                          "into one vector per sequence; give each at least one token")
+
+
 def token_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
     """Mean cross-entropy over labels != -100, and the number of such labels.
 

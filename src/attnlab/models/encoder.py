@@ -27,6 +27,7 @@ from attnlab.models.common import (
     check_attention_mask,
     check_ids,
     check_length,
+    check_some_tokens,
     default_positions,
     length_limit,
     positions_from_mask,
@@ -179,6 +180,7 @@ class ClassificationHead(nn.Module):
         self.proj = nn.Linear(config.d_model, config.n_classes)
 
     def forward(self, h: Tensor, keep: Tensor | None) -> Tensor:
+        check_some_tokens(h)
         return self.proj(self.dropout(self.pool(h, keep)))  # (B, C)
 
 
