@@ -41,3 +41,20 @@ def test_a_hugging_face_tokenizer_file_is_named_as_such(tmp_path):
     Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(path))
     with pytest.raises(DataError, match="is a Hugging Face tokenizers file, not attnlab's"):  # "unknown type None"
         load_tokenizer(path)
+
+
+def test_a_transformers_config_object_and_a_config_file_for_the_folder_are_named(tmp_path):
+    """model.config (an object, not config.json's dict) failed in transformers' words ("'GPT2Config' object has no
+    attribute 'get'"); config.json given for its folder was said to have "no config.json"."""
+    from attnlab.convert import bert_config_from_hf, gpt_from_hf, load_hf_gpt2
+
+    state, config = _gpt2()
+    with pytest.raises(CheckpointError, match=r"the GPT-2 config must be a dict .*got GPT2Config: give "
+                                              r"hf_model.config.to_dict\(\)"):
+        gpt_from_hf(state, transformers.GPT2Config(**config))
+    with pytest.raises(CheckpointError, match="the BERT config must be a dict .*got BertConfig"):
+        bert_config_from_hf(transformers.BertConfig())
+    (tmp_path / "config.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(CheckpointError, match="config.json is a file; give the GPT-2 model's folder"):
+        load_hf_gpt2(tmp_path / "config.json")
+    assert gpt_from_hf(state, config).config.n_layers == 2  # the dict, as before

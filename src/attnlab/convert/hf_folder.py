@@ -34,6 +34,9 @@ def read_hf_folder(model_dir: str | Path, what: str) -> tuple[dict[str, Any], di
     folder = Path(model_dir)
     config_path, weights_path = folder / "config.json", folder / "model.safetensors"
     index_path = folder / "model.safetensors.index.json"
+    if folder.is_file():  # config.json itself, or the weights file, given for the folder
+        raise CheckpointError(f"{folder} is a file; give the {what} model's folder (the one holding config.json "
+                              "and model.safetensors)")
     if not config_path.is_file():
         raise CheckpointError(f"{folder}: no config.json")
     if not weights_path.is_file() and not index_path.is_file():
@@ -148,6 +151,10 @@ def config_str(hf_config: dict[str, Any], key: str, source: str, default: str) -
 def check_model_type(hf_config: dict[str, Any], expected: str, source: str, what: str) -> None:
     """CheckpointError unless the config's model_type (absent: taken as `expected`) is `expected`. Converters
     call it first, so that another model's config is named as such, not as a `what` config lacking keys."""
+    if not isinstance(hf_config, dict):  # a transformers config object (model.config) failed in its own words
+        hint = ": give hf_model.config.to_dict()" if hasattr(hf_config, "to_dict") else ""
+        raise CheckpointError(f"{source}: the {what} config must be a dict (config.json as read by json.load), got "
+                              f"{type(hf_config).__name__}{hint}")
     kind = hf_config.get("model_type", expected)
     if kind != expected:
         raise CheckpointError(f"{source}: model_type is {kind!r}, not {expected!r}: these are not {what} weights")
