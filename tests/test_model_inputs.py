@@ -105,7 +105,8 @@ IDS = torch.randint(3, 20, (2, 6))
 @pytest.mark.parametrize("preset", ["gpt-char-tiny", "encoder-tiny", "bert-tiny"])
 def test_ids_that_are_not_a_batch_of_integers_are_named(preset):
     model = build_model(get_preset(preset)[1]).eval()
-    with pytest.raises(ConfigError, match=r"^input_ids must be a \(B, T\) tensor of integer token ids; got a tensor "
+    with pytest.raises(ConfigError, match=r"^input_ids must be a \(B, T\) tensor of integer token ids \(int64 or "
+                                          r"int32\); got a tensor "
                                           r"of shape \(6,\) and int64 \(one sequence: input_ids\[None\]\)$"):
         model(IDS[0])
     with pytest.raises(ConfigError, match=r"got a tensor of shape \(2, 6\) and float32$"):
@@ -154,3 +155,26 @@ def test_a_classifier_given_sequences_of_no_tokens_says_so(preset, options):
     with pytest.raises(ConfigError, match=r"^the sequences have no tokens \(input_ids of shape \(B, 0\)\), so there "
                                           "is nothing to pool"):
         model(torch.zeros((2, 0), dtype=torch.long))
+
+
+def test_integer_dtypes_an_embedding_cannot_read_are_named_and_narrow_labels_are_scored():
+    """int16 or uint8 ids passed the check and failed in the embedding in torch's words; int32 labels in the loss
+    ("expected target dtype to be Long")."""
+    model = build_model(get_preset("gpt-char-tiny")[1]).eval()
+    loss = model(IDS, labels=IDS).loss
+    assert torch.equal(model(IDS.int(), labels=IDS.int()).loss, loss)  # int32 ids and labels, as int64
+    assert torch.equal(model(IDS, labels=IDS.short()).loss, loss)
+    for dtype in (torch.int16, torch.uint8):
+        with pytest.raises(ConfigError, match=r"integer token ids \(int64 or int32\); got a tensor of shape \(2, 6\)"):
+            model(IDS.to(dtype))
+
+
+@pytest.mark.parametrize("preset, option", [("seq2seq-tiny", "lm_logits"), ("bert-tiny", "mlm_logits")])
+def test_labels_of_another_shape_are_named_where_the_head_scores_labelled_rows_only(preset, option):
+    """In training with lm_logits / mlm_logits = "labelled" (configs/translate.toml), the rows were picked before any
+    check: torch's "The shape of the mask ... does not match" instead of the one line."""
+    model = build_model(get_preset(preset)[1].replace(**{option: "labelled"})).train()
+    inputs = (IDS, IDS[:, :5]) if preset.startswith("seq2seq") else (IDS,)
+    shape = tuple(inputs[-1].shape)
+    with pytest.raises(ConfigError, match=f"logits' shape without their last axis, \\({shape[0]}, {shape[1]}\\) "):
+        model(*inputs, labels=inputs[-1][:, :-1])

@@ -177,6 +177,8 @@ def generate(
     _check_options(max_new_tokens, temperature, top_k, top_p)
     if seed is not None and (not _whole(seed) or not -2**63 <= seed < 2**64):  # what torch.Generator takes
         raise ConfigError(f"seed (--seed) must be a whole number from -2**63 to 2**64 - 1, got {seed!r}")
+    if isinstance(model, nn.parallel.DistributedDataParallel):  # it passes no attributes through (config, max_len,
+        model = model.module  # new_cache): the model inside decodes (a compiled one keeps its wrapper, which does)
     _check_next_token_model(model)
     device = next(model.parameters()).device
     rows = _prompt_rows(prompt)

@@ -122,13 +122,12 @@ SELECT_ROWS_BELOW = 0.5
 def check_ids(ids: Tensor, what: str = "input_ids") -> None:
     """Refuse token ids that are not a (B, T) tensor of integers, in one line: a 1-D sequence, float ids or a list
     failed deep inside the model in torch's or Python's words (an unpacking error, an embedding's dtype error)."""
-    if isinstance(ids, Tensor) and ids.dim() == 2 and not (ids.is_floating_point() or ids.is_complex()
-                                                          or ids.dtype == torch.bool):
+    if isinstance(ids, Tensor) and ids.dim() == 2 and ids.dtype in (torch.int64, torch.int32):  # an embedding's
         return
     got = f"a tensor of shape {tuple(ids.shape)} and {str(ids.dtype).removeprefix('torch.')}" \
         if isinstance(ids, Tensor) else type(ids).__name__
     hint = f" (one sequence: {what}[None])" if isinstance(ids, Tensor) and ids.dim() == 1 else ""
-    raise ConfigError(f"{what} must be a (B, T) tensor of integer token ids; got {got}{hint}")
+    raise ConfigError(f"{what} must be a (B, T) tensor of integer token ids (int64 or int32); got {got}{hint}")
 
 
 def check_some_tokens(h: Tensor) -> None:
@@ -137,6 +136,18 @@ def check_some_tokens(h: Tensor) -> None:
     if h.shape[1] == 0:
         raise ConfigError("the sequences have no tokens (input_ids of shape (B, 0)), so there is nothing to pool "
                           "into one vector per sequence; give each at least one token")
+
+
+def check_labels(labels: Tensor, shape: tuple[int, ...]) -> None:
+    """Refuse labels that are not integer ids of `shape` (the logits' without their last axis) in one line: torch
+    named a mask's shape, or a dtype, from inside the loss."""
+    if isinstance(labels, Tensor) and labels.shape == shape and not (
+            labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool):
+        return
+    got = f"shape {tuple(labels.shape)} and {str(labels.dtype).removeprefix('torch.')}" \
+        if isinstance(labels, Tensor) else type(labels).__name__
+    raise ConfigError(f"labels must be integer ids of the logits' shape without their last axis, {tuple(shape)} "
+                      f"(-100 where nothing is scored); got {got}")
 
 
 def token_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
@@ -152,14 +163,9 @@ def token_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) 
     answers. The same loss (summed in another order) and gradient. Not on GPUs, where picking rows waits for
     the device, nor under torch.compile.
     """
-    if not isinstance(labels, Tensor) or labels.shape != logits.shape[:-1] or labels.is_floating_point() \
-            or labels.is_complex() or labels.dtype == torch.bool:
-        got = f"shape {tuple(labels.shape)} and {str(labels.dtype).removeprefix('torch.')}" \
-            if isinstance(labels, Tensor) else type(labels).__name__
-        raise ConfigError(f"labels must be integer ids of the logits' shape without their last axis, "
-                          f"{tuple(logits.shape[:-1])} (-100 where nothing is scored); got {got}")
+    check_labels(labels, logits.shape[:-1])
     flat_logits = logits.reshape(-1, logits.shape[-1])
-    flat_labels = labels.reshape(-1)
+    flat_labels = labels.reshape(-1) if labels.dtype == torch.int64 else labels.reshape(-1).long()  # int32, uint8
     has_label = flat_labels != IGNORE_INDEX
     n = has_label.sum()
     if (flat_logits.device.type == "cpu" and not torch.compiler.is_compiling()
@@ -185,6 +191,7 @@ LOGITS_AT = ("all", "labelled")  # where a training forward given labels runs an
 def labelled_rows(hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     """(B, T, D) states and (B, T) labels -> the (n, D) states and (n,) labels of the labelled positions,
     in row-major order: the only rows an LM head must score for the loss (`LOGITS_AT`'s "labelled")."""
+    check_labels(labels, hidden.shape[:-1])  # as (B, T): the picked rows would name a shape the caller never gave
     picked = labels != IGNORE_INDEX
     return hidden[picked], labels[picked]
 
