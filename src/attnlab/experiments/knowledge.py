@@ -732,6 +732,7 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
                                            seed=seed, pack=True)
     finetune_source = QASource(data.train, vocab, settings.block_size, settings.finetune_batch, seed=seed,
                                name=data.train_name, pack=True)
+
     def phases(variant: Variant) -> list[tuple[str, dict[str, Any]]]:
         """(kind, trainer settings) of each phase of a row, in order."""
         plan = []
