@@ -612,21 +612,20 @@ def _generated_world(out: Path) -> bool:
     names were taken for one (beside any synthetic run's results, their own world.json removed; or put in a
     marked world's place and read by a run with --corpus/--train/--eval)."""
     mark = out / "data" / WORLD_MARK
-    if mark.is_file():  # and the files still hold the world it describes: the user may have put theirs there since
-        try:
+    try:  # the world's recipe: (people, seed, eval fraction, split seed)
+        if mark.is_file():  # the files must still hold it: the user may have put theirs there since
             recipe = json.loads(mark.read_text(encoding="utf-8"))
-            world = make_world(int(recipe["n_people"]), int(recipe["seed"]))
-            return _holds_world(out / "data", world.files(float(recipe["eval_fraction"]), int(recipe["split_seed"])))
-        except (OSError, ValueError, KeyError, TypeError, AttnlabError):  # a damaged mark proves nothing
-            return False
-    try:
-        earlier = json.loads((out / "results.json").read_text(encoding="utf-8"))
-        if earlier["data"]["source"] != "synthetic":
-            return False
-        seed, settings = int(earlier["data"]["seed"]), earlier["settings"]
-        world = make_world(int(settings["n_people"]), seed)
-        return _holds_world(out / "data", world.files(float(settings["eval_fraction"]), seed))
-    except (OSError, ValueError, KeyError, TypeError, AttnlabError):  # no results, or not a knowledge run's
+            n_people, seed, fraction, split_seed = (recipe["n_people"], recipe["seed"], recipe["eval_fraction"],
+                                                    recipe["split_seed"])
+        else:
+            earlier = json.loads((out / "results.json").read_text(encoding="utf-8"))
+            if earlier["data"]["source"] != "synthetic":
+                return False
+            seed = split_seed = earlier["data"]["seed"]
+            n_people, fraction = earlier["settings"]["n_people"], earlier["settings"]["eval_fraction"]
+        world = make_world(int(n_people), int(seed))
+        return _holds_world(out / "data", world.files(float(fraction), int(split_seed)))
+    except (OSError, ValueError, KeyError, TypeError, AttnlabError):  # a damaged mark, no (knowledge) results
         return False
 
 

@@ -179,7 +179,8 @@ def token_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) 
                                 label_smoothing=label_smoothing)
     except IndexError:  # torch's "Target 99 is out of bounds"
         scored = flat_labels[flat_labels != IGNORE_INDEX]
-        bad = int(scored.max()) if int(scored.max()) >= flat_logits.shape[-1] else int(scored.min())
+        high = int(scored.max())
+        bad = high if high >= flat_logits.shape[-1] else int(scored.min())
         raise IdOutOfRange(f"labels must lie in 0 to {flat_logits.shape[-1] - 1} (or be -100, not scored), got "
                            f"{bad}") from None
     return total / n.clamp(min=1), n

@@ -788,6 +788,9 @@ class Prepared:
     layout: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+# A language model's token files in its run's data/ (each with its sidecar), written by `_prepare_lm`.
+TOKEN_FILES = ("train.bin", "val.bin")
+
 # The data settings that name files.
 DATA_FILE_SETTINGS = ("path", "eval_path", "src_path", "tgt_path", "eval_src_path", "eval_tgt_path")
 
@@ -861,7 +864,7 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     done = False
     try:
         n_train, n_val = _encode_lm_parts(run, saved, tokenizer, texts, train_part, eval_part, block, staging)
-        for name in ("train.bin", "val.bin"):
+        for name in TOKEN_FILES:
             for path in (staging / name, sidecar_path(staging / name)):
                 if path.exists():
                     os.replace(path, data_dir / path.name)
@@ -1354,7 +1357,7 @@ def _remove_token_files(data_dir: Path) -> None:
     task that replaces it (they were left beside it, unread); the user's own files there stay."""
     from attnlab.data.corpus import sidecar_path
 
-    for name in ("train.bin", "val.bin"):
+    for name in TOKEN_FILES:
         for path in (data_dir / name, sidecar_path(data_dir / name)):
             path.unlink(missing_ok=True)
     try:
