@@ -184,3 +184,38 @@ def test_a_linked_checkpoint_left_as_its_old_copy_by_a_crash_resumes(tmp_path):
     assert find_checkpoint(run) == disk / ".checkpoint.old"
     Trainer(tiny_model(), _config(6), ToySource(), eval_source=ToySource(), out_dir=run, resume=True).fit()
     assert json.loads((disk / "checkpoint" / "trainer_state.json").read_text(encoding="utf-8"))["step"] == 6
+
+
+def _records(folder):
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def test_a_replacing_run_that_dies_before_its_first_save_leaves_the_old_runs_records_to_its_resume(finished):
+    """The old run's checkpoints stay until the new run saves its own; its metrics.jsonl went at once. A crash in
+    between (a SIGKILL has no handler) left the new run's records beside the old checkpoints, and --resume kept
+    them as the old run's history (found by the stop-38 run-folder audit)."""
+    old = _records(finished)
+    (finished / "run.json").write_text('{"old": true}', encoding="utf-8")  # as `attnlab train` writes one
+    config = _config(6).replace(seed=7)
+    with pytest.raises(RuntimeError, match="a crash"):
+        Trainer(tiny_model(seed=7), config, _FailingSource(fail_at=1), eval_source=ToySource(),
+                out_dir=finished).fit()
+    (finished / "run.json").write_text('{"new": true}', encoding="utf-8")
+    died = _records(finished)
+    assert [r["step"] for r in died] == [1] and died[0]["loss"] != old[0]["loss"]
+    assert (finished / ".metrics.jsonl.replaced").is_file()
+    # A second run from scratch that dies as well: the records set aside still belong to the checkpoints there.
+    with pytest.raises(RuntimeError, match="a crash"):
+        Trainer(tiny_model(), config, _FailingSource(fail_at=1), eval_source=ToySource(), out_dir=finished).fit()
+    _resume(finished).fit()
+    assert _records(finished)[:len(old)] == old
+    assert (finished / "run.json").read_text(encoding="utf-8") == '{"old": true}'
+    assert not (finished / ".metrics.jsonl.replaced").exists() and not (finished / ".run.json.replaced").exists()
+
+
+def test_the_records_set_aside_go_with_the_old_run_at_the_new_runs_first_save(finished):
+    config = _config(6).replace(seed=7)
+    with pytest.raises(RuntimeError, match="a crash"):  # after its first best/ (step 2)
+        Trainer(tiny_model(), config, _FailingSource(fail_at=3), eval_source=ToySource(), out_dir=finished).fit()
+    assert not (finished / ".metrics.jsonl.replaced").exists()
+    assert [r["step"] for r in _records(finished)][:3] == [1, 2, 2]  # the new run's, as its resume will keep

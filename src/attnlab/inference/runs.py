@@ -21,7 +21,7 @@ from torch import nn
 
 from attnlab.errors import CheckpointError, ConfigError, DataError, UnknownToken, a_name
 from attnlab.inference.generate import check_beam_size
-from attnlab.training.logging import progress_bar
+from attnlab.training.logging import RUN_FILE, progress_bar
 from attnlab.training.recipe import evaluate_batches
 
 LM_FAMILIES = ("gpt",)
@@ -111,7 +111,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
     labels = class_names(folder) or []
     config = model.config
     classifier = "classification" in (getattr(config, "head", None), getattr(config, "heads", None))
-    for candidate in (path / "run.json", folder.parent / "run.json"):
+    for candidate in (path / RUN_FILE, folder.parent / RUN_FILE):
         # Read only for what the checkpoint lacks (a non-classifier has no labels to find): a damaged run.json
         # refused runs whose checkpoints held everything.
         if (data and (labels or not classifier)) or not candidate.is_file():

@@ -24,6 +24,7 @@ from attnlab.files import atomic_path, write_text_atomic
 T = TypeVar("T")
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
+RUN_FILE = "run.json"  # the settings of the run (written by `attnlab train`)
 
 
 class MetricsLog:

@@ -42,6 +42,7 @@ from typing import Any
 from attnlab.config import Config, check_choice, check_positive, is_unset
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError, UnknownToken, a_name, one_line
 from attnlab.files import folder_lock, make_folder, write_text_atomic
+from attnlab.training.logging import RUN_FILE
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -1346,7 +1347,7 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
                 _warn_changed_data(tokenizer_from, data_state["data"], run.data.batches_by_length,
                                    data_state["data_files"])
             trainer.extra_state.update(data_state)  # resumed: this session's settings, as run.json says
-            write_text_atomic(out / "run.json", json.dumps(description, indent=2))
+            write_text_atomic(out / RUN_FILE, json.dumps(description, indent=2))
 
         summary = trainer.fit(resume=resume, on_start=describe)
         return {**summary, **prep.info}

@@ -65,7 +65,7 @@ from attnlab.training.distributed import (
     peer_gone,
     wrap_ddp,
 )
-from attnlab.training.logging import METRICS_FILE, PLOT_FILE, MetricsLog, Progress, plot_losses
+from attnlab.training.logging import METRICS_FILE, PLOT_FILE, RUN_FILE, MetricsLog, Progress, plot_losses
 from attnlab.training.optim import SCHEDULES, build_optimizer, lr_at, set_lr
 
 IGNORE_INDEX = -100
@@ -792,8 +792,28 @@ class Trainer:
                 # Likewise its checkpoint/ once this run's best/ is written: a crash before this run's first
                 # checkpoint left best/ and checkpoint/ of two runs, and --resume continued the old one.
                 ckpt.remove_checkpoint(self.out_dir / CHECKPOINT_DIR)
+            if self._stale_best or self._stale_checkpoint:  # that run is gone now, and the records kept for it
+                self._records_aside(drop=True)
             self._stale_best = self._stale_checkpoint = False
         return folder
+
+    def _records_aside(self, *, drop: bool = False, back: bool = False) -> None:
+        """Set aside the records (metrics.jsonl, run.json) of the run that this from-scratch run replaces: its
+        checkpoints stay until this run saves its own, and a crash before that (a SIGKILL, a power cut) left them
+        beside this run's records, which a --resume then continued as the old run's history. `back` puts them in
+        place again (a resume of those checkpoints); `drop` removes them (the run they belonged to is gone). Records
+        set aside earlier are kept: they belong to the checkpoints still there, the files in place to a run that
+        died."""
+        for name in (METRICS_FILE, RUN_FILE):
+            path = self.out_dir / name
+            aside = path.with_name(f".{name}.replaced")
+            if drop:
+                aside.unlink(missing_ok=True)
+            elif back:
+                if aside.is_file():
+                    aside.replace(path)
+            elif path.is_file() and not aside.exists():
+                path.replace(aside)
 
     def save(self) -> Path:
         """Write ``out_dir/checkpoint`` now (every process must call this under DDP)."""
@@ -1120,6 +1140,11 @@ class Trainer:
             self._restore()
         self._stale_best = not resume and ckpt.checkpoint_present(self.out_dir / BEST_DIR)
         self._stale_checkpoint = not resume and ckpt.checkpoint_present(self.out_dir / CHECKPOINT_DIR)
+        if self.world.is_main:
+            if resume:  # of checkpoints that a run replacing them left when it died before saving its own
+                self._records_aside(back=True)
+            else:
+                self._records_aside(drop=not (self._stale_best or self._stale_checkpoint))
         if on_start is not None and self.world.is_main:
             on_start()
         if self.world.is_main and not resume:  # a resumed run was told at its start
