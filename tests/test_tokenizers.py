@@ -238,6 +238,8 @@ def test_a_run_folder_gives_the_tokenizer_of_its_checkpoint(tmp_path):
     (tmp_path / "checkpoint").mkdir()
     tok.save(tmp_path / "checkpoint")
     assert load_tokenizer(tmp_path).to_dict() == tok.to_dict()
+    (tmp_path / "checkpoint").rename(tmp_path / ".checkpoint.old")  # a save that crashed between its two renames
+    assert load_tokenizer(tmp_path).to_dict() == tok.to_dict()
 
 
 def test_save_load_explicit_char_list(tmp_path):

@@ -861,8 +861,11 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
     if path.is_dir():
         folder = path
         path = path / TOKENIZER_FILE
-        if not path.is_file() and (folder / "checkpoint" / TOKENIZER_FILE).is_file():
-            path = folder / "checkpoint" / TOKENIZER_FILE
+        if not path.is_file():  # a run folder: its checkpoint's (or the .old copy a crashed save left), as generate
+            from attnlab.training.checkpoint import checkpoint_in_place
+
+            inside = checkpoint_in_place(folder / "checkpoint") / TOKENIZER_FILE
+            path = inside if inside.is_file() else path
         if not path.is_file():
             raise CheckpointError(  # a checkpoint without one: weights converted or saved on their own
                 f"folder '{folder}' has no {TOKENIZER_FILE}, which the text is read with; give a run or checkpoint "
