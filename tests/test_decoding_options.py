@@ -64,8 +64,9 @@ def test_the_translation_decoders_refuse_sources_they_cannot_read(translation_ru
             decode(model, torch.tensor([[3, bad]]), max_len=4)
     with pytest.raises(ConfigError, match="the sources have no tokens"):
         decode(model, torch.zeros(2, 0, dtype=torch.long), max_len=4)
-    with pytest.raises(ConfigError, match="src_ids must be a \\(B, S\\) tensor of token ids"):
-        decode(model, torch.tensor([3.0, 4.0]), max_len=4)
+    for ids in (torch.tensor([3.0, 4.0]), torch.tensor([[3, 4]], dtype=torch.int16)):  # as the model's forward says
+        with pytest.raises(ConfigError, match=r"^src_ids must be a \(B, T\) tensor of integer token ids"):
+            decode(model, ids, max_len=4)
     assert len(decode(model, torch.tensor([[3, 4]]), max_len=4)) == 1
 
 

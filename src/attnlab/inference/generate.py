@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from attnlab.errors import ConfigError
 from attnlab.inference.fast_decode import FastGPTDecoder, one_row_of_own_gemv
+from attnlab.models.common import check_ids
 from attnlab.training.device import onednn_off
 
 
@@ -313,11 +314,7 @@ def _check_sources(model: nn.Module, src_ids: Tensor) -> None:
     if not hasattr(model, "encode") or not hasattr(getattr(model, "config", None), "bos_id"):
         raise ConfigError(f"{type(model).__name__} is no translation model (an encoder-decoder, Seq2SeqTransformer): "
                           "greedy_translate and beam_search decode one; continue a prompt with generate instead")
-    if not isinstance(src_ids, Tensor) or src_ids.dim() != 2 or src_ids.is_floating_point() or \
-            src_ids.is_complex() or src_ids.dtype == torch.bool:
-        got = f"a tensor of shape {tuple(src_ids.shape)} and {src_ids.dtype}" if isinstance(src_ids, Tensor) else \
-            type(src_ids).__name__
-        raise ConfigError(f"src_ids must be a (B, S) tensor of token ids; got {got}")
+    check_ids(src_ids, "src_ids")
     if src_ids.shape[1] == 0:
         raise ConfigError("the sources have no tokens (src_ids of shape (B, 0)); give each at least one token")
     vocab = getattr(model.config, "src_vocab_size", None)
