@@ -90,7 +90,9 @@ def _read_json(path: Path) -> Any:
         raise CheckpointError(f"{path} is corrupt ({one_line(e)}); use another checkpoint") from None
 
 
-def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _read_safetensors(path: Path, *, shapes: bool = False) -> tuple[dict[str, Any], dict[str, str]]:
+    """The tensors of a checkpoint's safetensors file (or with `shapes`, only their shapes, read from the header)
+    and its metadata."""
     if not path.is_file():
         raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete, "
                               "use another one")
@@ -98,6 +100,8 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, st
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             metadata = dict(f.metadata() or {})
+            if shapes:
+                return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}, metadata
             tensors = {key: f.get_tensor(key) for key in f.keys()}
     except Exception as e:  # safetensors raises its own SafetensorError (and OSError for I/O)
         raise CheckpointError(f"{path} is corrupt or not a safetensors file ({one_line(e)}); "
@@ -705,13 +709,10 @@ def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu")
         CheckpointError: missing folder or file, corrupt file, or an unknown model family.
     """
     folder = find_checkpoint(path)
-    config = read_config(folder)
-    # The weights are checked against the model's skeleton first, built on the meta device: a config.json whose
-    # sizes were damaged (block_size 10**12) is refused by its weights' shapes, before gigabytes are allocated.
-    with torch.device("meta"):
-        skeleton = _build_saved(folder, config)
-    tensors = _checked_tensors(folder, skeleton.state_dict())
-    model = _build_saved(folder, config)
+    # The weights are checked against the model's skeleton first: a config.json whose sizes were damaged
+    # (block_size 10**12) is refused by its weights' shapes, before gigabytes are allocated.
+    tensors = _checked_tensors(folder, _skeleton(folder).state_dict())
+    model = _build_saved(folder, read_config(folder))
     _load_model_state(folder, model, tensors)
     return model.to(device).eval()
 
@@ -726,18 +727,9 @@ def check_weights_fit_config(path: str | os.PathLike[str]) -> None:
         CheckpointError: naming both files and the first weight that differs.
     """
     folder = find_checkpoint(path)
-    config = read_config(folder)
-    with torch.device("meta"):
-        expected = {key: tuple(t.shape) for key, t in _build_saved(folder, config).state_dict().items()}
+    expected = {key: tuple(t.shape) for key, t in _skeleton(folder).state_dict().items()}
     file = folder / MODEL_FILE
-    check_readable(file)
-    try:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            metadata = dict(f.metadata() or {})
-            shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
-    except Exception as e:  # safetensors raises its own SafetensorError
-        raise CheckpointError(f"{file} is corrupt or not a safetensors file ({one_line(e)}); "
-                              "use another checkpoint") from None
+    shapes, metadata = _read_safetensors(file, shapes=True)
     for alias, target in _metadata_object(metadata, "aliases", file, strings=True).items():
         if target in shapes:
             shapes[alias] = shapes[target]
@@ -749,6 +741,13 @@ def check_weights_fit_config(path: str | os.PathLike[str]) -> None:
         raise CheckpointError(f"{file} and {folder / CONFIG_FILE} are not of one model (weight {differ!r}: "
                               f"{held} in the weights, {described} in the config); one of them was replaced by "
                               "another run's: restore the run's own files")
+
+
+def _skeleton(folder: Path) -> nn.Module:
+    """The model the checkpoint's config.json describes, built on the meta device (shapes, no memory)."""
+    config = read_config(folder)
+    with torch.device("meta"):
+        return _build_saved(folder, config)
 
 
 def _build_saved(folder: Path, config: dict[str, Any]) -> nn.Module:
