@@ -10,8 +10,8 @@ from cli_helpers import one_line_error, run_cli
 from cli_helpers import toml_str as _q
 
 TINY = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu",
-        "--set", "train.steps=2", "--set", "train.eval_every=0", "--set", "data.val_fraction=0",
-        "--set", "train.warmup_steps=1"]
+        "--set", "train.steps=2", "--set", "train.eval_every=0", "--set", "train.warmup_steps=1",
+        "--set", "data.val_fraction=0"]  # TINY[:10]: without the last, for a task that reads no val_fraction
 SMALL = ["--set", "model.d_model=16", "--set", "model.n_heads=2", "--set", "model.n_layers=1", "--set",
          "model.d_ff=32", "--set", "data.vocab_size=200"]
 
@@ -144,3 +144,13 @@ def test_a_pretrained_berts_positions_bound_the_data_not_the_model(pretrained, c
     line = one_line_error(capsys, "train", "--set", f"model.init_from={_q(pretrained)}", "--set", "data.task=\"mlm\"",
                           *TINY, "--set", f"train.out_dir={_q(tmp_path / 'ft')}")
     assert line.endswith("data.max_length 128 is beyond the model's 64 positions; set data.max_length to at most 64")
+
+
+def test_a_pretrained_classifiers_learned_positions_bound_its_data(pretrained, capsys, tmp_path):
+    data = tmp_path / "train.tsv"
+    data.write_text("good film\t1\nbad film\t0\n" * 4, encoding="utf-8")
+    line = one_line_error(capsys, "train", "--set", f"model.init_from={_q(pretrained)}", "--set",
+                          "data.task=\"classification\"", "--set", f"data.path={_q(data)}", "--set",
+                          "data.max_length=128", *TINY[:10], "--set", f"train.out_dir={_q(tmp_path / 'ft')}")
+    assert line.endswith("data.max_length 128 is longer than the model's 64 positions; set data.max_length to at "
+                         "most 64"), line

@@ -260,6 +260,18 @@ def mt_run(tmp_path_factory):
     return out
 
 
+def test_a_pretrained_translation_model_with_computed_positions_takes_longer_sentences(capsys, mt_run, tmp_path):
+    # Its max_len (66) was derived from its run's data.max_length (64), and bounds no weight: a fine-tuning run of
+    # data.max_length 100 was refused ("set data.max_length to at most 66").
+    folder = mt_run.parent
+    code, _, err = run_cli(capsys, "train", "--set", f"model.init_from={_q(mt_run)}", "--set",
+                           "data.task=\"translation\"", "--set", f"data.src_path={_q(folder / 'train.src')}",
+                           "--set", f"data.tgt_path={_q(folder / 'train.tgt')}", "--set", "data.max_length=100",
+                           "--set", "train.steps=1", "--set", "train.batch_size=4",
+                           "--set", f"train.out_dir={_q(tmp_path / 'ft')}", *TINY)
+    assert code == 0, err
+
+
 def test_generate_refuses_decoding_options_it_would_ignore(capsys, mt_run, lm_run):
     mt = ["generate", str(mt_run), "-p", "a b c", "-n", "4", "--device", "cpu"]
     code, _, err = run_cli(capsys, *mt)

@@ -697,12 +697,10 @@ def _build(run: RunConfig, config: Config, *, labels: list[str] | None = None):
     classifier (`labels`, the class names in output order) keeps the pretrained head only for the same classes."""
     from attnlab.models.registry import build_model
 
-    limit = getattr(config, "max_len", None)
-    if "init_from" in run.model and run.data.task != "lm" and limit is not None and limit < run.data.max_length:
-        raise ConfigError(f"data.max_length {run.data.max_length} is beyond the {limit} positions of the model "
-                          f"in model.init_from; set data.max_length to at most {limit}")
     model = build_model(config)
-    limit = getattr(model, "max_len", None)  # the longest sequence the model takes (None: unbounded)
+    # The longest sequence the model takes (None: unbounded, as computed positions are, whatever the config's
+    # max_len: a pretrained model's were refused for data longer than its run's had been).
+    limit = getattr(model, "max_len", None)
     if run.data.task != "lm" and limit is not None and run.data.max_length > limit:  # lm: data.block_size, below
         # Refused now: the first batch of a long text would fail once the run folder had been replaced.
         raise ConfigError(f"data.max_length {run.data.max_length} is longer than the model's {limit} positions; "
