@@ -82,3 +82,30 @@ def test_the_command_refuses_a_temperature_of_zero_with_a_seed(capsys, tmp_path)
                           "--seed", "7", "--device", "cpu")
     assert line == ("attnlab: error: --temperature 0 always takes the most likely token, as --greedy does; drop "
                     "--top-k, --seed, or give a temperature above 0 to sample")
+
+
+def test_a_translation_holds_no_line_break_token(tmp_path, capsys):
+    """A byte-level BPE has tokens for the bytes "\\n" and "\\r", which no target (a line) holds: a decoder early in
+    training that emitted one split `generate --input`'s output onto other lines (stop-39 seq2seq audit)."""
+    from attnlab.inference.runs import line_break_ids, translate_ids
+
+    tok = train_tokenizer("bpe", "alpha beta gamma delta\n" * 4, 300)
+    breaks = line_break_ids(tok)
+    assert sorted(tok.decode([i]) for i in breaks) == ["\n", "\r"]
+    config = TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=16, n_heads=2,
+                               d_ff=32, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_len=16,
+                               pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id, tie_output=False,
+                               output_bias=True)
+    model = Seq2SeqTransformer(config).eval()
+    with torch.no_grad():
+        model.lm_head.bias[breaks[0]] = 100.0  # the untrained decoder's first choice, everywhere
+    run = LoadedRun(model, tok, "seq2seq", Path("."), {})
+    src = torch.tensor([tok.encode("alpha beta")])
+    assert breaks[0] in greedy_translate(model, src, max_len=3)[0]  # the model alone still emits it
+    for beam in (1, 3):
+        (text,) = translate_ids(run, [tok.encode("alpha beta")], beam_size=beam, max_len=6)
+        assert text and "\n" not in text and "\r" not in text
+    for decode in (greedy_translate, beam_search):
+        assert breaks[0] not in decode(model, src, max_len=3, never_emit=breaks)[0]
+        with pytest.raises(ConfigError, match=rf"never_emit holds {tok.vocab_size}, not a target token id"):
+            decode(model, src, max_len=3, never_emit=[tok.vocab_size])

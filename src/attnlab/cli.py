@@ -155,7 +155,8 @@ def evaluate(
                              "with the training columns; translation: source sentences."),
     target: str | None = typer.Option(None, "--target", help="Translation: the reference sentences."),
     batch_size: int = typer.Option(32, "--batch-size"),
-    beam_size: int = typer.Option(1, "--beam-size", help="Translation: beam search width for BLEU (1: greedy)."),
+    beam_size: int = typer.Option(1, "--beam-size", help="Translation: beam search width for BLEU (1: greedy); "
+                                  "each translation is at most the run's data.max_length tokens."),
     best: bool = typer.Option(False, "--best", help="Use the run's best/ checkpoint instead of the latest."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or mps."),

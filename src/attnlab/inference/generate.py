@@ -297,14 +297,15 @@ def _a_weight(model: nn.Module) -> Tensor | None:
 
 @torch.no_grad()
 def greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = None, *,
-                     max_len: int = 64) -> list[list[int]]:
+                     max_len: int = 64, never_emit: Iterable[int] = ()) -> list[list[int]]:
     """Greedy decoding for a batch of sources with a KV cache; returns target ids without bos, up to eos, at most
     `max_len` of them and at most as many as the model has target positions (a bounded model: learned ones).
-    pad and bos are never emitted (see `_never_emitted`)."""
+    pad and bos are never emitted (see `_never_emitted`), nor the ids of `never_emit`."""
     _check_max_len(max_len)
     _check_sources(model, src_ids)
+    banned = _never_emitted(model.config, never_emit)
     with eval_mode(model):
-        return _greedy_translate(model, src_ids, src_mask, _target_length(model, max_len))
+        return _greedy_translate(model, src_ids, src_mask, _target_length(model, max_len), banned)
 
 
 def _check_sources(model: nn.Module, src_ids: Tensor) -> None:
@@ -350,7 +351,8 @@ def _target_length(model: nn.Module, max_len: int) -> int:
     return max_len if limit is None else min(max_len, limit)
 
 
-def _greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, max_len: int) -> list[list[int]]:
+def _greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, max_len: int,
+                      banned: list[int]) -> list[list[int]]:
     c = model.config
     memory, _, _ = model.encode(src_ids, src_mask)
     b = src_ids.shape[0]
@@ -359,7 +361,6 @@ def _greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None
     out: list[Tensor] = []  # each step's tokens: memory by the translations' length, not max_len
     done = torch.zeros(b, dtype=torch.bool, device=src_ids.device)
     one_row = one_row_of_own_gemv(_a_weight(model), b)  # one source: torch's own bf16 matrix-vector kernel
-    banned = _never_emitted(c)
     for _ in range(max_len):
         with onednn_off(one_row):
             logits, _, _, _ = model.decode(tok, memory, src_mask, cache=cache)
@@ -373,11 +374,17 @@ def _greedy_translate(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None
     return [_until_eos(row, c.eos_id) for row in torch.cat(out, dim=1).tolist()] if out else [[] for _ in range(b)]
 
 
-def _never_emitted(config) -> list[int]:
+def _never_emitted(config, never_emit: Iterable[int] = ()) -> list[int]:
     """The target ids a translation never contains: pad and bos are never a training label (bos starts the decoder's
     input, pad is ignored by the loss), so their logits are untrained and a decoder early in training can rank
-    them first. eos stays emittable where a vocabulary shares its id with pad or bos."""
-    return sorted({config.pad_id, config.bos_id} - {config.eos_id})
+    them first; and the caller's `never_emit` (tokens no target held, such as line breaks). eos stays emittable
+    where a vocabulary shares its id with pad or bos."""
+    extra = list(never_emit)
+    vocab = config.tgt_vocab_size
+    wrong = next((i for i in extra if not _whole(i) or not 0 <= i < vocab), None)
+    if wrong is not None:
+        raise ConfigError(f"never_emit holds {wrong!r}, not a target token id (0 to {vocab - 1})")
+    return sorted(({config.pad_id, config.bos_id} | {int(i) for i in extra}) - {config.eos_id})
 
 
 def _until_eos(ids: list[int], eos_id: int) -> list[int]:
@@ -386,7 +393,7 @@ def _until_eos(ids: list[int], eos_id: int) -> list[int]:
 
 @torch.no_grad()
 def beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = None, *, beam_size: int = 4,
-                max_len: int = 64, length_penalty: float = 0.6) -> list[list[int]]:
+                max_len: int = 64, length_penalty: float = 0.6, never_emit: Iterable[int] = ()) -> list[list[int]]:
     """Beam search with the GNMT length penalty ((5 + |y|) / 6)^α, every source of the batch at once.
 
     Each step ranks the 2k best continuations of a source's live beams: those that end (eos) become finished
@@ -395,20 +402,22 @@ def beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None = Non
     `max_len` (capped at the model's target positions) its live beams are finished as they are. Each source gets
     the tokens it gets alone.
 
-    Returns the best target ids of each source (without bos and eos). pad and bos are never emitted: each step's
-    log-probabilities are over the other tokens (see `_never_emitted`).
+    Returns the best target ids of each source (without bos and eos). pad and bos are never emitted, nor the ids of
+    `never_emit`: each step's log-probabilities are over the other tokens (see `_never_emitted`).
     """
     check_beam_size(beam_size)
     if not 0 <= length_penalty < math.inf:  # the early stop bounds a live beam's best score assuming α ≥ 0
         raise ConfigError(f"length_penalty must be a finite number >= 0, got {length_penalty}")
     _check_max_len(max_len)
     _check_sources(model, src_ids)
+    banned = _never_emitted(model.config, never_emit)
     with eval_mode(model):
-        return _beam_search(model, src_ids, src_mask, beam_size, _target_length(model, max_len), length_penalty)
+        return _beam_search(model, src_ids, src_mask, beam_size, _target_length(model, max_len), length_penalty,
+                            banned)
 
 
 def _beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, beam_size: int, max_len: int,
-                 length_penalty: float) -> list[list[int]]:
+                 length_penalty: float, banned: list[int]) -> list[list[int]]:
     c, k, device = model.config, beam_size, src_ids.device
     b = src_ids.shape[0]
     memory, _, _ = model.encode(src_ids, src_mask)
@@ -443,7 +452,6 @@ def _beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, bea
 
     step = 0
     one_row = one_row_of_own_gemv(_a_weight(model), b * k)
-    banned = _never_emitted(c)
     for step in range(1, max_len + 1):
         with onednn_off(one_row):
             logits, _, _, _ = model.decode(tokens, memory, mask, cache=cache)

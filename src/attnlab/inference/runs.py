@@ -240,17 +240,25 @@ def translate_ids(run: LoadedRun, sources: Sequence[Sequence[int]], *, beam_size
         todo = todo[np.argsort([len(sources[i]) for i in todo], kind="stable")]
         batches = [todo[start: start + batch_size] for start in range(0, len(todo), batch_size)]
     pad = tok.pad_id if tok.pad_id is not None else 0
+    never = line_break_ids(tok)
     for indices in progress_bar(batches, len(batches), "translate"):
         indices = [i for i in np.asarray(indices).tolist() if len(sources[i])]  # given batches may hold blanks
         if not indices:
             continue
         batch = pad_batch([sources[i] for i in indices], pad)
         src, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
-        out = (beam_search(model, src, mask, beam_size=beam_size, max_len=max_len) if beam_size > 1
-               else greedy_translate(model, src, mask, max_len=max_len))
+        out = (beam_search(model, src, mask, beam_size=beam_size, max_len=max_len, never_emit=never) if beam_size > 1
+               else greedy_translate(model, src, mask, max_len=max_len, never_emit=never))
         for i, ids in zip(indices, out):
             texts[i] = tok.decode(ids, skip_special_tokens=True)
     return texts
+
+
+def line_break_ids(tok) -> list[int]:
+    """The ids of the tokens that hold a line break (a byte-level BPE's "\n" and "\r" bytes): a translation, of a
+    sentence that was a line, never holds one (no target did), and a decoder early in training emitting one split
+    `generate --input`'s output, one translation per line, onto other lines."""
+    return [i for i in range(tok.vocab_size) if any(c in tok.decode([i], skip_special_tokens=True) for c in "\n\r")]
 
 
 def _check_utf8(text: str, what: str) -> None:
