@@ -143,7 +143,8 @@ def test_a_pretrained_berts_positions_bound_the_data_not_the_model(pretrained, c
     # "raise model.max_len" was the advice, which init_from refuses for learned positions.
     line = one_line_error(capsys, "train", "--set", f"model.init_from={_q(pretrained)}", "--set", "data.task=\"mlm\"",
                           *TINY, "--set", f"train.out_dir={_q(tmp_path / 'ft')}")
-    assert line.endswith("data.max_length 128 is beyond the model's 64 positions; set data.max_length to at most 64")
+    assert line.endswith("data.max_length 128 is longer than the model's 64 positions; set data.max_length to at "
+                         "most 64"), line
 
 
 def test_a_pretrained_classifiers_learned_positions_bound_its_data(pretrained, capsys, tmp_path):
@@ -154,3 +155,16 @@ def test_a_pretrained_classifiers_learned_positions_bound_its_data(pretrained, c
                           "data.max_length=128", *TINY[:10], "--set", f"train.out_dir={_q(tmp_path / 'ft')}")
     assert line.endswith("data.max_length 128 is longer than the model's 64 positions; set data.max_length to at "
                          "most 64"), line
+
+
+def test_a_pretrained_bert_with_rotary_positions_takes_longer_pairs(capsys, tmp_path):
+    # Rotary positions hold no table: the max_len of the first run (16, from its data.max_length) bounds nothing,
+    # and continued pre-training on longer pairs was refused ("set data.max_length to at most 16"; stop-39 audit).
+    first = tmp_path / "first"
+    code, _, err = run_cli(capsys, "train", "configs/bert-mlm.toml", *SMALL, *TINY, "--set",
+                           "model.position=\"rotary\"", "--set", "data.max_length=16", "--set",
+                           f"train.out_dir={_q(first)}")
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "train", "--set", f"model.init_from={_q(first)}", "--set", "data.task=\"mlm\"",
+                           "--set", "data.max_length=32", *TINY, "--set", f"train.out_dir={_q(tmp_path / 'more')}")
+    assert code == 0, err

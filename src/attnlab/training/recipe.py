@@ -1196,9 +1196,6 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
     tokenizer = _tokenizer(run, [line for doc in documents for line in doc], saved)
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, max_len=max(d.max_length, 8),
                           pad_id=tokenizer.pad_id or 0, heads="pretraining")
-    if config.max_len < d.max_length:
-        raise ConfigError(f"data.max_length {d.max_length} is beyond the model's {config.max_len} positions; "
-                          f"{_fit_data_fix(run, 'data.max_length', config.max_len, 'model.max_len')}")
     if config.type_vocab_size == 1:  # 0 is the "no segment embeddings" ablation: segments are then not read
         if "init_from" in run.model:  # its table of one segment is weights: the setting cannot change
             raise ConfigError(SINGLE_SEGMENT.format(what="model.init_from holds", reads="pre-training reads") + "; "
