@@ -51,3 +51,35 @@ def test_a_cut_source_sentence_is_not_said_to_hold_specials():
     said = {str(w.message).split(" are longer")[0]: str(w.message) for w in caught}
     assert "allows (4 tokens) and were cut (the longest has 7)" in said["1 of 2 source sentences"]
     assert "tokens with specials)" in said["1 of 2 target sentences"]
+
+
+def _prepared(tmp_path, config: str, *settings: str):
+    import json
+    from pathlib import Path
+
+    from attnlab.training.recipe import load_run_config, prepare
+
+    run = load_run_config(Path(__file__).resolve().parents[1] / "configs" / config, [
+        *settings, "data.tokenizer=\"word\"", "data.vocab_size=none", "train.device=\"cpu\"",
+        f"train.out_dir={json.dumps(str(tmp_path / 'run'))}"])
+    return prepare(run)
+
+
+def test_bert_and_classifier_texts_that_spell_a_special_token_are_named(tmp_path):
+    """A "<sep>" in a sentence split segment A, a "<pad>" was left out of attention, a "<mask>" was never predicted:
+    translation said so, pre-training and classification did not (stop-39 BERT audit)."""
+    import json
+
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("".join(f"the dog {'<pad> ' if i == 7 else ''}ran {i} .\nit was fast .\n\n" for i in range(30)),
+                      encoding="utf-8")
+    with pytest.warns(UserWarning, match=r"1 sentence\(s\) of .*docs.txt spell a special token, which the word "
+                                         r"tokenizer reads as that token \(sentence 15: '<pad>'; a separator inside"):
+        _prepared(tmp_path, "bert-mlm.toml", f"data.path={json.dumps(str(corpus))}", "data.max_length=32")
+    train, dev = tmp_path / "train.tsv", tmp_path / "dev.tsv"
+    train.write_text("sentence\tlabel\n" + "".join(f"good film {i}\t1\nbad film {i}\t0\n" for i in range(10)),
+                     encoding="utf-8")
+    dev.write_text("sentence\tlabel\ngood <sep> film\t1\nbad film\t0\n", encoding="utf-8")
+    with pytest.warns(UserWarning, match=r"1 text\(s\) of .*dev.tsv spell a special token.*\(text 1: '<sep>'"):
+        _prepared(tmp_path, "encoder-classify.toml", f"data.path={json.dumps(str(train))}",
+                  f"data.eval_path={json.dumps(str(dev))}")

@@ -1082,6 +1082,7 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
     if saved is not None:  # resuming: the classifier's outputs stand for the checkpoint's classes, in its order
         _check_resumed_labels(saved, train_data.label_names, d.path)
     tokenizer = _tokenizer(run, train_data.texts, saved)
+    _warn_special_text(train_data.texts, tokenizer, d.path, unit="text", effect=_SPECIAL_IN_TEXT)
     # [CLS] text [SEP], as BERT was pre-trained and HF encodes one text; a resumed run keeps its checkpoint's layout.
     sep = _saved_classification_sep(saved) if saved is not None else True
     prefix, suffix = classification_ends(tokenizer, sep=sep)
@@ -1093,6 +1094,7 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
     if d.eval_path:
         eval_data = read_classification_file(d.eval_path, parse_column(d.text_column),
                                              parse_column(d.label_column))
+        _warn_special_text(eval_data.texts, tokenizer, d.eval_path, unit="text", effect=_SPECIAL_IN_TEXT)
         with _naming_unknown_tokens(run, saved, tokenizer, d.eval_path):
             eval_source = ClassificationSource(eval_data, tokenizer, t.batch_size, max_length=d.max_length,
                                                seed=t.seed, label_names=train_source.label_names,
@@ -1153,9 +1155,13 @@ def _prepare_translation(run: RunConfig, saved: Path | None) -> Prepared:
     return Prepared(_build(run, config), tokenizer, train_source, eval_source)
 
 
-def _warn_special_text(lines: list[str], tokenizer, path: str) -> None:
-    """Say where sentences spell a special token ("<eos>", "<pad>") that the tokenizer reads as that token: an eos
-    in the middle of a target taught the model to stop there, a pad became a training label."""
+def _warn_special_text(lines: list[str], tokenizer, path: str, *, unit: str = "line",
+                       effect: str = "an end-of-sentence token inside a target teaches the model to stop there"
+                       ) -> None:
+    """Say where texts spell a special token ("<eos>", "[SEP]") that the tokenizer reads as that token, which then
+    acts as one: an eos in the middle of a target taught the model to stop there, a pad became a training label
+    (translation); a [SEP] split a text, a [PAD] was left out of attention, a [MASK] never predicted (BERT,
+    classification). `unit` names what `lines` holds, numbered from 1 in the message."""
     names = {tokenizer.id_to_token(i): i for i in tokenizer.special_ids}
     found = [(n, line) for n, line in enumerate(lines, 1) if any(name and name in line for name in names)]
     special = set(names.values())
@@ -1163,9 +1169,13 @@ def _warn_special_text(lines: list[str], tokenizer, path: str) -> None:
     if read_as:
         n, line = read_as[0]
         name = next(name for name in names if name and name in line)
-        warnings.warn(f"{len(read_as)} line(s) of {path} spell a special token, which the {tokenizer.kind} tokenizer "
-                      f"reads as that token (line {n}: {name!r}; an end-of-sentence token inside a target teaches "
-                      "the model to stop there); respell it where it is text", stacklevel=3)
+        warnings.warn(f"{len(read_as)} {unit}(s) of {path} spell a special token, which the {tokenizer.kind} "
+                      f"tokenizer reads as that token ({unit} {n}: {name!r}; {effect}); respell it where it is text",
+                      stacklevel=3)
+
+
+# What a special token spelt in a text does where a model reads one text or a pair of them (BERT, classification).
+_SPECIAL_IN_TEXT = "a separator inside a text splits it, a pad is left out of attention"
 
 
 def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
@@ -1194,6 +1204,11 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
                           f"keep data.val_fraction = {d.val_fraction} apart with sentence pairs on both sides; "
                           "give data.eval_path, or more documents separated by blank lines", stacklevel=2)
     tokenizer = _tokenizer(run, [line for doc in documents for line in doc], saved)
+    texts = [(documents, d.path or "the pydoc texts"), (eval_documents, d.eval_path)] if d.eval_path else \
+        [(documents + eval_documents, d.path or "the pydoc texts")]  # the held-out part, in the file's order
+    for docs, where in texts:
+        _warn_special_text([line for doc in docs for line in doc], tokenizer, where, unit="sentence",
+                           effect=_SPECIAL_IN_TEXT)
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, max_len=max(d.max_length, 8),
                           pad_id=tokenizer.pad_id or 0, heads="pretraining")
     if config.type_vocab_size == 1:  # 0 is the "no segment embeddings" ablation: segments are then not read
