@@ -110,3 +110,25 @@ def test_none_for_an_encoders_causal_under_init_from_keeps_the_pretrained_mask(t
     for extra in ([], ["model.causal=none"]):
         config = model_config(load_run_config(None, classify + extra).model, head="classification", n_classes=2)
         assert config.is_causal
+
+
+def test_none_for_an_encoders_causal_keeps_the_mask_of_a_pretrained_classifier(tmp_path):
+    # The kept mask was read from the saved head (an LM's: causal), not from the saved config: a causal classifier
+    # was fine-tuned bidirectionally, and with T5 bias positions causal=none then got round the refusal that
+    # causal=false met; a bidirectional T5 classifier refused causal=none itself (stop-39 encoder audit).
+    from attnlab.training.recipe import model_config, train_run
+
+    data = tmp_path / "train.tsv"
+    data.write_text("sentence\tlabel\n" + "good film\t1\nbad film\t0\n" * 4, encoding="utf-8")
+    base = ["model.preset=encoder-tiny", "data.task=classification", f"data.path='{data}'", "train.steps=1",
+            "train.batch_size=2", "train.progress=false", "train.device=cpu", "train.precision=fp32",
+            "train.eval_every=0"]
+    for causal in (True, False):
+        run = tmp_path / f"cls_{causal}"
+        train_run(load_run_config(None, [*base, "model.position=t5-bias", f"model.causal={str(causal).lower()}",
+                                         f"train.out_dir='{run}'"]))
+        again = ["data.task=classification", f"data.path='{data}'", f"model.init_from='{run}'", "model.causal=none"]
+        config = model_config(load_run_config(None, again).model, head="classification", n_classes=2)
+        assert config.is_causal is causal
+    lm = ["data.task=lm", f"model.init_from='{tmp_path / 'cls_True'}'", "model.causal=none"]
+    assert model_config(load_run_config(None, lm).model, head="lm").is_causal

@@ -556,8 +556,9 @@ def model_config(model: dict[str, Any], **derived: Any) -> Config:
             # converted without one, HF's BertForMaskedLM, was refused for a classifier, told to leave it unset).
             values["pooler"] = None
         if family == "encoder" and is_unset(values.get("causal")):  # None, or --set model.causal=none
-            # Keep the mask the encoder was trained with (its features differ without it), as with_head does.
-            values["causal"] = saved.get("head", "lm") == "lm"
+            # Keep the mask the encoder was trained with (its features differ without it), as with_head does: its
+            # config's causal, or where that was left unset, its head's (a causal classifier became bidirectional).
+            values["causal"] = _trained_causal(saved)
         # The pretrained weights fix the architecture: only what the task decides (the head) may change.
         derived = {k: v for k, v in derived.items() if k in INIT_FROM_DERIVED}
     elif preset is not None:
@@ -590,6 +591,15 @@ SINGLE_SEGMENT = "{what} a BERT of one segment (type_vocab_size 1, weights that 
 INIT_FROM_DERIVED = ("head", "heads", "n_classes")  # task-imposed model settings that init_from allows
 
 
+def _trained_causal(saved: dict[str, Any]) -> bool:
+    """Whether the model of a saved config attends causally, as the model resolves its mask (an encoder's unset
+    causal: by its head)."""
+    from attnlab.models.registry import config_from_dict
+
+    _, config = config_from_dict(saved)
+    return bool(getattr(config, "is_causal", config.causal))
+
+
 def _check_init_from_changes(table: dict[str, Any], saved: dict[str, Any]) -> None:
     """Refuse a [model] setting given beside model.init_from that changes what the pretrained weights compute:
     the heads, the mask and what any checkpoint may load into (`LOADABLE_CHANGES`: dropout, a computed position
@@ -604,13 +614,10 @@ def _check_init_from_changes(table: dict[str, Any], saved: dict[str, Any]) -> No
     bound = saved.get("position") == "learned" or str(saved.get("attention", "")).startswith("synthesizer")
     lengths = {"block_size", "max_len"} if bound else set()
     may_change = sorted(({*INIT_FROM_CHANGES, *LOADABLE_CHANGES} - lengths) & set(saved))
-    if saved.get("position") == "t5-bias" and "causal" in saved and table.get("causal") is not None:
+    if saved.get("position") == "t5-bias" and "causal" in saved and not is_unset(table.get("causal")):
         # T5's buckets are laid out for one mask (a causal model spends them all on the past): under another, the
         # pretrained table's rows are read for other distances, which no other scheme does.
-        from attnlab.models.registry import config_from_dict
-
-        _, trained_config = config_from_dict(saved)  # the mask as the model resolves it (an encoder's: by its head)
-        trained = getattr(trained_config, "is_causal", trained_config.causal)
+        trained = _trained_causal(saved)
         if bool(table["causal"]) != trained:
             raise ConfigError(f"model.causal = {table['causal']!r}, but the model in model.init_from has T5 bias "
                               f"buckets learned under causal = {trained}, which another mask reads for other "
