@@ -189,3 +189,14 @@ def test_greedy_translate_drops_the_eos():
         model.lm_head.weight.zero_()
         model.lm_head.bias.copy_(torch.tensor([0, 0, 1, 0, 0.5, 0, 0, 0.0]))  # eos (2) always wins
     assert greedy_translate(model, torch.randint(3, 8, (2, 4)), max_len=5) == [[], []]
+
+
+@pytest.mark.parametrize("name, reference", [
+    ("relu", F.relu), ("gelu", F.gelu), ("gelu-tanh", lambda x: F.gelu(x, approximate="tanh")), ("silu", F.silu)])
+def test_each_activation_is_its_function(name, reference):
+    # HF checkpoints name theirs (hidden_act "silu", "swish", "gelu_new"), and the converters map them onto these.
+    from attnlab.modules.feedforward import ACTIVATIONS
+
+    assert sorted(ACTIVATIONS.names()) == ["gelu", "gelu-tanh", "relu", "silu"]
+    x = torch.linspace(-4, 4, 101, dtype=torch.float64)
+    torch.testing.assert_close(ACTIVATIONS.get(name)(x), reference(x), rtol=0, atol=1e-12)

@@ -118,7 +118,7 @@ def test_ids_that_are_not_a_batch_of_integers_are_named(preset):
 def test_labels_of_another_shape_type_or_range_are_named():
     model = build_model(get_preset("gpt-char-tiny")[1]).eval()
     says = r"^labels must be integer ids of the logits' shape without their last axis, \(2, 6\) \(-100 where"
-    for labels in (IDS[:, 0], IDS.float()):
+    for labels in (IDS[:, 0], IDS.float(), IDS > 10):  # bool labels had been scored as classes 0 and 1
         with pytest.raises(ConfigError, match=says):
             model(IDS, labels=labels)
     vocab = model.config.vocab_size

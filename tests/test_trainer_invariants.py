@@ -81,13 +81,37 @@ def test_evaluation_does_not_move_the_training_random_streams(tmp_path):
     def sampling_metric(model):
         return {"x": float(torch.rand(())) + float(np.random.rand()) + __import__("random").random()}
 
-    quiet = Trainer(tiny_model(dropout=0.3), _cfg(steps=4), ToySource(), out_dir=tmp_path / "a")
+    quiet = Trainer(tiny_model(dropout=0.3), _cfg(steps=4, eval_every=4), ToySource(), out_dir=tmp_path / "a",
+                    metrics_fn=sampling_metric)
     quiet.fit()
+    after_quiet = sampling_metric(None)  # the streams as the run left them
     busy = Trainer(tiny_model(dropout=0.3), _cfg(steps=4, eval_every=1), ToySource(), out_dir=tmp_path / "b",
                    metrics_fn=sampling_metric)
     busy.fit()
     for k, v in quiet.model.state_dict().items():
         assert torch.equal(busy.model.state_dict()[k], v), k
+    # Each step reseeds torch, so the weights alone could not show evaluations drawing from the streams: the last
+    # evaluation's draws and the streams after the run do (each evaluation drew from where the last one had left).
+    assert busy._totals.last_eval["x"] == quiet._totals.last_eval["x"]
+    assert sampling_metric(None) == after_quiet
+
+
+def test_each_step_draws_its_own_dropout_masks(monkeypatch, tmp_path):
+    # Every step reseeded to step 0's streams would have dropped the same units at every step, and each resume and
+    # process count would have agreed with it (found by the stop-39 mutation audit).
+    from attnlab.training import Trainer
+    from attnlab.training import trainer as trainer_module
+
+    seeded = []
+    real = trainer_module.seed_step
+    monkeypatch.setattr(trainer_module, "seed_step", lambda seed, rank, step: (seeded.append(step),
+                                                                               real(seed, rank, step)))
+    masks = []
+    model = tiny_model(dropout=0.5)
+    model.register_forward_hook(lambda module, args, out: masks.append(torch.rand(8).tolist()))
+    Trainer(model, _cfg(steps=4), ToySource(), out_dir=tmp_path).fit()
+    assert seeded == [0, 1, 2, 3]
+    assert len({tuple(m) for m in masks}) == len(masks) == 4  # the draws of each step's forward pass differ
 
 
 def test_no_weight_decay_hook_excludes_named_parameters():
