@@ -68,3 +68,27 @@ def test_an_empty_string_prompt_asks_for_token_ids():
     for text in ("", "abc"):
         with pytest.raises(ConfigError, match="encode text with the run's tokenizer first"):
             generate(model, text, 2, greedy=True)
+
+
+def test_evaluate_refuses_a_bidirectional_encoder_lm(tmp_path):
+    # Training refuses data.task = 'lm' for one; made in Python (with_head on a bidirectional classifier), its
+    # next-token loss was reported as if it meant something (every position sees its target; stop-39 encoder audit).
+    from pathlib import Path
+
+    from attnlab.data.tokenizers import train_tokenizer
+    from attnlab.inference.runs import LoadedRun
+    from attnlab.models.encoder import EncoderConfig, EncoderModel
+
+    tok = train_tokenizer("char", "some text to read\n" * 4)
+    text = tmp_path / "text.txt"
+    text.write_text("some text to read\n" * 8, encoding="utf-8")
+    config = EncoderConfig(vocab_size=tok.vocab_size, d_model=16, n_heads=2, d_ff=32, n_layers=1, max_len=32,
+                           head="classification", n_classes=2)
+    for causal, refused in ((False, True), (True, False)):
+        model = EncoderModel(config.replace(causal=causal)).with_head("lm").eval()
+        run = LoadedRun(model, tok, "encoder", Path("."), {"block_size": 8})
+        if refused:
+            with pytest.raises(ConfigError, match=r"^this encoder's LM head reads bidirectional attention"):
+                evaluate_file(run, text)
+        else:
+            assert evaluate_file(run, text)["loss"] > 0

@@ -438,6 +438,10 @@ def _evaluate_file(run: LoadedRun, data: str | Path, target: str | Path | None, 
     if (text_column is not None or label_column is not None) and head != "classification":
         raise ConfigError("--text-column and --label-column are for classifiers (TSV, CSV or JSONL files)")
     if run.family in LM_FAMILIES or head == "lm":
+        if not getattr(model.config, "is_causal", True):  # made in Python (with_head): training refuses one
+            raise ConfigError("this encoder's LM head reads bidirectional attention (causal = false): every position "
+                              "sees the token it is scored on, so a next-token loss would mean nothing; evaluate a "
+                              "model trained with causal attention")
         return _evaluate_lm(model, tok, data, batch_size, run.data.get("block_size"))
     if head == "classification":
         return _evaluate_classification(run, data, batch_size, text_column, label_column)
