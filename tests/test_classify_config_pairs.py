@@ -44,3 +44,13 @@ def test_single_text_files_still_find_their_columns(tmp_path, capsys):
                        encoding="utf-8")
     code, _, err = _train(capsys, tmp_path, reviews, "--set", f"train.out_dir={json.dumps(str(tmp_path / 'r2'))}")
     assert code == 0, err
+
+
+def test_the_label_column_is_found_by_its_header_as_the_config_says(tmp_path, capsys):
+    # The config pinned label_column = "label" under a comment saying labels are found by their header names:
+    # a file headed "text  class" was refused (stop-39 README audit).
+    data = tmp_path / "topics.tsv"
+    data.write_text("text\tclass\n" + "".join(f"film {i} was {'good' if i % 2 else 'bad'}\t{i % 2}\n"
+                                             for i in range(12)), encoding="utf-8")
+    code, _, err = _train(capsys, tmp_path, data)
+    assert code == 0, err

@@ -160,7 +160,9 @@ def generate(
         greedy: take the argmax; otherwise sample with `temperature`, `top_k`, `top_p`.
         eos_id: stop a row when it produces this id (the id is kept in its output).
         seed: seed of the sampling generator (deterministic sampling). The rows of a batch draw from one
-            generator, so a sampled row differs from the same prompt sampled alone (greedy rows do not).
+            generator, so a sampled row differs from the same prompt sampled alone (greedy rows do not, in
+            fp32; in bf16 one row and a batch are multiplied by different kernels, whose rounding can flip a
+            near-tie).
         use_cache: reuse keys/values (the default, where the model supports it); False recomputes the whole
             prefix each step.
             A model with a bounded context (`max_len`: learned positions, a block size) sees at most its
