@@ -241,7 +241,8 @@ def test_params_of_a_corrupt_config_says_what_to_give(capsys, lm_copy):
 def test_resuming_with_another_architecture_says_how_to_continue(capsys, lm_copy):
     line = one_line_error(capsys, "train", "--resume", "--set", "train.steps=4", "--set", "model.position=rotary",
                           "--set", f"train.out_dir={_q(lm_copy)}", *LM)
-    assert "holds a model with other settings (position 'learned' → 'rotary')" in line
+    assert "holds a model with other settings (position 'learned' → 'rotary'); resume with" in line  # not the
+    # loader's own advice first ("load it into a model built from its config.json"; stop-39 README audit)
     assert line.endswith("drop the model.* --set values), or train into another train.out_dir")
 
 

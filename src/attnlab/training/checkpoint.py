@@ -63,7 +63,12 @@ _SETTING_KEYS = ("lr", "weight_decay", "betas", "eps")
 
 
 class ModelMismatch(CheckpointError):
-    """The checkpoint holds another model (family, weight names or shapes) than the one it is loaded into."""
+    """The checkpoint holds another model (family, weight names or shapes) than the one it is loaded into.
+    `problem` is the message without its `fix`, for a caller that gives its own (a resume: another setting)."""
+
+    def __init__(self, problem: str, fix: str = ""):
+        super().__init__(f"{problem}; {fix}" if fix else problem)
+        self.problem = problem
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -337,7 +342,7 @@ def _checked_tensors(folder: Path, expected: dict[str, torch.Tensor]) -> dict[st
         if tensors[key].is_floating_point() != t.is_floating_point():  # integers cast to weights, or back
             raise ModelMismatch(f"{path}: weight {key!r} is {str(tensors[key].dtype).removeprefix('torch.')} in "
                                 f"the checkpoint but {str(t.dtype).removeprefix('torch.')} in the model; the file "
-                                "was not written by attnlab for this model: use another checkpoint")
+                                "was not written by attnlab for this model", "use another checkpoint")
     for key in tensors:
         if key not in expected:
             raise ModelMismatch(f"{path} has weight {key!r}, which the model does not have; "
@@ -360,8 +365,9 @@ def _check_shared_weights(path: Path, expected: dict[str, torch.Tensor], tensors
         for other in keys[1:]:
             if tensors[other] is not first and not torch.equal(tensors[other], first):
                 raise ModelMismatch(f"{path}: weights {keys[0]!r} and {other!r} are one tensor in the model (tied) "
-                                    "but differ in the checkpoint, which was saved untied; load it with the config "
-                                    "it was saved with (tie_embeddings / tie_output / share_embeddings as there)")
+                                    "but differ in the checkpoint, which was saved untied",
+                                    "load it with the config it was saved with (tie_embeddings / tie_output / "
+                                    "share_embeddings as there)")
 
 
 # Model settings that leave the function of the weights alone (regularisation, initialisation, which rows the
@@ -380,7 +386,7 @@ def _check_same_function(folder: Path, saved: dict[str, Any], current: dict[str,
     if changed:
         shown = ", ".join(f"{key} {saved[key]!r} → {current[key]!r}" for key in changed[:3])
         raise ModelMismatch(f"{folder} holds a model with other settings ({shown}{', ...' if len(changed) > 3 else ''}"
-                            "); load it into a model built from its config.json")
+                            ")", "load it into a model built from its config.json")
 
 
 def _model_config(model: nn.Module) -> dict[str, Any]:
@@ -782,8 +788,8 @@ def load_checkpoint_into(path: str | os.PathLike[str], model: nn.Module,
     saved_family = read_config(folder)["family"]
     family = _model_config(model)["family"]
     if saved_family != family:
-        raise ModelMismatch(f"{folder} holds {a_name(saved_family)} model but the model is {family!r}; "
-                          "give a checkpoint of the same model family")
+        raise ModelMismatch(f"{folder} holds {a_name(saved_family)} model but the model is {family!r}",
+                            "give a checkpoint of the same model family")
     _check_same_function(folder, read_config(folder), _model_config(model))
     _load_model_state(folder, model)
     if optimizer is not None:

@@ -856,14 +856,14 @@ class Trainer:
         try:
             ckpt.load_checkpoint_into(folder, model)
         except ckpt.ModelMismatch as e:
-            raise ckpt.ModelMismatch(_RESUME_MISMATCH.format(e)) from None
+            raise ckpt.ModelMismatch(_RESUME_MISMATCH.format(e.problem)) from None
 
     def _restore(self) -> None:
         folder = self.checkpoint_to_resume(self.out_dir)
         try:
             state = ckpt.load_checkpoint_into(folder, self.model, self.optimizer)
         except ckpt.ModelMismatch as e:
-            raise ckpt.ModelMismatch(_RESUME_MISMATCH.format(e)) from None
+            raise ckpt.ModelMismatch(_RESUME_MISMATCH.format(e.problem)) from None
         if not (folder / ckpt.STATE_FILE).is_file():
             raise CheckpointError(f"cannot resume: {folder} has no {ckpt.STATE_FILE}")
         if "step" not in state:
