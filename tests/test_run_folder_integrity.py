@@ -318,6 +318,7 @@ def test_best_without_a_best_checkpoint_is_refused(capsys, mt_run, lm_copy):
     line = one_line_error(capsys, "evaluate", str(mt_run), "-d", str(mt_run.parent / "train.src"),
                           "--target", str(mt_run.parent / "train.tgt"), "--best", "--device", "cpu")
     assert "has no best/ checkpoint" in line and "drop --best" in line
+    assert "data.eval_path" not in line  # a translation run's held-out files are data.eval_src_path and eval_tgt_path
     assert "has no best/" in one_line_error(capsys, "generate", str(mt_run), "-p", "a b", "--best", "--device", "cpu")
     # A run with best/, or the best/ folder itself, is fine.
     for path in (lm_copy, lm_copy / "best"):

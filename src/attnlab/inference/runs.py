@@ -81,8 +81,8 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
         raise CheckpointError(f"{path} is the run's latest checkpoint, and --best asks for its best one: give the run "
                               f"folder {path.parent} with --best, or {path} without it")
     if which == "best" and not chosen and path.name != "best":  # no fallback to the latest
-        raise CheckpointError(f"{path} has no best/ checkpoint (the run kept one only where it evaluated during "
-                              "training: data.eval_path or data.val_fraction, train.eval_every); drop --best")
+        raise CheckpointError(f"{path} has no best/ checkpoint (a run keeps one only where it evaluates held-out "
+                              "data during training, every train.eval_every steps); drop --best")
     folder = find_checkpoint(path / which if chosen else path)
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(f"{folder} has no tokenizer.json; generate and evaluate need a run trained "
