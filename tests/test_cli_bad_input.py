@@ -303,6 +303,9 @@ def test_evaluate_reads_other_column_names(tmp_path, capsys, cls_run):
                                 "--label-column", "2", "--json", "--device", "cpu")
     assert code == 0, err
     assert json.loads(stdout)["examples"] == 2
+    for flag in ("--text-column", "--label-column"):  # "" had been read as "the training file's column"
+        line = one_line_error(capsys, "evaluate", str(cls_run), "--data", str(other), flag, "", "--device", "cpu")
+        assert line.endswith(f"{flag} is empty; give a column's header name or 0-based number, or leave {flag} out")
 
 
 def test_training_over_a_finished_run_warns_in_one_line(tmp_path, capsys, lm_run):

@@ -546,3 +546,8 @@ def test_one_knowledge_run_at_a_time_in_a_folder(tmp_path):
             run_knowledge(out, variants="none", device="cpu", overrides=TINY, progress=False, echo=lambda *_: None)
     with pytest.raises(ConfigError, match="--out is empty"):
         run_knowledge("", variants="none")
+    # An empty path (an unset shell variable) had counted as not given: the synthetic experiment ran instead.
+    for flag, key in (("--corpus", "corpus"), ("--train", "train"), ("--eval", "eval_path"), ("--predict", "predict")):
+        with pytest.raises(ConfigError, match=f"^{flag} is empty; give the path of a file, or leave {flag} out$"):
+            run_knowledge(tmp_path / "other", variants="none", **{key: " "})
+    assert not (tmp_path / "other").exists()

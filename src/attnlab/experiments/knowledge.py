@@ -653,6 +653,10 @@ def run_knowledge(out_dir: str | Path = "runs/knowledge", **options: Any) -> dic
         raise ConfigError("attnlab run knowledge runs in one process; run it without torchrun")
     if not str(out_dir).strip():  # "" would write into the working directory
         raise ConfigError("--out is empty; give the experiment's folder, e.g. runs/knowledge")
+    for flag, key in (("--corpus", "corpus"), ("--train", "train"), ("--eval", "eval_path"), ("--predict", "predict")):
+        if options.get(key) is not None and not str(options[key]).strip():  # an unset shell variable, say: it had
+            # counted as not given, and the synthetic experiment ran in its place
+            raise ConfigError(f"{flag} is empty; give the path of a file, or leave {flag} out")
     with folder_lock(out_dir, "--out"):
         return _run_knowledge(out_dir, **options)
 

@@ -435,6 +435,9 @@ def _evaluate_file(run: LoadedRun, data: str | Path, target: str | Path | None, 
     if target is not None:
         raise ConfigError("--target is only for translation models (the reference translations)")
     head = getattr(model.config, "head", None) or getattr(model.config, "heads", None)
+    for flag, column in (("--text-column", text_column), ("--label-column", label_column)):
+        if column is not None and not str(column).strip():  # had meant "the training file's column", silently
+            raise ConfigError(f"{flag} is empty; give a column's header name or 0-based number, or leave {flag} out")
     if (text_column is not None or label_column is not None) and head != "classification":
         raise ConfigError("--text-column and --label-column are for classifiers (TSV, CSV or JSONL files)")
     if run.family in LM_FAMILIES or head == "lm":
