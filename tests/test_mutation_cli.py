@@ -195,10 +195,19 @@ def test_only_the_first_process_prints_the_training_summary(capsys, monkeypatch)
     monkeypatch.setattr(recipe, "load_run_config",
                         lambda *args, **kwargs: SimpleNamespace(train=SimpleNamespace(out_dir="r")))
     monkeypatch.setattr(recipe, "train_run", lambda run, resume=False: {"step": 3, "loss": 1.5})
-    for rank, printed in (("1", ""), ("2", ""), ("0", "step=3  loss=1.5\nrun folder: r\n")):
+    summary = "step=3  loss=1.5\nrun folder: r\n"
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    for rank, printed in (("1", ""), ("2", ""), ("0", summary)):
         monkeypatch.setenv("RANK", rank)
         code, out, err = run_cli(capsys, "train")
         assert (code, out) == (0, printed), err
+    # One process, as the library reads these (an empty RANK had been a traceback after the whole run had trained,
+    # and a RANK without WORLD_SIZE had kept the summary from the one process that trained; stop-39 CLI audit).
+    for rank, size in (("", "3"), ("1", ""), ("1", "1")):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", size)
+        code, out, err = run_cli(capsys, "train")
+        assert (code, out) == (0, summary), err
 
 
 # ---- evaluation ---------------------------------------------------------------------------------------------

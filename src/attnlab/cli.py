@@ -73,9 +73,7 @@ def train(
 
     run = load_run_config(config, overrides, resume=resume)
     summary = train_run(run, resume=resume)
-    import os
-
-    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, one summary (from rank 0) is enough
+    if _other_rank() is not None:  # under torchrun, one summary (from rank 0) is enough
         return
     if "steps" in summary and summary.get("start_step") == summary["steps"] and not summary.get("redid_eval"):
         if summary.get("stopped_early"):
