@@ -161,3 +161,25 @@ def test_out_of_memory_while_generating_names_the_number_of_new_tokens(capsys, m
     monkeypatch.setattr(runs, "generate_texts", fail)
     line = one_line_error(capsys, "generate", str(lm_run), "--prompt", "x", "-n", str(10**11), "--device", "cpu")
     assert "out of memory" in line and "fewer new tokens (-n when generating)" in line
+
+
+def test_a_pipe_is_read_as_a_config_and_refused_as_data_in_words_that_hold(tmp_path, capsys, lm_run):
+    # `train <(printf ...)` said "not found" of a path that exists, and `evaluate -d <(cat text)` said the data file
+    # was empty (a pipe's size is 0) while it held text (stop-39 CLI audit). A config is read once, so a pipe serves;
+    # data is read more than once, so it is refused as what it is.
+    import os
+
+    from attnlab.training.recipe import load_run_config
+
+    read, write = os.pipe()
+    os.write(write, b"[train]\nsteps = 3\n")
+    os.close(write)
+    try:
+        assert load_run_config(f"/dev/fd/{read}", []).train.steps == 3
+    finally:
+        os.close(read)
+    fifo = tmp_path / "text.fifo"
+    os.mkfifo(fifo)
+    line = one_line_error(capsys, "evaluate", str(lm_run), "-d", str(fifo), "--device", "cpu")
+    assert line.endswith(f"data file '{fifo}' is not a regular file (a pipe or a device), and data is read more "
+                         "than once; save it to a file and give that")

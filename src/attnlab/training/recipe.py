@@ -370,7 +370,7 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
         if p.is_dir():
             raise ConfigError(f"config file {str(p)!r} is a folder; give the path of a .toml or .yaml file "
                               "(see configs/ for examples)")
-        if not p.is_file():
+        if not p.exists():  # a pipe (<(...)) is read as a file: a config is read once
             raise ConfigError(f"config file {str(p)!r} not found; give the path of a .toml or .yaml file "
                               "(see configs/ for examples)")
         raw = _read_config_file(p)
