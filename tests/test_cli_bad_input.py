@@ -378,3 +378,13 @@ def test_params_refuses_a_run_description_without_its_data_section(capsys, lm_ru
     other = tmp_path / "saved.json"
     other.write_text(json.dumps({"model": {"preset": "gpt-char-tiny"}, "train": run["train"]}), encoding="utf-8")
     assert "describes a run, not a model" in one_line_error(capsys, "params", str(other))
+
+
+def test_generate_input_on_a_model_that_generates_nothing_says_what_takes_it(tmp_path, capsys, cls_run, lm_run):
+    # It advised --prompt, which a classifier refuses in turn ("does not generate text"; stop-39 CLI audit).
+    lines = tmp_path / "lines.txt"
+    lines.write_text("great movie\n", encoding="utf-8")
+    line = one_line_error(capsys, "generate", str(cls_run), "-i", str(lines), "--device", "cpu")
+    assert "does not generate text; `attnlab evaluate` scores it on a file" in line
+    line = one_line_error(capsys, "generate", str(lm_run), "-i", str(lines), "--device", "cpu")
+    assert "this run is a 'gpt' model: give its prompts with --prompt (-p)" in line

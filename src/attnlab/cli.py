@@ -120,8 +120,14 @@ def generate(
                               "CPU prefer bf16)."),
 ) -> None:
     """Generate text from a trained language model (with a KV cache), or translate with a seq2seq model."""
-    from attnlab.errors import ConfigError
-    from attnlab.inference.runs import check_decoding_options, generate_texts, load_run, translate_file
+    from attnlab.errors import ConfigError, a_name
+    from attnlab.inference.runs import (
+        check_decoding_options,
+        check_generates,
+        generate_texts,
+        load_run,
+        translate_file,
+    )
     from attnlab.training.device import select_device
 
     if prompt is None and input_file is None:
@@ -134,7 +140,8 @@ def generate(
                            beam_size=beam_size)
     if input_file is not None:
         if run.family != "seq2seq":
-            raise ConfigError(f"--input translates a file with a translation model; this run is a {run.family!r} "
+            check_generates(run)  # a classifier takes no --prompt either: say what takes it
+            raise ConfigError(f"--input translates a file with a translation model; this run is {a_name(run.family)} "
                               "model: give its prompts with --prompt (-p)")
         print("\n".join(translate_file(run, input_file, beam_size=beam_size, max_len=max_new_tokens)))
         return

@@ -145,6 +145,18 @@ NO_HEAD = ("it is an encoder without a head, whose outputs are hidden states: tr
 _TRANSLATE_BATCH = 64  # sources translated at once by `generate`; bounds the memory of a long list of prompts
 
 
+def check_generates(run: LoadedRun) -> None:
+    """Refuse, in one line, a run whose model continues no text and translates none (a classifier, BERT's
+    pre-training heads), naming what takes it instead."""
+    model = run.model
+    if run.family in LM_FAMILIES or run.family == "seq2seq" or (run.family == "encoder" and model.config.head == "lm"):
+        return
+    head = getattr(model.config, "head", None) or getattr(model.config, "heads", None)
+    scored = head in ("classification", "pretraining")  # `evaluate` takes these; a bare encoder neither
+    raise ConfigError(f"{a_name(run.family)} model with the {head!r} head{HEAD_NAMES.get(head, '')} does not "
+                      "generate text; " + ("`attnlab evaluate` scores it on a file" if scored else NO_HEAD))
+
+
 def translate_lines(run: LoadedRun, lines: Sequence[str], *, beam_size: int = 1, max_len: int = 128,
                     batch_size: int = _TRANSLATE_BATCH, name: str = "source") -> list[str]:
     """Translate each line with a seq2seq run, greedily or by beam search (`beam_size` > 1), at most `max_len`
@@ -347,11 +359,7 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
     if run.family == "seq2seq":
         _check_translation_lengths(max_new_tokens, beam_size)
         return translate_ids(run, _cut_sources(run, encoded), beam_size=beam_size, max_len=max_new_tokens)
-    if run.family not in LM_FAMILIES and not (run.family == "encoder" and model.config.head == "lm"):
-        head = getattr(model.config, "head", None) or getattr(model.config, "heads", None)
-        scored = head in ("classification", "pretraining")  # `evaluate` takes these; a bare encoder neither
-        raise ConfigError(f"{a_name(run.family)} model with the {head!r} head{HEAD_NAMES.get(head, '')} does not "
-                          "generate text; " + ("`attnlab evaluate` scores it on a file" if scored else NO_HEAD))
+    check_generates(run)
     if beam_size != 1:
         raise ConfigError("--beam-size is for translation models; language models take --greedy or sampling "
                           "options")
