@@ -3,6 +3,7 @@ handling): each is now refused in one line before anything trains."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -252,3 +253,22 @@ def test_a_broken_pipe_under_richs_help_screen_is_a_readers_exit_too(monkeypatch
     with pytest.raises(SystemExit) as exited:
         sys.exit(1)
     assert not _reader_went_away(exited.value)  # any other exit 1 is left alone
+
+
+@pytest.mark.parametrize("name, text, says", [
+    ("run.toml", 'steps = 2\n[model]\npreset = "gpt-char-tiny"\n', "the setting 'steps' is outside any section; "
+                                                                    "write it under the [train] header"),
+    ("run.yaml", "train:\n  steps: 3\nblock_size: 4\n", "the setting 'block_size' is outside any section; write it "
+                                                         "under the 'data:' line, indented"),
+    ("run.toml", "d_model = 2\n", "the setting 'd_model' is outside any section; write it under the [...] header of "
+                                  "its section (model, data, train)")])
+def test_a_setting_above_every_section_is_named_as_a_setting(tmp_path, name, text, says):
+    # It was called an unknown section ("unknown config section [steps]"; stop-39 CLI audit).
+    from attnlab.training.recipe import load_run_config
+
+    config = tmp_path / name
+    config.write_text(text, encoding="utf-8")
+    from attnlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"{re.escape(says)}$"):
+        load_run_config(config)

@@ -159,7 +159,8 @@ def evaluate(
     data: str = typer.Option(..., "--data", "-d", help="LM: a text file; classifier: a TSV/CSV/JSONL file "
                              "with the training columns; translation: source sentences."),
     target: str | None = typer.Option(None, "--target", help="Translation: the reference sentences."),
-    batch_size: int = typer.Option(32, "--batch-size"),
+    batch_size: int = typer.Option(32, "--batch-size", help="Examples (or text windows) scored at once; lower it "
+                                   "when memory runs short."),
     beam_size: int = typer.Option(1, "--beam-size", help="Translation: beam search width for BLEU (1: greedy); "
                                   "each translation is at most the run's data.max_length tokens."),
     best: bool = typer.Option(False, "--best", help="Use the run's best/ checkpoint instead of the latest."),

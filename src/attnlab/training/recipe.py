@@ -379,6 +379,15 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
                               "[train] tables (see configs/ for examples), or run `attnlab train` without a "
                               "config for the default run")
         for section, table in raw.items():
+            if section not in SECTIONS and not isinstance(table, dict):  # `steps = 2` above every table header
+                from attnlab.training.trainer import TrainerConfig
+
+                owner = next((name for name, cls in (("train", TrainerConfig), ("data", DataConfig))
+                              if section in cls.field_names()), None)
+                header = "'{}:' line, indented" if p.suffix.lower() in YAML_SUFFIXES else "[{}] header"
+                where = f"under the {header.format(owner)}" if owner is not None else \
+                    f"under the {header.format('...')} of its section ({', '.join(SECTIONS)})"
+                raise ConfigError(f"{p}: the setting {section!r} is outside any section; write it {where}")
             if section in SECTIONS and not isinstance(table, dict):
                 form = f"a '{section}:' line with one indented 'key: value' line per setting below it" \
                     if p.suffix.lower() in YAML_SUFFIXES else \
