@@ -110,7 +110,8 @@ def test_what_cannot_fit_is_refused(files, bert_run, encoder_run):
         _classify(files, encoder_run, "model.family=bert")
     with pytest.raises(ConfigError, match="needs a model of family bert, not 'encoder'"):
         load_run_config(None, [f"model.init_from={_q(encoder_run)}", "data.task=mlm"])
-    with pytest.raises(ConfigError, match="beyond the 24 positions"):
+    with pytest.raises(ConfigError, match="data.max_length 40 is longer than the model's 24 positions; set "
+                                          "data.max_length to at most 24"):
         prepare(_classify(files, bert_run, "data.max_length=40"))
     with pytest.raises(CheckpointError, match="does not exist"):
         _classify(files, files / "nowhere")
