@@ -382,10 +382,11 @@ def _never_emitted(config, never_emit: Iterable[int] = ()) -> list[int]:
     them first; and the caller's `never_emit` (tokens no target held, such as line breaks). eos stays emittable
     where a vocabulary shares its id with pad or bos."""
     extra = list(never_emit)
-    vocab = config.tgt_vocab_size
-    wrong = next((i for i in extra if not _whole(i) or not 0 <= i < vocab), None)
+    vocab = getattr(config, "tgt_vocab_size", None)  # a decoder of the caller's own may not say
+    wrong = next((i for i in extra if not _whole(i) or i < 0 or (vocab is not None and i >= vocab)), None)
     if wrong is not None:
-        raise ConfigError(f"never_emit holds {wrong!r}, not a target token id (0 to {vocab - 1})")
+        raise ConfigError(f"never_emit holds {wrong!r}, not a target token id"
+                          + (f" (0 to {vocab - 1})" if vocab is not None else ""))
     return sorted(({config.pad_id, config.bos_id} | {int(i) for i in extra}) - {config.eos_id})
 
 
