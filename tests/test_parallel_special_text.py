@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from attnlab.data.tokenizers import WordTokenizer
+from attnlab.data.tokenizers import CharTokenizer, WordTokenizer
 from attnlab.training.recipe import _warn_special_text
 
 
@@ -21,6 +21,10 @@ def test_sentences_that_spell_a_special_token_are_named():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing to say: "<eos" is not the token
         _warn_special_text(["gib snur", "der eert <eos"], tokenizer, "tgt.txt")
+        # "<pad>s" is one unknown word (<unk>, itself a special): no pad is read (stop-39 review)
+        _warn_special_text(["gib snur<pad>s"], tokenizer, "tgt.txt")
+        char = CharTokenizer.train("good film")  # its specials are characters: "<pad>" is read as 5 of them
+        _warn_special_text(["good <pad> film é"], char, "tgt.txt")
 
 
 def test_a_translation_run_says_so_for_its_files(tmp_path):

@@ -1179,12 +1179,16 @@ def _warn_special_text(lines: list[str], tokenizer, path: str, *, unit: str = "l
     (translation); a [SEP] split a text, a [PAD] was left out of attention, a [MASK] never predicted (BERT,
     classification). `unit` names what `lines` holds, numbered from 1 in the message."""
     names = {tokenizer.id_to_token(i): i for i in tokenizer.special_ids}
-    found = [(n, line) for n, line in enumerate(lines, 1) if any(name and name in line for name in names)]
-    special = set(names.values())
-    read_as = [(n, line) for n, line in found if special & set(tokenizer.encode(line))]
+    read_as = []  # (number, the special spelt): where the encoding holds that special's id (not an unk of it)
+    for n, line in enumerate(lines, 1):
+        spelt = [name for name in names if name and name in line]
+        if spelt:
+            ids = set(tokenizer.encode(line))
+            name = next((name for name in spelt if names[name] in ids), None)
+            if name is not None:
+                read_as.append((n, name))
     if read_as:
-        n, line = read_as[0]
-        name = next(name for name in names if name and name in line)
+        n, name = read_as[0]
         warnings.warn(f"{len(read_as)} {unit}(s) of {path} spell a special token, which the {tokenizer.kind} "
                       f"tokenizer reads as that token ({unit} {n}: {name!r}; {effect}); respell it where it is text",
                       stacklevel=3)
