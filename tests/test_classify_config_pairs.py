@@ -54,3 +54,16 @@ def test_the_label_column_is_found_by_its_header_as_the_config_says(tmp_path, ca
                                              for i in range(12)), encoding="utf-8")
     code, _, err = _train(capsys, tmp_path, data)
     assert code == 0, err
+
+
+def test_a_headerless_file_of_more_than_two_columns_asks_for_its_columns(tmp_path, capsys):
+    # Columns 0 and 1 were read without a word: a GLUE CoLA file (source, label, mark, sentence) trained on its
+    # source codes (stop-39 review, once the config stopped pinning label_column).
+    cola = tmp_path / "cola.tsv"
+    cola.write_text("".join(f"w_{i}\t{i % 2}\t\tthe film {i} was {'good' if i % 2 else 'bad'} .\n" for i in range(12)),
+                    encoding="utf-8")
+    code, _, err = _train(capsys, tmp_path, cola)
+    assert code == 2 and "has 4 tab-separated columns and no header row, so which holds the text and which the " \
+                          "label is not known; give them by 0-based number" in err, err
+    code, _, err = _train(capsys, tmp_path, cola, "--set", "data.text_column=\"3\"", "--set", "data.label_column=\"1\"")
+    assert code == 0, err

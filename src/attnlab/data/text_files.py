@@ -637,6 +637,12 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
         header = isinstance(text_column, str) or isinstance(label_column, str) or _is_header(first_cells)
     names = [_header_cell(c) for c in first_cells] if header else None
     lowered = [n.lower() for n in names] if names else None
+    if not header and text_column is None and label_column is None and len(first_cells) > 2:
+        # Columns 0 and 1 had been read: the source codes of a GLUE CoLA file (source, label, mark, sentence).
+        raise DataError(f"data file '{path}' has {len(first_cells)} {sep} columns and no header row, so which "
+                        "holds the text and which the label is not known; give them by 0-based number (evaluate: "
+                        "--text-column and --label-column; train: data.text_column and data.label_column), or add "
+                        "a header row")
 
     def pick(column, known, what, default):
         if column is not None:
