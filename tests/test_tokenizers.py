@@ -242,6 +242,18 @@ def test_a_run_folder_gives_the_tokenizer_of_its_checkpoint(tmp_path):
     assert load_tokenizer(tmp_path).to_dict() == tok.to_dict()
 
 
+def test_a_run_folder_of_best_alone_gives_its_tokenizer(tmp_path):
+    # A run whose only checkpoint is best/ (its checkpoint/ removed): load_model read it, load_tokenizer did not.
+    from attnlab.models.registry import build_model, get_preset
+    from attnlab.training.checkpoint import load_model, save_checkpoint
+
+    tok = CharTokenizer.train(TEXT)
+    model = build_model(get_preset("gpt-char-tiny")[1].replace(vocab_size=tok.vocab_size))
+    save_checkpoint(tmp_path / "best", model, tokenizer=tok)
+    assert load_model(tmp_path) is not None
+    assert load_tokenizer(tmp_path).to_dict() == tok.to_dict()
+
+
 def test_save_load_explicit_char_list(tmp_path):
     tok = CharTokenizer(["□", "⁇", "a", "b"], pad="□", mask="⁇")
     loaded = load_tokenizer(tok.save(tmp_path / "x" / "chars.json"))

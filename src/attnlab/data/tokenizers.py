@@ -861,10 +861,15 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
     if path.is_dir():
         folder = path
         path = path / TOKENIZER_FILE
-        if not path.is_file():  # a run folder: its checkpoint's (or the .old copy a crashed save left), as generate
-            from attnlab.training.checkpoint import checkpoint_in_place
+        if not path.is_file():  # a run folder: its checkpoint's (or the .old copy a crashed save left, or best/)
+            from attnlab.training.checkpoint import checkpoint_in_place, find_checkpoint
 
             inside = checkpoint_in_place(folder / "checkpoint") / TOKENIZER_FILE
+            if not inside.is_file():
+                try:
+                    inside = find_checkpoint(folder) / TOKENIZER_FILE  # the folder generate would load
+                except CheckpointError:
+                    pass
             path = inside if inside.is_file() else path
         if not path.is_file():
             raise CheckpointError(  # a checkpoint without one: weights converted or saved on their own
