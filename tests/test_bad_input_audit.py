@@ -169,17 +169,27 @@ def test_a_pipe_is_read_as_a_config_and_refused_as_data_in_words_that_hold(tmp_p
     # data is read more than once, so it is refused as what it is.
     import os
 
+    from attnlab.errors import ConfigError
     from attnlab.training.recipe import load_run_config
 
     read, write = os.pipe()
     os.write(write, b"[train]\nsteps = 3\n")
     os.close(write)
     try:
-        assert load_run_config(f"/dev/fd/{read}", []).train.steps == 3
+        # It names no run folder: runs/<its name> would be runs/12 for every pipe (stop-39 review)
+        with pytest.raises(ConfigError, match=r"is not a regular file \(a pipe\), so it names no run folder"):
+            load_run_config(f"/dev/fd/{read}", [])
+    finally:
+        os.close(read)
+    read, write = os.pipe()
+    os.write(write, b"[train]\nsteps = 3\n")
+    os.close(write)
+    try:
+        assert load_run_config(f"/dev/fd/{read}", [f"train.out_dir={_q(tmp_path / 'run')}"]).train.steps == 3
     finally:
         os.close(read)
     fifo = tmp_path / "text.fifo"
     os.mkfifo(fifo)
     line = one_line_error(capsys, "evaluate", str(lm_run), "-d", str(fifo), "--device", "cpu")
-    assert line.endswith(f"data file '{fifo}' is not a regular file (a pipe or a device), and data is read more "
-                         "than once; save it to a file and give that")
+    assert line.endswith(f"data file '{fifo}' is not a regular file (a pipe or a device), which attnlab does not "
+                         "read (most data is read more than once); save it to a file and give that")

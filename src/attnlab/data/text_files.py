@@ -53,8 +53,8 @@ def check_file(path: str | os.PathLike[str], what: str = "data file") -> Path:
     if path.is_dir():
         raise DataError(f"{what} '{path}' is a directory; pass a file inside it")
     if not path.is_file():  # a pipe (<(...), /dev/stdin) or a device: its size 0 had been called empty
-        raise DataError(f"{what} '{path}' is not a regular file (a pipe or a device), and data is read more than "
-                        "once; save it to a file and give that")
+        raise DataError(f"{what} '{path}' is not a regular file (a pipe or a device), which attnlab does not read "
+                        "(most data is read more than once); save it to a file and give that")
     if path.stat().st_size == 0:
         raise DataError(f"{what} '{path}' is empty; give a file with data in it")
     return path

@@ -420,6 +420,9 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     data.check_task_reads()  # here, not in __post_init__: a saved run's [data] is read back by `evaluate` as it was
     train = TrainerConfig.from_dict(raw.get("train", {}), where="train")
     if train.out_dir is None:  # a config file without train.out_dir: a folder named after the file
+        if not Path(path).is_file():  # <(...): /dev/fd/63, the same name for every pipe
+            raise ConfigError(f"config file {str(path)!r} is not a regular file (a pipe), so it names no run folder; "
+                              "set train.out_dir in it or with --set train.out_dir=...")
         train = train.replace(out_dir=str(Path("runs") / Path(path).stem))
     resolved = _resumed_init_from(model, train.out_dir) if resume else model
     family = _validate_model_keys(resolved)
