@@ -168,3 +168,15 @@ def test_a_pretrained_bert_with_rotary_positions_takes_longer_pairs(capsys, tmp_
     code, _, err = run_cli(capsys, "train", "--set", f"model.init_from={_q(first)}", "--set", "data.task=\"mlm\"",
                            "--set", "data.max_length=32", *TINY, "--set", f"train.out_dir={_q(tmp_path / 'more')}")
     assert code == 0, err
+
+
+def test_a_bert_too_short_for_its_pairs_is_refused_before_they_are_built(capsys, tmp_path, monkeypatch):
+    # Since the length is checked on the built model, the pairs were built first (the corpus tokenised, with
+    # warnings advising to raise data.max_length) and the refusal came after (stop-39 review).
+    import attnlab.training.recipe as recipe
+
+    monkeypatch.setattr(recipe, "sentence_pair_source", lambda *a, **k: pytest.fail("the pairs were built"))
+    line = one_line_error(capsys, "train", "configs/bert-mlm.toml", *SMALL, *TINY, "--set", "model.max_len=16",
+                          "--set", f"train.out_dir={_q(tmp_path / 'short')}")
+    assert line.endswith("data.max_length 64 is longer than the model's 16 positions; lower data.max_length or raise "
+                         "model.max_len"), line

@@ -1240,6 +1240,7 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
                               "fine-tune it on a task of one text (data.task = \"classification\") instead")
         raise ConfigError("model.type_vocab_size = 1, but the sentence pairs have two segments (0 for A, 1 for B); "
                           "set it to 2, or to 0 for no segment embeddings")
+    model = _build(run, config)  # before the pairs: a model too short for data.max_length is refused first
     try:
         train_source = sentence_pair_source(documents, tokenizer, config, d, t.batch_size, t.seed)
     except DataError as e:  # e.g. no token of the file the tokenizer can hold (continued pre-training)
@@ -1252,7 +1253,7 @@ def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
             where = f"{d.eval_path} (data.eval_path)" if d.eval_path else \
                 f"the held-out part of {d.path or 'the pydoc texts'}"
             raise DataError(f"{where}: {e}") from None
-    return Prepared(_build(run, config), tokenizer, train_source, eval_source, pretraining_counts,
+    return Prepared(model, tokenizer, train_source, eval_source, pretraining_counts,
                     info={"documents": len(documents), "sentence_pairs": len(train_source.pairs)})
 
 
