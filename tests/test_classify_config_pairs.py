@@ -33,11 +33,14 @@ def test_a_sentence_pair_file_is_refused_under_the_shipped_config(tmp_path, caps
     assert code == 0, err
 
 
+def _sentiment(path: Path, header: str) -> Path:
+    path.write_text(header + "".join(f"film {i} was {'good' if i % 2 else 'bad'}\t{i % 2}\n" for i in range(12)),
+                    encoding="utf-8")
+    return path
+
+
 def test_single_text_files_still_find_their_columns(tmp_path, capsys):
-    sst2 = tmp_path / "sst2.tsv"
-    sst2.write_text("sentence\tlabel\n" + "".join(f"film {i} was {'good' if i % 2 else 'bad'}\t{i % 2}\n"
-                                                  for i in range(12)), encoding="utf-8")
-    code, _, err = _train(capsys, tmp_path, sst2)
+    code, _, err = _train(capsys, tmp_path, _sentiment(tmp_path / "sst2.tsv", "sentence\tlabel\n"))
     assert code == 0, err
     reviews = tmp_path / "reviews.jsonl"  # named "text", as many JSONL sets do: it failed on "sentence"
     reviews.write_text("".join(json.dumps({"text": f"film {i}", "label": i % 2}) + "\n" for i in range(12)),
@@ -49,10 +52,7 @@ def test_single_text_files_still_find_their_columns(tmp_path, capsys):
 def test_the_label_column_is_found_by_its_header_as_the_config_says(tmp_path, capsys):
     # The config pinned label_column = "label" under a comment saying labels are found by their header names:
     # a file headed "text  class" was refused (stop-39 README audit).
-    data = tmp_path / "topics.tsv"
-    data.write_text("text\tclass\n" + "".join(f"film {i} was {'good' if i % 2 else 'bad'}\t{i % 2}\n"
-                                             for i in range(12)), encoding="utf-8")
-    code, _, err = _train(capsys, tmp_path, data)
+    code, _, err = _train(capsys, tmp_path, _sentiment(tmp_path / "topics.tsv", "text\tclass\n"))
     assert code == 0, err
 
 
