@@ -388,3 +388,21 @@ def test_generate_input_on_a_model_that_generates_nothing_says_what_takes_it(tmp
     assert "does not generate text; `attnlab evaluate` scores it on a file" in line
     line = one_line_error(capsys, "generate", str(lm_run), "-i", str(lines), "--device", "cpu")
     assert "this run is a 'gpt' model: give its prompts with --prompt (-p)" in line
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["evaluate", "RUN", "-d", "a.txt", "--data", "b.txt"], "--data (-d) is given twice; give it once"),
+    (["generate", "RUN", "-p", "-n", "-n", "20", "--max-new-tokens=0"], "--max-new-tokens (-n) is given twice"),
+    (["run", "knowledge", "--scale", "quick", "--scale=full"], "--scale is given twice; give it once")])
+def test_an_option_of_one_value_given_twice_is_refused(capsys, argv, says):
+    # click kept the last silently: `-d a.txt -d b.txt` scored b.txt alone, and a second --scale ran hours of the
+    # full scale (stop-38/39 CLI audits). "-n" as the value of -p is a prompt, not the option.
+    line = one_line_error(capsys, *argv)
+    assert line.startswith("attnlab: error: ") and says in line
+
+
+def test_options_that_gather_values_and_switches_may_repeat(capsys, lm_run):
+    code, out, err = run_cli(capsys, "generate", str(lm_run), "-p", "ab", "-p", "cd", "-n", "2", "--greedy",
+                             "--greedy", "--device", "cpu")
+    assert code == 0, err
+    assert out.count("\n\n") == 1  # two texts

@@ -360,6 +360,41 @@ def main(argv: list[str] | None = None) -> None:
             _forget_escaped_interrupt()
 
 
+def _refuse_repeated_options(argv: list[str]) -> None:
+    """Refuse an option that takes one value given twice: click keeps the last silently (`evaluate -d a.txt -d
+    b.txt` scored b.txt alone, `-n 20 -n 0` asked for 0 tokens). Options that gather values (--set, --prompt) and
+    switches may repeat."""
+    command = typer.main.get_command(app)  # typer's own copy of click: its classes are not click's
+    args = list(argv)
+    while hasattr(command, "commands"):  # down to the command the line names (`run knowledge`: its options
+        # are read by the experiment, which takes --set as a list)
+        name = next((a for a in args if not a.startswith("-")), None)
+        if name is None or name not in command.commands:
+            return  # help, or a command click refuses in its own words
+        args, command = args[args.index(name) + 1:], command.commands[name]
+    options = {opt: p for p in command.params if p.param_type_name == "option" for opt in p.opts}
+    given: set[object] = set()
+    skip = False
+    for token in args:
+        if skip:  # the value of the option before it, which may start with "-"
+            skip = False
+            continue
+        if token == "--":
+            break
+        name = token.split("=", 1)[0] if token.startswith("--") else token[:2]
+        param = options.get(name)
+        if param is None or param.is_flag:
+            continue
+        inline = "=" in token if token.startswith("--") else len(token) > 2
+        skip = not inline
+        if param.multiple:
+            continue
+        if param in given:
+            raise ConfigError(f"{' ('.join(param.opts[:2])}{')' if len(param.opts) > 1 else ''} is given twice; "
+                              "give it once")
+        given.add(param)
+
+
 def _forget_escaped_interrupt() -> None:
     """Let the exit code we chose stand after a Ctrl-C we handled.
 
@@ -404,6 +439,7 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
     if _other_rank() is not None:
         warnings.simplefilter("ignore")
     try:
+        _refuse_repeated_options(sys.argv[1:] if argv is None else list(argv))
         result = app(args=argv, standalone_mode=False)
     except SystemExit as e:
         # A reader that stopped early (`attnlab generate ... | head`): typer answers the broken pipe with exit
