@@ -793,27 +793,17 @@ class Trainer:
                 # checkpoint left best/ and checkpoint/ of two runs, and --resume continued the old one.
                 ckpt.remove_checkpoint(self.out_dir / CHECKPOINT_DIR)
             if self._stale_best or self._stale_checkpoint:  # that run is gone now, and the records kept for it
-                self._records_aside(drop=True)
+                for _, aside in self._records():
+                    aside.unlink(missing_ok=True)
             self._stale_best = self._stale_checkpoint = False
         return folder
 
-    def _records_aside(self, *, drop: bool = False, back: bool = False) -> None:
-        """Set aside the records (metrics.jsonl, run.json) of the run that this from-scratch run replaces: its
-        checkpoints stay until this run saves its own, and a crash before that (a SIGKILL, a power cut) left them
-        beside this run's records, which a --resume then continued as the old run's history. `back` puts them in
-        place again (a resume of those checkpoints); `drop` removes them (the run they belonged to is gone). Records
-        set aside earlier are kept: they belong to the checkpoints still there, the files in place to a run that
-        died."""
-        for name in (METRICS_FILE, RUN_FILE):
-            path = self.out_dir / name
-            aside = path.with_name(f".{name}.replaced")
-            if drop:
-                aside.unlink(missing_ok=True)
-            elif back:
-                if aside.is_file():
-                    aside.replace(path)
-            elif path.is_file() and not aside.exists():
-                path.replace(aside)
+    def _records(self) -> list[tuple[Path, Path]]:
+        """(in place, set aside) for each record of the run (metrics.jsonl, run.json). A from-scratch run sets aside
+        those of the run it replaces: that run's checkpoints stay until this run saves its own, and a crash before
+        that (a SIGKILL, a power cut) left them beside this run's records, which a --resume then continued as the
+        old run's history."""
+        return [(self.out_dir / name, self.out_dir / f".{name}.replaced") for name in (METRICS_FILE, RUN_FILE)]
 
     def save(self) -> Path:
         """Write ``out_dir/checkpoint`` now (every process must call this under DDP)."""
@@ -1141,10 +1131,15 @@ class Trainer:
         self._stale_best = not resume and ckpt.checkpoint_present(self.out_dir / BEST_DIR)
         self._stale_checkpoint = not resume and ckpt.checkpoint_present(self.out_dir / CHECKPOINT_DIR)
         if self.world.is_main:
-            if resume:  # of checkpoints that a run replacing them left when it died before saving its own
-                self._records_aside(back=True)
-            else:
-                self._records_aside(drop=not (self._stale_best or self._stale_checkpoint))
+            for path, aside in self._records():
+                if resume:  # of checkpoints that a run replacing them left when it died before saving its own
+                    if aside.is_file():
+                        aside.replace(path)
+                elif self._stale_best or self._stale_checkpoint:  # kept if set aside before: they belong to the
+                    if path.is_file() and not aside.exists():  # checkpoints there, the files in place to a run
+                        path.replace(aside)  # that died
+                else:  # no run to belong to
+                    aside.unlink(missing_ok=True)
         if on_start is not None and self.world.is_main:
             on_start()
         if self.world.is_main and not resume:  # a resumed run was told at its start
