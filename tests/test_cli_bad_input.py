@@ -406,3 +406,20 @@ def test_options_that_gather_values_and_switches_may_repeat(capsys, lm_run):
                              "--greedy", "--device", "cpu")
     assert code == 0, err
     assert out.count("\n\n") == 1  # two texts
+
+
+def test_a_setting_given_twice_by_set_is_refused(capsys, tmp_path):
+    # The second --set replaced the first silently (stop-39 note): `--set train.steps=100 --set train.steps=1`
+    # trained one step. The text file is missing, so code that misses the check fails on that instead.
+    line = one_line_error(capsys, "train", "--set", "data.path=" + str(tmp_path / "none.txt"), "--set",
+                          "train.steps=100", "--set", " train.steps =1", "--set", "train.out_dir=" + str(tmp_path))
+    assert line == "attnlab: error: --set train.steps is given twice; give each setting once"
+
+
+def test_an_experiment_setting_given_twice_by_set_is_refused():
+    from attnlab.cli import _parse_sets
+    from attnlab.errors import ConfigError
+
+    assert _parse_sets(["pretrain_epochs=2", "n_people=40"]) == {"pretrain_epochs": 2, "n_people": 40}
+    with pytest.raises(ConfigError, match=r"^--set n_people is given twice; give each setting once$"):
+        _parse_sets(["n_people=40", "pretrain_epochs=2", "n_people =50"])
