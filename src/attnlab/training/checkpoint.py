@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -326,28 +327,39 @@ def _checked_tensors(folder: Path, expected: dict[str, torch.Tensor]) -> dict[st
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"{path}: weight {key!r} contains NaN or inf (a diverged run?); use another "
                                   "checkpoint, e.g. best/")
-    for alias, target in _metadata_object(metadata, "aliases", path, strings=True).items():
-        if target not in tensors:
-            raise CheckpointError(f"{path}: alias {alias!r} points to missing tensor {target!r}; "
-                                  "use another checkpoint")
-        tensors[alias] = tensors[target]
-    for key, t in expected.items():
+    _resolve_aliases(tensors, metadata, path)
+    key = _first_difference({k: t.shape for k, t in tensors.items()}, {k: t.shape for k, t in expected.items()})
+    if key is not None:
         if key not in tensors:
             raise ModelMismatch(f"{path} has no weight {key!r}, which the model needs; "
-                              "the checkpoint belongs to another model")
-        if tensors[key].shape != t.shape:
-            raise ModelMismatch(f"{path}: weight {key!r} has shape {_shape(tensors[key])} in the "
-                              f"checkpoint but {_shape(t)} in the model; the checkpoint belongs to "
-                              "another model config")
+                                "the checkpoint belongs to another model")
+        if key not in expected:
+            raise ModelMismatch(f"{path} has weight {key!r}, which the model does not have; "
+                                "the checkpoint belongs to another model")
+        raise ModelMismatch(f"{path}: weight {key!r} has shape {_shape(tensors[key])} in the checkpoint but "
+                            f"{_shape(expected[key])} in the model; the checkpoint belongs to another model config")
+    for key, t in expected.items():
         if tensors[key].is_floating_point() != t.is_floating_point():  # integers cast to weights, or back
             raise ModelMismatch(f"{path}: weight {key!r} is {str(tensors[key].dtype).removeprefix('torch.')} in "
                                 f"the checkpoint but {str(t.dtype).removeprefix('torch.')} in the model; the file "
                                 "was not written by attnlab for this model", "use another checkpoint")
-    for key in tensors:
-        if key not in expected:
-            raise ModelMismatch(f"{path} has weight {key!r}, which the model does not have; "
-                              "the checkpoint belongs to another model")
     return tensors
+
+
+def _resolve_aliases(values: dict[str, Any], metadata: dict[str, str], path: Path) -> None:
+    """Add the names the weights file stores once under another name (tied weights), from its header."""
+    for alias, target in _metadata_object(metadata, "aliases", path, strings=True).items():
+        if target not in values:
+            raise CheckpointError(f"{path}: alias {alias!r} points to missing tensor {target!r}; "
+                                  "use another checkpoint")
+        values[alias] = values[target]
+
+
+def _first_difference(held: dict[str, Any], expected: dict[str, Any]) -> str | None:
+    """The first name whose shape differs between the weights held and those expected: expected names in order
+    (missing or of another shape), then names held that are not expected; None when they agree."""
+    differing = (key for key in expected if key not in held or tuple(held[key]) != tuple(expected[key]))
+    return next(itertools.chain(differing, (key for key in held if key not in expected)), None)
 
 
 def _check_shared_weights(path: Path, expected: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:
@@ -736,11 +748,8 @@ def check_weights_fit_config(path: str | os.PathLike[str]) -> None:
     expected = {key: tuple(t.shape) for key, t in _skeleton(folder).state_dict().items()}
     file = folder / MODEL_FILE
     shapes, metadata = _read_safetensors(file, shapes=True)
-    for alias, target in _metadata_object(metadata, "aliases", file, strings=True).items():
-        if target in shapes:
-            shapes[alias] = shapes[target]
-    differ = next((key for key in expected if shapes.get(key) != expected[key]), None) \
-        or next((key for key in shapes if key not in expected), None)
+    _resolve_aliases(shapes, metadata, file)
+    differ = _first_difference(shapes, expected)
     if differ is not None:
         held = "no such weight" if differ not in shapes else f"shape {list(shapes[differ])}"
         described = "no such weight" if differ not in expected else f"shape {list(expected[differ])}"
