@@ -84,6 +84,7 @@ def test_bert_and_classifier_texts_that_spell_a_special_token_are_named(tmp_path
     train.write_text("sentence\tlabel\n" + "".join(f"good film {i}\t1\nbad film {i}\t0\n" for i in range(10)),
                      encoding="utf-8")
     dev.write_text("sentence\tlabel\ngood <sep> film\t1\nbad film\t0\n", encoding="utf-8")
-    with pytest.warns(UserWarning, match=r"1 text\(s\) of .*dev.tsv spell a special token.*\(text 1: '<sep>'"):
+    # numbered by the file's lines (the header is line 1): "text 1" had counted examples
+    with pytest.warns(UserWarning, match=r"1 line\(s\) of .*dev.tsv spell a special token.*\(line 2: '<sep>'"):
         _prepared(tmp_path, "encoder-classify.toml", f"data.path={json.dumps(str(train))}",
                   f"data.eval_path={json.dumps(str(dev))}")

@@ -34,7 +34,7 @@ import shutil
 import socket
 import sys
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1111,7 +1111,7 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
     if saved is not None:  # resuming: the classifier's outputs stand for the checkpoint's classes, in its order
         _check_resumed_labels(saved, train_data.label_names, d.path)
     tokenizer = _tokenizer(run, train_data.texts, saved)
-    _warn_special_text(train_data.texts, tokenizer, d.path, unit="text", effect=_SPECIAL_IN_TEXT)
+    _warn_special_text(train_data.texts, tokenizer, d.path, effect=_SPECIAL_IN_TEXT, numbers=train_data.line_numbers)
     # [CLS] text [SEP], as BERT was pre-trained and HF encodes one text; a resumed run keeps its checkpoint's layout.
     sep = _saved_classification_sep(saved) if saved is not None else True
     prefix, suffix = classification_ends(tokenizer, sep=sep)
@@ -1123,7 +1123,8 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
     if d.eval_path:
         eval_data = read_classification_file(d.eval_path, parse_column(d.text_column),
                                              parse_column(d.label_column))
-        _warn_special_text(eval_data.texts, tokenizer, d.eval_path, unit="text", effect=_SPECIAL_IN_TEXT)
+        _warn_special_text(eval_data.texts, tokenizer, d.eval_path, effect=_SPECIAL_IN_TEXT,
+                           numbers=eval_data.line_numbers)
         with _naming_unknown_tokens(run, saved, tokenizer, d.eval_path):
             eval_source = ClassificationSource(eval_data, tokenizer, t.batch_size, max_length=d.max_length,
                                                seed=t.seed, label_names=train_source.label_names,
@@ -1185,15 +1186,16 @@ def _prepare_translation(run: RunConfig, saved: Path | None) -> Prepared:
 
 
 def _warn_special_text(lines: list[str], tokenizer, path: str, *, unit: str = "line",
-                       effect: str = "an end-of-sentence token inside a target teaches the model to stop there"
-                       ) -> None:
+                       effect: str = "an end-of-sentence token inside a target teaches the model to stop there",
+                       numbers: Sequence[int] | None = None) -> None:
     """Say where texts spell a special token ("<eos>", "[SEP]") that the tokenizer reads as that token, which then
     acts as one: an eos in the middle of a target taught the model to stop there, a pad became a training label
     (translation); a [SEP] split a text, a [PAD] was left out of attention, a [MASK] never predicted (BERT,
-    classification). `unit` names what `lines` holds, numbered from 1 in the message."""
+    classification). `unit` names what `lines` holds, numbered from 1 in the message, or by `numbers` (the file's
+    line of each text)."""
     names = {tokenizer.id_to_token(i): i for i in tokenizer.special_ids}
     read_as = []  # (number, the special spelt): where the encoding holds that special's id (not an unk of it)
-    for n, line in enumerate(lines, 1):
+    for n, line in zip(numbers if numbers is not None else itertools.count(1), lines):
         spelt = [name for name in names if name and name in line]
         if spelt:
             ids = set(tokenizer.encode(line))
