@@ -612,25 +612,27 @@ def test_knowledge_files_evaluated_or_answered_do_not_change_the_model(tmp_path)
                                                                          "dot.tsv").read_text()
 
 
-def test_knowledge_answers_have_room_for_the_longest_answer_sought(tmp_path, monkeypatch):
-    """Answers were cut at 64 characters: a longer evaluation answer could never be written, so never scored."""
-    import attnlab.experiments.knowledge as knowledge
+def test_knowledge_answers_have_the_rest_of_the_block(tmp_path, monkeypatch):
+    """Every question, of the evaluation, the fine-tuning pairs and --predict, may be answered up to the end of the
+    block. The room had been max(64, the longest gold answer): a longer answer stopped at the gold one's length and
+    its prefix was scored right, and --predict's answers were cut at 64 characters (stop-40 knowledge audit)."""
+    import attnlab.inference.generate as gen
+    from attnlab.data.knowledge import qa_prompt
+    from attnlab.experiments.knowledge import run_knowledge
 
     files = _knowledge_files(tmp_path)
-    long_place = "Lyon " + "x" * 75
-    (tmp_path / "dev.tsv").write_text(f"Where was Fa Quell born?\t{long_place}\n", encoding="utf-8")
-    (tmp_path / "wiki.txt").write_text((tmp_path / "wiki.txt").read_text() + f"Fa Quell. born in {long_place}\n",
-                                       encoding="utf-8")
-    rooms = []
+    rooms: dict[int, int] = {}  # prompt length -> the most room it was given
 
-    def answers(model, vocab, questions, **kwargs):
-        rooms.append(kwargs.get("longest", 64))
-        return [""] * len(questions)
+    def never_ending(model, prompts, room, **kw):  # an answer that never ends: it is given all the room there is
+        for p in prompts:
+            rooms[len(p)] = max(rooms.get(len(p), 0), room)
+        return [[] for _ in prompts]
 
-    monkeypatch.setattr(knowledge, "answer_questions", answers)
-    knowledge.run_knowledge(tmp_path / "out", variants="none", **files, device="cpu",
-                            overrides={**KTINY, "block_size": 128}, progress=False, echo=lambda *_: None)
-    assert rooms == [len(long_place), 64]  # evaluation, then the fine-tuning questions (short answers)
+    monkeypatch.setattr(gen, "generate", never_ending)
+    run_knowledge(tmp_path / "out", variants="none", **files, predict=str(tmp_path / "predict.tsv"), device="cpu",
+                  overrides={**KTINY, "block_size": 128}, progress=False, echo=lambda *_: None)
+    asked = {len(qa_prompt(f"Where was {n} born?")) for n in NAMES}
+    assert rooms == {n: 128 - n for n in asked}
 
 
 def test_a_question_to_answer_must_leave_room_for_an_answer(tmp_path):

@@ -59,15 +59,15 @@ def test_answer_questions_reads_the_text_before_the_closing_mask(monkeypatch):
     model = SimpleNamespace(config=SimpleNamespace(block_size=32))
     questions = ["Where was Ada born?", "Where was Bo born?"]
     assert answer_questions(model, vocab, questions) == ["Lyon", "Oslo"]
-    # The whole rest of the block (below the cap of 64), each question's own: two batches of one.
-    assert sorted(room for room, _ in calls) == [32 - (len(q) + 1) for q in questions]
+    # One batch, with the room the longest question leaves in the block: both answers end within it.
+    assert [room for room, _ in calls] == [32 - (len(questions[0]) + 1)]
     assert all(kw["greedy"] and kw["eos_id"] == vocab.mask_id and kw["pad_id"] == vocab.pad_id for _, kw in calls)
 
 
 def test_a_long_question_does_not_cut_the_answers_batched_with_it():
     """Every question of a batch had the room of the longest: a long one cut its neighbours' answers short. Each
     now gets the answer it gets alone (an untrained model never writes the closing mask, so the answers fill
-    their room: 64 characters, or what is left of the block)."""
+    their room: what is left of the block, each question's own)."""
     import torch
 
     from attnlab.experiments.knowledge import answer_questions
@@ -81,7 +81,7 @@ def test_a_long_question_does_not_cut_the_answers_batched_with_it():
     questions = ["Where was Ada born?", "Where was " + "abcdefghij" * 6 + " born?", "Where was Bo born?"]
     alone = [answer_questions(model, vocab, [q])[0] for q in questions]
     assert answer_questions(model, vocab, questions, batch_size=2) == alone
-    assert [len(a) for a in alone] == [64, 96 - len(questions[1]) - 1, 64]
+    assert [len(a) for a in alone] == [96 - len(q) - 1 for q in questions]
 
 
 def test_results_score_the_evaluation_split(tmp_path, monkeypatch):

@@ -505,12 +505,12 @@ def _earlier_seconds(folder: Path) -> float:
 
 
 @torch.no_grad()
-def answer_questions(model, vocab, questions: list[str], *, batch_size: int = 128, longest: int = 64,
+def answer_questions(model, vocab, questions: list[str], *, batch_size: int = 128, longest: int | None = None,
                      what: str = "questions") -> list[str]:
-    """Greedy answers: the model continues ``question ⁇`` until it writes ``⁇`` (KV cache, batched), with room for
-    `longest` characters or up to the end of the block. Questions are batched with others of the same room, so a
-    long question never cuts its neighbours' answers short: each gets the answer it gets alone. A question with
-    a character outside the vocabulary gets "" (one warning names how many, as `what`)."""
+    """Greedy answers: the model continues ``question ⁇`` until it writes ``⁇`` (KV cache, batched), up to the end
+    of the block (or `longest` characters, if fewer): each question gets the answer it gets alone, whatever it is
+    batched with. A question with a character outside the vocabulary gets "" (one warning names how many, as
+    `what`)."""
     from attnlab.data.knowledge import MASK, parse_answer, qa_prompt
     from attnlab.inference.generate import generate
 
@@ -526,22 +526,35 @@ def answer_questions(model, vocab, questions: list[str], *, batch_size: int = 12
         warnings.warn(f"{len(unreadable)} of {len(questions)} {what} hold characters that neither the corpus nor "
                       f"the fine-tuning pairs have (the first: {questions[unreadable[0]]!r}); the model cannot read "
                       "them, and their answers are left empty", stacklevel=2)
-    rooms = [min(block - len(p), longest) if p is not None else 0 for p in prompts]
+    rooms = [min(block - len(p), longest if longest is not None else block) if p is not None else 0
+             for p in prompts]
     if any(room < 1 for room, p in zip(rooms, prompts) if p is not None):
         raise DataError(f"a question fills the whole block of {block} characters; shorten it")
     answers: list[str] = [""] * len(questions)
-    by_room: dict[int, list[int]] = {}
-    for i, room in enumerate(rooms):
-        if prompts[i] is not None:
-            by_room.setdefault(room, []).append(i)
-    for room, rows in by_room.items():
+
+    def answer(rows: list[int], room: int) -> list[int]:
+        """Answer `rows` in one batch with `room` characters each; the rows whose answers have not ended."""
+        new = generate(model, [prompts[i] for i in rows], room, greedy=True, eos_id=vocab.mask_id,
+                       pad_id=vocab.pad_id)
+        for i, ids in zip(rows, new):
+            # A pad the model writes ends the answer (parse_answer): deleting it read "Pa□ris⁇" as "Paris".
+            answers[i] = parse_answer(MASK + vocab.decode(ids))
+        return [i for i, ids in zip(rows, new) if vocab.mask_id not in ids and vocab.pad_id not in ids]
+
+    # Shortest questions first, in batches whose room is the longest question's: most answers end there. One that
+    # has not ended by then and has more room alone is answered again with its own room (batched with others of
+    # that room), so a long question never cuts its neighbours' answers short: each gets the answer it gets alone.
+    readable = sorted((i for i, p in enumerate(prompts) if p is not None), key=lambda i: len(prompts[i]))
+    again: dict[int, list[int]] = {}
+    for lo in range(0, len(readable), batch_size):
+        chunk = readable[lo:lo + batch_size]
+        room = min(rooms[i] for i in chunk)
+        for i in answer(chunk, room):
+            if rooms[i] > room:
+                again.setdefault(rooms[i], []).append(i)
+    for room, rows in again.items():
         for lo in range(0, len(rows), batch_size):
-            chunk = rows[lo:lo + batch_size]
-            new = generate(model, [prompts[i] for i in chunk], room, greedy=True, eos_id=vocab.mask_id,
-                           pad_id=vocab.pad_id)
-            for i, ids in zip(chunk, new):
-                # A pad the model writes ends the answer (parse_answer): deleting it read "Pa□ris⁇" as "Paris".
-                answers[i] = parse_answer(MASK + vocab.decode(ids))
+            answer(rows[lo:lo + batch_size], room)
     return answers
 
 
@@ -803,12 +816,11 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
             record[kind] = _train_phase(model, sources[kind], out / f"{kind}-{variant.name}", cfg, tokenizer,
                                         resume=resume, title=title, echo=echo, fingerprint=fingerprints[kind])
         model.to(dev_name).eval()  # where the trainer put it; a row whose phases --resume skipped was on the CPU
-        # Room for the longest answer sought (64 characters at least): a longer one could never be written.
-        predictions = answer_questions(model, vocab, dev_q, what="evaluation questions",
-                                       longest=max(64, *map(len, dev_a)))
+        # Each answer has the rest of the block: a cap drawn from the gold answers had stopped a longer answer at
+        # the gold one's length (and scored its prefix right), and cut --predict's at 64 characters.
+        predictions = answer_questions(model, vocab, dev_q, what="evaluation questions")
         record["accuracy"] = exact_match(predictions, dev_a)
-        record["train_accuracy"] = exact_match(answer_questions(model, vocab, train_q,
-                                                                longest=max(64, *map(len, train_a))), train_a)
+        record["train_accuracy"] = exact_match(answer_questions(model, vocab, train_q), train_a)
         record["correct"] = round(record["accuracy"] * len(dev_a) / 100)
         _write_predictions(out / "predictions" / f"{variant.name}.tsv", data.dev_lines, dev_q, predictions, dev_a)
         if data.predict:
