@@ -43,3 +43,23 @@ def test_a_training_part_too_short_after_holding_out_says_so(tmp_path, capsys):
                           "--set", "train.steps=2", "--set", f"train.out_dir={_q(tmp_path / 'run')}")
     assert "the part of the text trained on (data.val_fraction = 0.7 of it held out) has 31 tokens" in line
     assert "lower data.val_fraction, give a longer text or a smaller data.block_size" in line
+
+
+def test_a_resume_refused_for_its_steps_leaves_data_as_it_was(tmp_path, capsys):
+    # A resume to fewer steps than the checkpoint's is refused by the trainer, after the token files had been
+    # moved in: data/ held b.txt's tokens beside a.txt's run (stop-40 corpus audit).
+    a, b, run = tmp_path / "a.txt", tmp_path / "b.txt", tmp_path / "run"
+    lines = [f"line {i} of the text, with words enough\n" for i in range(200)]
+    a.write_text("".join(lines), encoding="utf-8")
+    b.write_text("".join(reversed(lines)), encoding="utf-8")
+    try:
+        main(["train", *COMMON, "--set", f"data.path={_q(a)}", "--set", "train.steps=3",
+              "--set", f"train.out_dir={_q(run)}"])
+    except SystemExit as e:
+        assert not e.code
+    before = {p.name: p.read_bytes() for p in sorted((run / "data").iterdir())}
+    line = one_line_error(capsys, "train", *COMMON, "--set", f"data.path={_q(b)}", "--set", "train.steps=2",
+                          "--set", f"train.out_dir={_q(run)}", "--resume")
+    assert line == ("attnlab: error: cannot resume: the checkpoint is at step 3, past train.steps = 2; set "
+                    "train.steps above 3 to train on (or to 3: the run is finished)")
+    assert {p.name: p.read_bytes() for p in sorted((run / "data").iterdir())} == before

@@ -878,7 +878,7 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     if saved is not None and (Path(t.out_dir) / "data").is_dir():  # a resume: the checkpoint must fit first
         from attnlab.training.trainer import Trainer
 
-        Trainer.check_resumable(saved, model)
+        Trainer.check_resumable(saved, model, t.steps)
     # The token files are written into a folder of their own inside data/ (one per process: torchrun's ranks each
     # write theirs; inside, so that the move stays on one disk where data/ links to another) and moved into data/
     # once every check has passed: a run refused for its data (a held-out file shorter than a window, a character

@@ -480,6 +480,11 @@ class _Totals:
     last_eval: dict[str, float] = field(default_factory=dict)
 
 
+def _past_steps(step: int, steps: int) -> ConfigError:
+    return ConfigError(f"cannot resume: the checkpoint is at step {step}, past train.steps = {steps}; set "
+                       f"train.steps above {step} to train on (or to {step}: the run is finished)")
+
+
 class Trainer:
     """Trains `model` on `train_source` for `config.steps` optimizer steps.
 
@@ -839,14 +844,17 @@ class Trainer:
                                   "train without resuming to start from scratch") from None
 
     @staticmethod
-    def check_resumable(folder: Path, model: nn.Module) -> None:
-        """The model check of a resume from checkpoint `folder`, for a caller that writes into the run folder
-        before the trainer resumes (a language model's token files replaced a finished run's data/ for a resume
-        then refused): the weights are loaded into `model`, and again by the trainer."""
+    def check_resumable(folder: Path, model: nn.Module, steps: int) -> None:
+        """The model and step checks of a resume from checkpoint `folder` to `steps`, for a caller that writes into
+        the run folder before the trainer resumes (a language model's token files replaced a finished run's data/
+        for a resume then refused): the weights are loaded into `model`, and again by the trainer."""
         try:
-            ckpt.load_checkpoint_into(folder, model)
+            state = ckpt.load_checkpoint_into(folder, model)
         except ckpt.ModelMismatch as e:
             raise ckpt.ModelMismatch(_RESUME_MISMATCH.format(e.problem)) from None
+        step = state.get("step")
+        if type(step) is int and step > steps:  # a malformed step is the trainer's to refuse, in its words
+            raise _past_steps(step, steps)
 
     def _restore(self) -> None:
         folder = self.checkpoint_to_resume(self.out_dir)
@@ -895,9 +903,7 @@ class Trainer:
             raise CheckpointError(f"{folder / ckpt.STATE_FILE} is malformed (best: {best!r:.80}, best_eval_loss: "
                                   f"{self._best_eval_loss!r:.40}); use another checkpoint")
         if self.step > self.config.steps:  # nothing to train, and run.json would describe a shorter run
-            raise ConfigError(f"cannot resume: the checkpoint is at step {self.step}, past train.steps = "
-                              f"{self.config.steps}; set train.steps above {self.step} to train on (or to {self.step}: "
-                              "the run is finished)")
+            raise _past_steps(self.step, self.config.steps)
         changed = [k for k in _RESUME_SENSITIVE if k in saved_config
                    and _as_json(saved_config[k]) != _as_json(getattr(self.config, k))]
         if ("decay_steps" in changed and saved_config.get("decay_steps") is None
