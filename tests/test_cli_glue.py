@@ -599,10 +599,11 @@ def test_knowledge_files_evaluated_or_answered_do_not_change_the_model(tmp_path)
     (tmp_path / "odd.tsv").write_text("Where was Hal Ytte born?\nWhere was Zoë Kim born?\n", encoding="utf-8")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        odd = run_knowledge(tmp_path / "b", variants="dot", **files, predict=str(tmp_path / "odd.tsv"), device="cpu",
-                            overrides=KTINY, progress=False, echo=lambda *_: None)
+        # two rows, one warning: it had been given again by each row (stop-40 knowledge audit)
+        odd = run_knowledge(tmp_path / "b", variants="none,dot", **files, predict=str(tmp_path / "odd.tsv"),
+                            device="cpu", overrides=KTINY, progress=False, echo=lambda *_: None)
     assert odd["data"]["vocab_size"] == plain["data"]["vocab_size"]
-    assert odd["variants"][0]["finetune"]["final_train_loss"] == plain["variants"][0]["finetune"]["final_train_loss"]
+    assert odd["variants"][1]["finetune"]["final_train_loss"] == plain["variants"][0]["finetune"]["final_train_loss"]
     assert [str(w.message) for w in caught if "cannot read" in str(w.message)] == [
         "1 of 2 questions of --predict hold characters that neither the corpus nor the fine-tuning pairs have (the "
         "first: 'Where was Zoë Kim born?'); the model cannot read them, and their answers are left empty"]

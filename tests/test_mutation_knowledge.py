@@ -189,6 +189,10 @@ def test_results_table_rows():
     summary["baselines"]["most_common_answer"] = "London"  # one row for that baseline, not two
     assert [line for line in results_markdown(summary).splitlines() if "always" in line] == [
         '| always "London" | 5.0 | | | 5.0 | | |']
+    # A "|" in the answer is escaped: written raw, it split the row into more cells than the header's (stop-40 audit).
+    summary["baselines"]["most_common_answer"] = "Saint-Denis | Réunion"
+    assert [line for line in results_markdown(summary).splitlines() if "most common" in line] == [
+        '| always "Saint-Denis \\| Réunion" (most common training answer) | 3.4 | | | | | |']
 
 
 # ---- --resume ------------------------------------------------------------------------------------------------

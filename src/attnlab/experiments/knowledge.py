@@ -506,11 +506,11 @@ def _earlier_seconds(folder: Path) -> float:
 
 @torch.no_grad()
 def answer_questions(model, vocab, questions: list[str], *, batch_size: int = 128, longest: int | None = None,
-                     what: str = "questions") -> list[str]:
+                     what: str | None = "questions") -> list[str]:
     """Greedy answers: the model continues ``question ⁇`` until it writes ``⁇`` (KV cache, batched), up to the end
     of the block (or `longest` characters, if fewer): each question gets the answer it gets alone, whatever it is
     batched with. A question with a character outside the vocabulary gets "" (one warning names how many, as
-    `what`)."""
+    `what`; None: no warning)."""
     from attnlab.data.knowledge import MASK, parse_answer, qa_prompt
     from attnlab.inference.generate import generate
 
@@ -522,10 +522,8 @@ def answer_questions(model, vocab, questions: list[str], *, batch_size: int = 12
         except DataError:  # a character the training data never had: the model cannot read the question
             prompts.append(None)
             unreadable.append(i)
-    if unreadable:
-        warnings.warn(f"{len(unreadable)} of {len(questions)} {what} hold characters that neither the corpus nor "
-                      f"the fine-tuning pairs have (the first: {questions[unreadable[0]]!r}); the model cannot read "
-                      "them, and their answers are left empty", stacklevel=2)
+    if unreadable and what is not None:
+        _warn_unreadable(questions, unreadable, what)
     rooms = [min(block - len(p), longest if longest is not None else block) if p is not None else 0
              for p in prompts]
     if any(room < 1 for room, p in zip(rooms, prompts) if p is not None):
@@ -556,6 +554,12 @@ def answer_questions(model, vocab, questions: list[str], *, batch_size: int = 12
         for lo in range(0, len(rows), batch_size):
             answer(rows[lo:lo + batch_size], room)
     return answers
+
+
+def _warn_unreadable(questions: list[str], unreadable: list[int], what: str) -> None:
+    warnings.warn(f"{len(unreadable)} of {len(questions)} {what} hold characters that neither the corpus nor the "
+                  f"fine-tuning pairs have (the first: {questions[unreadable[0]]!r}); the model cannot read them, and "
+                  "their answers are left empty", stacklevel=3)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -685,6 +689,7 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
         SpanCorruptionSource,
         exact_match,
         london_baseline,
+        qa_prompt,
     )
     from attnlab.models.gpt import GPT
     from attnlab.training.device import cpu_has_bf16, resolve_precision, select_device
@@ -800,6 +805,11 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
         _check_resumed_vocabulary(trained, vocab)
     if data.world_files is not None:  # the synthetic world's files, now that the run is accepted
         write_files(world, data.world_files)
+    for questions, what in ((dev_q, "evaluation questions"), (data.predict, "questions of --predict")):
+        # Said once, here: each row's answers leave these empty alike (every row shares the vocabulary).
+        unreadable = [i for i, q in enumerate(questions) if not set(qa_prompt(q)) <= vocab.stoi.keys()]
+        if unreadable:
+            _warn_unreadable(questions, unreadable, what)
     n_phases = sum(1 + v.pretrain for v in rows)
     phase = 0
     earlier_total = 0.0  # seconds spent in earlier runs on the phases --resume skipped or continued
@@ -818,15 +828,14 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
         model.to(dev_name).eval()  # where the trainer put it; a row whose phases --resume skipped was on the CPU
         # Each answer has the rest of the block: a cap drawn from the gold answers had stopped a longer answer at
         # the gold one's length (and scored its prefix right), and cut --predict's at 64 characters.
-        predictions = answer_questions(model, vocab, dev_q, what="evaluation questions")
+        predictions = answer_questions(model, vocab, dev_q, what=None)
         record["accuracy"] = exact_match(predictions, dev_a)
         record["train_accuracy"] = exact_match(answer_questions(model, vocab, train_q), train_a)
         record["correct"] = round(record["accuracy"] * len(dev_a) / 100)
         _write_predictions(out / "predictions" / f"{variant.name}.tsv", data.dev_lines, dev_q, predictions, dev_a)
         if data.predict:
             _write_predictions(out / "predictions" / f"{variant.name}.predict.tsv", data.predict_lines,
-                               data.predict, answer_questions(model, vocab, data.predict,
-                                                              what="questions of --predict"), None)
+                               data.predict, answer_questions(model, vocab, data.predict, what=None), None)
         earlier = sum(record[kind].get("earlier_s", 0.0) for kind, _ in phases(variant))
         record["wall_time_s"] = time.perf_counter() - row_start + earlier
         earlier_total += earlier
@@ -912,7 +921,8 @@ def results_markdown(summary: dict[str, Any]) -> str:
                      f"{'—' if note is None else f'{note:.1f}'} | {r['parameters']:,} | {r['wall_time_s']:.0f} |")
     lines.append(f"| always \"London\" | {base['london']:.1f} | | | {summary['notes']['london']:.1f} | | |")
     if base["most_common_answer"] != "London":  # else the row above is that baseline already
-        lines.append(f"| always \"{base['most_common_answer']}\" (most common training answer) | "
+        answer = base["most_common_answer"].replace("|", "\\|")  # a "|" of its own would end the cell
+        lines.append(f"| always \"{answer}\" (most common training answer) | "
                      f"{base['most_common']:.1f} | | | | | |")
     lines += ["", f"Total wall time {summary['wall_time_s']:.0f} s; the assignment's model has "
               f"{summary['assignment_parameters']:,} parameters with its vocabulary of {ASSIGNMENT_VOCAB}."]
