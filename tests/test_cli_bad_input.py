@@ -423,3 +423,21 @@ def test_an_experiment_setting_given_twice_by_set_is_refused():
     assert _parse_sets(["pretrain_epochs=2", "n_people=40"]) == {"pretrain_epochs": 2, "n_people": 40}
     with pytest.raises(ConfigError, match=r"^--set n_people is given twice; give each setting once$"):
         _parse_sets(["n_people=40", "pretrain_epochs=2", "n_people =50"])
+
+
+def test_a_label_spelling_the_number_of_a_known_class_says_so(tmp_path, capsys, cls_run):
+    # pandas writes an integer column with gaps as 0.0/1.0: a JSONL file reads 1.0 as class "1", a CSV keeps "1.0",
+    # and the refusal only said "not one of the known labels" (stop-40 corpus audit).
+    from attnlab.data.text_files import ClassificationData
+    from attnlab.errors import DataError
+
+    data = ClassificationData(texts=["great movie"], labels=["1.0"], line_numbers=[2], path="dev.csv")
+    with pytest.raises(DataError, match=r"line 2: label '1\.0' is not one of the known labels \['0', '1'\] \('1\.0' "
+                                        r"spells the number of class '1', but labels are read as text: write the "
+                                        r"classes alike in both files\); fix the label"):
+        data.label_ids(["0", "1"])
+    dev = tmp_path / "dev.csv"
+    dev.write_text("sentence,label\ngreat movie great,1.0\nawful movie,0.0\n", encoding="utf-8")
+    line = one_line_error(capsys, "evaluate", str(cls_run), "--data", str(dev), "--device", "cpu")
+    assert "labels ['0.0', '1.0'] were not in the training data (known: ['0', '1']) ('0.0' spells the number of " \
+           "class '0', but labels are read as text" in line

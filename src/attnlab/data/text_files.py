@@ -334,7 +334,7 @@ class ClassificationData:
             if label not in index:
                 raise DataError(
                     f"data file '{self.path}' line {line}: label {label!r} is not one of the known labels "
-                    f"{names}; fix the label or train with this label included"
+                    f"{names}{same_number_hint(label, names)}; fix the label or train with this label included"
                 )
             out.append(index[label])
         return out
@@ -426,16 +426,31 @@ def read_classification_file(
     return data
 
 
+def _number(label: str) -> decimal.Decimal | None:
+    """The number a label spells exactly (a float took 10000000000000000 and 10000000000000001 for one), or None."""
+    try:
+        value = decimal.Decimal(label)
+    except decimal.InvalidOperation:
+        return None
+    return value if value.is_finite() else None
+
+
+def same_number_hint(label: str, known: Sequence[str]) -> str:
+    """For a label refused as unknown: "; ..." naming the known label that spells the same number ("1.0" where the
+    training file had "1", as a JSON file reads 1.0), or "" when none does."""
+    value = _number(label)
+    twin = next((name for name in known if value is not None and _number(name) == value), None)
+    return "" if twin is None else (f" ({label!r} spells the number of class {twin!r}, but labels "
+                                    "are read as text: write the classes alike in both files)")
+
+
 def _warn_same_number(data: ClassificationData) -> None:
     """Warn of two labels that spell one number ("1" and "1.0", "01"): each is a class of its own, as text labels are
     (a JSON number's spelling is not kept: 1.0 reads as "1")."""
     seen: dict[decimal.Decimal, str] = {}
     for name in sorted(set(data.labels or ())):
-        try:  # exactly: a float took 10000000000000000 and 10000000000000001 for one number
-            value = decimal.Decimal(name)
-        except decimal.InvalidOperation:
-            continue
-        if not value.is_finite():
+        value = _number(name)
+        if value is None:
             continue
         if value in seen:
             warnings.warn(f"data file '{data.path}': the labels {seen[value]!r} and {name!r} are one number but two "

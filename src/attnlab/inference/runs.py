@@ -562,7 +562,7 @@ def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> 
 def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, text_column: str | None = None,
                              label_column: str | None = None) -> dict[str, float]:
     from attnlab.data.sources import ClassificationSource, classification_ends, cut_advice
-    from attnlab.data.text_files import FORMATS, read_classification_file
+    from attnlab.data.text_files import FORMATS, read_classification_file, same_number_hint
     from attnlab.training.recipe import classification_counts, parse_column
 
     d, tok, model = run.data, run.tokenizer, run.model
@@ -578,8 +578,9 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, 
         labels = _numbered_classes(run, examples.label_names, data)
     unknown = sorted(set(examples.labels) - set(labels))
     if unknown:
-        raise DataError(f"{data}: labels {unknown[:5]} were not in the training data (known: {list(labels)}); "
-                        "the classifier can only score the classes it was trained on")
+        raise DataError(f"{data}: labels {unknown[:5]} were not in the training data (known: {list(labels)})"
+                        f"{same_number_hint(unknown[0], labels)}; the classifier can only score the classes it was "
+                        "trained on")
     # As the run was trained: [CLS] text [SEP] since 2026-12-06, [CLS] text before; a checkpoint with no recorded
     # data settings (weights converted from HF and saved with a tokenizer) reads texts as HF encodes them.
     prefix, suffix = classification_ends(tok, sep=d.get("classification_sep", "task" not in d) is True)
