@@ -213,3 +213,14 @@ def test_bert_pretraining_text_with_cr_only_line_ends_is_refused(tmp_path, capsy
     line = one_line_error(capsys, "train", "configs/bert-mlm.toml", "--set", f"data.path={_q(path)}",
                           "--set", f"train.out_dir={_q(tmp_path / 'run')}", *TINY)
     assert f"'{path}' uses CR-only line ends" in line
+
+
+def test_jsonl_texts_are_stripped_as_tsv_and_csv_cells_are(tmp_path):
+    # The same padded examples read as "nice film" from a TSV but "  nice film  " from JSONL, and a classifier with a
+    # BPE tokenizer scored the two files differently (stop-40 corpus audit).
+    rows = [("  nice film  ", "1"), (" dull film ", "0")]
+    (tmp_path / "a.tsv").write_text("text\tlabel\n" + "".join(f"{t}\t{lab}\n" for t, lab in rows), encoding="utf-8")
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in rows),
+                                      encoding="utf-8")
+    tsv, jsonl = (read_classification_file(tmp_path / name, None, None) for name in ("a.tsv", "a.jsonl"))
+    assert jsonl.texts == tsv.texts == ["nice film", "dull film"]

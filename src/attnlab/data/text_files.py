@@ -521,7 +521,7 @@ def _read_jsonl(path, text, text_column, label_column, require_labels) -> Classi
                    "line") if first else "fix the line"
             raise DataError(f"data file '{path}' line {number}: no string field {text_key!r}: it holds {kind}, not "
                             f"a string; {fix}")
-        texts.append(obj[text_key])
+        texts.append(obj[text_key].strip())  # as a TSV or CSV cell is: one example reads alike in every format
         lines.append(number)
         if label_key is not None:
             if label_key not in obj:
