@@ -36,7 +36,12 @@ def test_bench_gpt_runs(tmp_path, capsys):
     assert shape["train"]["HF fp32"]["vs_HF_fp32"] == pytest.approx(1.0)
     assert all(r["tokens_per_s"] > 0 for r in shape["train"].values())
     assert set(shape["decode"]) == {"ours fp32", "ours bf16 weights", "HF fp32"}
-    assert out.is_file()
+    # The ratios against the right row (the stop-40 benchmark audit: a mutant's were not caught), and the JSON is
+    # the results returned, whole.
+    for part, key in (("train", "vs_HF_fp32"), ("decode", "vs_HF")):
+        ref = shape[part]["HF fp32"]["tokens_per_s"]
+        assert all(r[key] == pytest.approx(r["tokens_per_s"] / ref) for r in shape[part].values())
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
     assert results["hf_attention"] not in ("", "unknown")  # the peer's attention, as users get it, is recorded
     assert "vs HF fp32" in capsys.readouterr().out
 
@@ -59,7 +64,8 @@ def test_bench_attention_runs(tmp_path, capsys):
     assert [r["dtype"] for r in rows] == ["float32"] * 3
     assert all(r["sdpa"] > 0 and r["lean"] > 0 and r["attnlab"] > 0 and r["vs_sdpa"] > 0 for r in rows)
     assert all(r["vs_best"] == pytest.approx(min(r["sdpa"], r["plain"], r["lean"]) / r["attnlab"]) for r in rows)
-    assert (tmp_path / "a.json").is_file()
+    assert all(r["vs_sdpa"] == pytest.approx(r["sdpa"] / r["attnlab"]) for r in rows)
+    assert json.loads((tmp_path / "a.json").read_text()) == json.loads(json.dumps(rows))
 
 
 @pytest.mark.slow
@@ -72,7 +78,7 @@ def test_bench_dropout_runs(tmp_path, capsys):
     assert len(results["op"]) == 8 and len(results["attention"]) == 3
     assert {r["model"] for r in results["steps"]} == {"translation", "bert-mlm"}
     assert all(r["torch"] > 0 and r["attnlab"] > 0 for part in ("op", "attention", "steps") for r in results[part])
-    assert (tmp_path / "d.json").is_file()
+    assert json.loads((tmp_path / "d.json").read_text()) == json.loads(json.dumps(results))
     assert "training step" in capsys.readouterr().out
 
 
@@ -87,7 +93,7 @@ def test_bench_loss_runs(tmp_path, capsys):
     assert {r["model"] for r in results["steps"]} == {"translation", "bert-mlm"}
     assert {r["model"] for r in results["head"]} == {"bert-mlm", "translation"}
     assert all(r["torch"] > 0 and r["attnlab"] > 0 for part in ("loss", "steps", "head") for r in results[part])
-    assert (tmp_path / "l.json").is_file()
+    assert json.loads((tmp_path / "l.json").read_text()) == json.loads(json.dumps(results))
     assert "token loss" in capsys.readouterr().out
 
 
