@@ -64,6 +64,16 @@ def test_vocab_order_and_round_trip():
     assert KnowledgeVocab.from_json(v.to_json()) == v
 
 
+def test_encode_array_takes_a_lone_surrogate_as_encode_does():
+    # Text read with errors="surrogateescape" holds lone surrogates: the vocabulary took them, encode too, but
+    # encode_array (the pretraining data's path) failed with a raw UnicodeEncodeError (stop-40 knowledge audit).
+    v = KnowledgeVocab.from_texts("Caf\udce9 born")
+    assert v.encode_array("Caf\udce9").tolist() == v.encode("Caf\udce9")
+    for encode in (v.encode, v.encode_array):
+        with pytest.raises(DataError, match="is not in the vocabulary"):
+            encode("Caf\ud800")
+
+
 def test_vocab_converts_to_the_project_char_tokenizer(tmp_path):
     from attnlab.data.tokenizers import load_tokenizer
 

@@ -119,7 +119,8 @@ class KnowledgeVocab:
 
     def encode_array(self, text: str) -> np.ndarray:
         """`encode` for long texts: the ids as an int64 array, computed without a Python loop."""
-        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        # surrogatepass: a lone surrogate (text read with errors="surrogateescape") is a character as encode takes it
+        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
         pos = np.searchsorted(self._codes, codes).clip(max=len(self._codes) - 1)
         bad = np.flatnonzero(self._codes[pos] != codes)
         if bad.size:
