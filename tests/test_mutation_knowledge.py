@@ -186,6 +186,8 @@ def test_results_table_rows():
         "",
         "Total wall time 4063 s; the assignment's model has 3,323,392 parameters with its vocabulary of 256.",
     ]
+    summary["data"]["eval_questions"] = 1  # "1 evaluation questions" (stop-40 audit)
+    assert results_markdown(summary).splitlines()[0].endswith(", 1 evaluation question)")
     summary["baselines"]["most_common_answer"] = "London"  # one row for that baseline, not two
     assert [line for line in results_markdown(summary).splitlines() if "always" in line] == [
         '| always "London" | 5.0 | | | 5.0 | | |']

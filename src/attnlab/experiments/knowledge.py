@@ -741,7 +741,7 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
         precision += ", as this CPU has no bf16 instructions"
     label = scale_label(scale, changed_settings(scale, settings))
     echo(f"knowledge access, scale {label}: {len(data.corpus)} documents, {len(data.train)} fine-tuning and "
-         f"{len(data.dev)} evaluation questions ({DATA_SOURCES.get(data.source, data.source)}), "
+         f"{_questions(len(data.dev), 'evaluation')} ({DATA_SOURCES.get(data.source, data.source)}), "
          f"vocabulary {vocab.vocab_size}, "
          f"device {dev_name.type} ({precision})")
     layers, heads = settings.n_layers, settings.n_heads
@@ -839,7 +839,7 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
         earlier = sum(record[kind].get("earlier_s", 0.0) for kind, _ in phases(variant))
         record["wall_time_s"] = time.perf_counter() - row_start + earlier
         earlier_total += earlier
-        echo(f"{variant.label}: {record['accuracy']:.1f}% of {len(dev_q)} evaluation questions "
+        echo(f"{variant.label}: {record['accuracy']:.1f}% of {_questions(len(dev_q), 'evaluation')} "
              f"(fine-tuning questions: {record['train_accuracy']:.1f}%)")
         results.append(record)
 
@@ -903,6 +903,10 @@ def _note(notes: dict[str, float], row: dict[str, Any]) -> float | None:
     return notes.get(row["attention"]) if row["position"] == "learned" else None
 
 
+def _questions(n: int, kind: str) -> str:
+    return f"{n} {kind} question{'s' * (n != 1)}"
+
+
 def results_markdown(summary: dict[str, Any]) -> str:
     """The results table (Markdown) with the course notes' figures beside ours."""
     base = summary["baselines"]
@@ -910,7 +914,7 @@ def results_markdown(summary: dict[str, Any]) -> str:
     source = DATA_SOURCES.get(summary["data"]["source"], summary["data"]["source"])
     lines = [
         f"Knowledge access (scale {scale_label(summary['scale'], summary.get('changed_settings'))}, {source}, "
-        f"{n} evaluation questions)",
+        f"{_questions(n, 'evaluation')})",
         "",
         "| variant | accuracy (%) | correct | fine-tuning questions (%) | course notes (%) | parameters | time (s) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
