@@ -472,7 +472,8 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
                           extra_state={"data_sha256": fingerprint})
     summary = trainer.fit()
     return {"steps": summary["steps"], "wall_time_s": earlier + summary["wall_time_s"], "earlier_s": earlier,
-            "final_train_loss": summary["final_train_loss"], "tokens_per_s": summary["tokens_per_s"]}
+            "skipped": False, "final_train_loss": summary["final_train_loss"],
+            "tokens_per_s": summary["tokens_per_s"]}
 
 
 def _finished_phase_figures(folder: Path) -> dict[str, float | None]:
