@@ -146,6 +146,29 @@ def test_sigterm_outside_training_exits_143(capsys, monkeypatch):
     assert signal.getsignal(signal.SIGTERM) is not None  # the previous handler is back
 
 
+@pytest.mark.parametrize("rank, says", [
+    ("1", "attnlab (rank 1): terminated (SIGTERM)"),
+    ("0", "attnlab: terminated (SIGTERM, which torchrun also sends when another process of the run fails; its "
+          "summary names the process)")])
+def test_sigterm_under_torchrun_is_said_by_the_process_it_stopped(capsys, monkeypatch, rank, says):
+    """A SIGTERM to one process of a torchrun run (`kill PID`) was said by none: each process left it to rank 0,
+    which had not been sent it; and rank 0's gave no hint of the cause torchrun's own SIGTERM has, another process's
+    failure (stop-40 DDP audit)."""
+    import signal
+
+    import attnlab.inference.runs as runs
+
+    def terminated(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+        raise AssertionError("SIGTERM was not turned into an exception")
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(runs, "load_run", terminated)
+    code, _, err = run_cli(capsys, "evaluate", "no-such-run", "--data", "x.txt", "--device", "cpu")
+    assert (code, err.strip()) == (143, says)
+
+
 def test_a_second_sigterm_does_not_cut_the_checkpoint_short():
     """The first SIGTERM raises (so training saves a checkpoint); a second one (Slurm signals every process of
     a job, torchrun forwards it) is only noted, so the save in progress finishes."""

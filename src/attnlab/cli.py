@@ -425,6 +425,19 @@ def _report(message: str, *, same_in_every_process: bool = False) -> None:
     print(message, file=sys.stderr)
 
 
+def _report_terminated(what: str) -> None:
+    """Say that SIGTERM stopped the command. Under torchrun a process may be sent it alone (`kill PID`): each says
+    so itself, the others without rank 0's account of the run (`what`, which they did not save); torchrun also
+    sends it to every process when one of them fails, which rank 0 names as a possible cause."""
+    if _other_rank() is not None:
+        _report("attnlab: terminated (SIGTERM)")
+    elif os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+        _report(f"attnlab: terminated (SIGTERM, which torchrun also sends when another process of the run fails; "
+                f"its summary names the process){what}")
+    else:
+        _report(f"attnlab: terminated (SIGTERM){what}")
+
+
 def _main(argv: list[str] | None, terminated: list[int]) -> None:
     exceptions = _click_exceptions()
     # A terminal or pipe in another encoding than UTF-8 (PYTHONIOENCODING=ascii, an old Windows console) gets a
@@ -465,7 +478,7 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
     except AttnlabError as e:
         code = getattr(e, "exit_code", 2)
         if code == 130 and terminated:  # stopped (a checkpoint saved) by SIGTERM, not Ctrl-C
-            _report(f"attnlab: terminated (SIGTERM): {e}", same_in_every_process=True)
+            _report_terminated(f": {e}")
             sys.exit(143)
         # A refused setting is refused by every process alike; data and file errors may be one process's own.
         _report(f"attnlab: {'' if code == 130 else 'error: '}{e}",
@@ -496,7 +509,7 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
         _report(f"attnlab: error: {e.strerror or e}{where}; {fix}")
         sys.exit(2)
     if result == 130 and terminated:
-        _report("attnlab: terminated (SIGTERM)", same_in_every_process=True)
+        _report_terminated("")
         result = 143
     elif result == 130:  # typer turns Ctrl-C outside our own handlers into a return value of 130
         _report("attnlab: interrupted", same_in_every_process=True)

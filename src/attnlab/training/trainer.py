@@ -996,6 +996,13 @@ class Trainer:
         if self._eval_pending is not None:  # stopped inside an evaluation: saved as before it, to be redone
             self.best, self._best_eval_loss, self._bad_evals, self._totals.last_eval = self._eval_pending
         folder = self.out_dir / CHECKPOINT_DIR
+        if self.world.distributed and (self._stale_checkpoint or self._stale_best):
+            # torchrun stops every process (SIGTERM) when one of them fails: this run's first save would have
+            # replaced the run in the folder for a crash, where a one-process run's crash keeps it.
+            raise TrainingInterrupted(
+                f"training interrupted at step {self.step} of {self.config.steps}, before this run's first save: "
+                f"nothing of it was saved, and the run it was replacing in {self.out_dir} is kept; run the command "
+                "again to start over, or with --resume to continue that run") from None
         # Other processes may have been stopped anywhere, so no collective: rank 0 saves alone.
         self._save(folder, gather=False)
         if self.world.is_main:
