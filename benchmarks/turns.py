@@ -94,10 +94,14 @@ def time_in_turns(fns: dict[str, Callable[[int], object]], repeats: int,
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def _serve(conn, make: Callable[[], tuple[Callable[[int], object], Callable[[], None]]]) -> None:
+def _serve(conn, make: Callable[[], tuple[Callable[[int], object], Callable[[], None]]], threads: int) -> None:
     """A row's process: build the row with `make` (which returns its function and a device sync), then time one
-    call per message (its round) until told to stop (None)."""
+    call per message (its round) until told to stop (None). It computes on the parent's number of threads (a
+    spawned process starts with torch's default, whatever the parent set, so the results' count misdescribed it)."""
+    import torch
+
     try:
+        torch.set_num_threads(threads)
         fn, sync = make()
         conn.send(("ready", None))
         while (i := conn.recv()) is not None:
@@ -128,12 +132,14 @@ def time_in_turns_apart(makers: dict[str, Callable[[], tuple[Callable[[int], obj
     allocates, so a row's page faults, and with them its time, depend on its neighbours (an audit counted ~98,000
     minor faults a step for HF's fp32 row at shape B beside attnlab's rows against ~26,000 alone, and ~55,000
     for attnlab's default row alone against none beside HF's)."""
+    import torch
+
     context = multiprocessing.get_context("spawn")  # a fork of a process whose thread pools run is not safe
     workers = {}
     try:
         for name, make in makers.items():
             here, there = context.Pipe()
-            process = context.Process(target=_serve, args=(there, make), daemon=True)
+            process = context.Process(target=_serve, args=(there, make, torch.get_num_threads()), daemon=True)
             process.start()
             there.close()
             workers[name] = (process, here)

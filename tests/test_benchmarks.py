@@ -127,6 +127,15 @@ def test_rows_apart_run_each_in_a_process_of_its_own_in_turns(tmp_path):
     assert pids["a"] != pids["b"] and str(os.getpid()) not in pids.values()
     with pytest.raises(RuntimeError, match=r"(?s)row 'bad' failed in its process:.*ValueError: no such model"):
         time_in_turns_apart({"bad": turns_helpers.failing_row}, 1)
+    # A row computes on the parent's number of threads, which the results record: a spawned process had started
+    # with torch's default whatever the parent set (stop-40 benchmark audit).
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)  # neither the machine's default nor OMP_NUM_THREADS's
+    try:
+        time_in_turns_apart({"t": partial(turns_helpers.threads_row, str(tmp_path / "threads.txt"))}, 1)
+    finally:
+        torch.set_num_threads(before)
+    assert (tmp_path / "threads.txt").read_text(encoding="utf-8") == "3"
 
 
 def test_bench_attention_builds_its_tensors_on_the_device():

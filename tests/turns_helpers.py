@@ -17,3 +17,11 @@ def logging_row(label: str, log: str) -> tuple:
 
 def failing_row() -> tuple:
     raise ValueError("no such model")
+
+
+def threads_row(log: str) -> tuple:
+    """A row that writes the number of threads torch computes on in its process to `log`."""
+    import torch
+
+    Path(log).write_text(str(torch.get_num_threads()), encoding="utf-8")
+    return (lambda i: None), lambda: None
