@@ -328,14 +328,17 @@ def memory_row(spec: str, keep_freed: bool = False) -> None:
 def peak_memory(kind: str, dtype: torch.dtype | None, shape: Shape, device: str = "cpu",
                 keep_freed: bool = False) -> float | None:
     """Peak training memory (MiB) of one row, measured in a fresh process (keeping freed memory with `keep_freed`,
-    as the timed rows then do); None where /proc is missing."""
+    as the timed rows then do); None where /proc is missing, or where the process failed (said on stderr: every
+    peak had printed "-" without a word)."""
     spec = f"{kind},{dtype_name(dtype)},{shape.name},{device}"
     try:
         done = subprocess.run([sys.executable, __file__, "--memory-row", spec, "--hf-attention",
                                HF_ATTENTION["impl"] or "default"] + (["--keep-freed-memory"] if keep_freed else []),
                               capture_output=True, text=True, timeout=600, check=True)
         return json.loads(done.stdout.strip().splitlines()[-1])["peak_mib"]
-    except (subprocess.SubprocessError, ValueError, KeyError, IndexError, OSError):
+    except (subprocess.SubprocessError, ValueError, KeyError, IndexError, OSError) as e:
+        said = (getattr(e, "stderr", None) or "").strip().splitlines()
+        print(f"peak memory of row {spec} not measured: {said[-1] if said else e}", file=sys.stderr)
         return None
 
 

@@ -232,3 +232,18 @@ def test_bench_gpt_says_when_bf16_rows_were_asked_away(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "--bf16 no: the bf16 training rows left out" in out and "is not native" not in out
     assert results["default_precision"] in ("bf16", "fp32")
+
+
+def test_a_peak_memory_process_that_fails_says_why(capsys, monkeypatch):
+    # Any failure of the memory row's process (a misspelt option, a crash) printed "-" for every peak without a word
+    # (stop-40 benchmark audit).
+    import subprocess
+
+    bench = load("bench_gpt")
+
+    def failing(cmd, **kwargs):
+        raise subprocess.CalledProcessError(2, cmd, output="", stderr="Traceback ...\nValueError: no such row\n")
+
+    monkeypatch.setattr(subprocess, "run", failing)
+    assert bench.peak_memory("ours", None, bench.SHAPES["A"]) is None
+    assert "peak memory of row ours,fp32,A,cpu not measured: ValueError: no such row" in capsys.readouterr().err
