@@ -516,15 +516,8 @@ def answer_questions(model, vocab, questions: list[str], *, batch_size: int = 12
     from attnlab.inference.generate import generate
 
     block = model.config.block_size
-    prompts, unreadable = [], []
-    for i, q in enumerate(questions):
-        try:
-            prompts.append(vocab.encode(qa_prompt(q)))
-        except DataError:  # a character the training data never had: the model cannot read the question
-            prompts.append(None)
-            unreadable.append(i)
-    if unreadable and what is not None:
-        _warn_unreadable(questions, unreadable, what)
+    unreadable = _unreadable(vocab, questions, what)
+    prompts = [None if i in unreadable else vocab.encode(qa_prompt(q)) for i, q in enumerate(questions)]
     rooms = [min(block - len(p), longest if longest is not None else block) if p is not None else 0
              for p in prompts]
     if any(room < 1 for room, p in zip(rooms, prompts) if p is not None):
@@ -557,10 +550,17 @@ def answer_questions(model, vocab, questions: list[str], *, batch_size: int = 12
     return answers
 
 
-def _warn_unreadable(questions: list[str], unreadable: list[int], what: str) -> None:
-    warnings.warn(f"{len(unreadable)} of {len(questions)} {what} hold characters that neither the corpus nor the "
-                  f"fine-tuning pairs have (the first: {questions[unreadable[0]]!r}); the model cannot read them, and "
-                  "their answers are left empty", stacklevel=3)
+def _unreadable(vocab, questions: list[str], what: str | None) -> set[int]:
+    """The questions holding a character the training data never had, which the model cannot read; warned of as
+    `what` (None: not)."""
+    from attnlab.data.knowledge import qa_prompt
+
+    unreadable = [i for i, q in enumerate(questions) if not set(qa_prompt(q)) <= vocab.stoi.keys()]
+    if unreadable and what is not None:
+        warnings.warn(f"{len(unreadable)} of {len(questions)} {what} hold characters that neither the corpus nor "
+                      f"the fine-tuning pairs have (the first: {questions[unreadable[0]]!r}); the model cannot read "
+                      "them, and their answers are left empty", stacklevel=3)
+    return set(unreadable)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -690,7 +690,6 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
         SpanCorruptionSource,
         exact_match,
         london_baseline,
-        qa_prompt,
     )
     from attnlab.models.gpt import GPT
     from attnlab.training.device import cpu_has_bf16, resolve_precision, select_device
@@ -807,10 +806,7 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
     if data.world_files is not None:  # the synthetic world's files, now that the run is accepted
         write_files(world, data.world_files)
     for questions, what in ((dev_q, "evaluation questions"), (data.predict, "questions of --predict")):
-        # Said once, here: each row's answers leave these empty alike (every row shares the vocabulary).
-        unreadable = [i for i, q in enumerate(questions) if not set(qa_prompt(q)) <= vocab.stoi.keys()]
-        if unreadable:
-            _warn_unreadable(questions, unreadable, what)
+        _unreadable(vocab, questions, what)  # said once, here: every row shares the vocabulary (answered silently)
     n_phases = sum(1 + v.pretrain for v in rows)
     phase = 0
     earlier_total = 0.0  # seconds spent in earlier runs on the phases --resume skipped or continued
