@@ -441,3 +441,18 @@ def test_a_label_spelling_the_number_of_a_known_class_says_so(tmp_path, capsys, 
     line = one_line_error(capsys, "evaluate", str(cls_run), "--data", str(dev), "--device", "cpu")
     assert "labels ['0.0', '1.0'] were not in the training data (known: ['0', '1']) ('0.0' spells the number of " \
            "class '0', but labels are read as text" in line
+
+
+def test_a_column_named_by_a_digit_that_is_not_ascii_is_a_name(tmp_path, capsys):
+    # "²".isdigit() is True but int("²") fails: training and evaluate ended in a ValueError traceback (stop-40
+    # mutation audit). Only ASCII digits number a column; "²" is a name the file then lacks.
+    from attnlab.training.recipe import parse_column
+
+    assert (parse_column("²"), parse_column("12"), parse_column("label")) == ("²", 12, "label")
+    data = tmp_path / "t.tsv"
+    data.write_text("text\tlabel\n" + "good film\t1\nbad film\t0\n" * 4, encoding="utf-8")
+    line = one_line_error(capsys, "train", str(ROOT / "configs" / "encoder-classify.toml"), "--set",
+                          f"data.path={_q(data)}", "--set", f"data.eval_path={_q(data)}", "--set",
+                          'data.label_column="²"', "--set",
+                          f"train.out_dir={_q(tmp_path / 'run')}")
+    assert line.startswith("attnlab: error: ") and "'²'" in line

@@ -1090,8 +1090,9 @@ def _lm_text_parts(d: DataConfig) -> tuple[Callable[[], Iterable[str]], Callable
 
 
 def parse_column(c: str | None) -> str | int | None:
-    """A column given in a config: a name, or a 0-based index written as digits."""
-    return int(c) if isinstance(c, str) and c.isdigit() else c
+    """A column given in a config: a name, or a 0-based index written as ASCII digits ("²" is a digit to
+    str.isdigit, which int() refused with a traceback: it is a name)."""
+    return int(c) if isinstance(c, str) and c.isascii() and c.isdigit() else c
 
 
 def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
