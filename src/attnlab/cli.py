@@ -69,9 +69,8 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="Continue from the run folder's last checkpoint."),
 ) -> None:
     """Train a model from a config file; writes checkpoints, metrics.jsonl and loss.png to train.out_dir."""
-    from attnlab.training.recipe import load_run_config, refuse_repeated_keys, train_run
+    from attnlab.training.recipe import load_run_config, train_run
 
-    refuse_repeated_keys([item.split("=", 1)[0].strip() for item in overrides or [] if "=" in item])
     run = load_run_config(config, overrides, resume=resume)
     summary = train_run(run, resume=resume)
     if _other_rank() is not None:  # under torchrun, one summary (from rank 0) is enough

@@ -222,8 +222,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 
 def refuse_repeated_keys(keys: list[str]) -> None:
-    """One `--set` per setting on the command line: a second one for the same key had silently replaced the first
-    (in Python, a later override in `load_run_config`'s list still wins, as a list of changes is built)."""
+    """One `--set` per setting: a second one for the same key had silently replaced the first."""
     seen: set[str] = set()
     for key in keys:
         if key in seen:
@@ -406,6 +405,7 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     else:
         raw = default_run()
     parsed = [parse_override(item) for item in overrides or []]
+    refuse_repeated_keys([".".join(path) for path, _ in parsed])
     if any(section == "model" and key == "init_from" for (section, key), _ in parsed):
         raw["model"] = {}  # the architecture is the pretrained run's: only --set model.* values change it
     if path is None and any(section == "model" and key == "family" for (section, key), _ in parsed):
