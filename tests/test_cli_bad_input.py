@@ -408,21 +408,13 @@ def test_options_that_gather_values_and_switches_may_repeat(capsys, lm_run):
     assert out.count("\n\n") == 1  # two texts
 
 
-def test_a_setting_given_twice_by_set_is_refused(capsys, tmp_path):
-    # The second --set replaced the first silently (stop-39 note): `--set train.steps=100 --set train.steps=1`
-    # trained one step. The text file is missing, so code that misses the check fails on that instead.
-    line = one_line_error(capsys, "train", "--set", "data.path=" + str(tmp_path / "none.txt"), "--set",
-                          "train.steps=100", "--set", " train.steps =1", "--set", "train.out_dir=" + str(tmp_path))
-    assert line == "attnlab: error: --set train.steps is given twice; give each setting once"
-
-
-def test_an_experiment_setting_given_twice_by_set_is_refused():
+def test_a_later_set_of_one_setting_wins():
+    # As README says: a base list of --set items can be overridden by a later one (`$COMMON --set train.steps=5`),
+    # on a config, on the default run and for an experiment's settings.
     from attnlab.cli import _parse_sets
-    from attnlab.errors import ConfigError
 
-    assert _parse_sets(["pretrain_epochs=2", "n_people=40"]) == {"pretrain_epochs": 2, "n_people": 40}
-    with pytest.raises(ConfigError, match=r"^--set n_people is given twice; give each setting once$"):
-        _parse_sets(["n_people=40", "pretrain_epochs=2", "n_people =50"])
+    assert load_run_config(None, ["train.steps=100", "train.lr=1e-3", " train.steps =1"]).train.steps == 1
+    assert _parse_sets(["n_people=40", "pretrain_epochs=2", "n_people =50"]) == {"n_people": 50, "pretrain_epochs": 2}
 
 
 def test_a_label_spelling_the_number_of_a_known_class_says_so(tmp_path, capsys, cls_run):

@@ -229,7 +229,7 @@ def _run(ctx: typer.Context,
 def _parse_sets(items: list[str] | None) -> dict:
     """`--set key=value` items (values read as TOML, else strings) for an experiment's settings."""
     from attnlab.errors import ConfigError
-    from attnlab.training.recipe import parse_value, refuse_repeated_keys
+    from attnlab.training.recipe import parse_value
 
     out = {}
     for item in items or []:
@@ -239,7 +239,6 @@ def _parse_sets(items: list[str] | None) -> dict:
         if not key.strip():
             raise ConfigError(f"--set {item!r}: the setting's name is missing before '=', e.g. --set "
                               "pretrain_epochs=50")
-        refuse_repeated_keys([*out, key.strip()])
         out[key.strip()] = parse_value(raw)
     return out
 
@@ -364,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
 def _refuse_repeated_options(argv: list[str]) -> None:
     """Refuse an option that takes one value given twice: click keeps the last silently (`evaluate -d a.txt -d
     b.txt` scored b.txt alone, `-n 20 -n 0` asked for 0 tokens). Options that gather values (--set, --prompt) and
-    switches may repeat (a setting given twice by --set is refused where the settings are read)."""
+    switches may repeat."""
     if not isinstance(app, typer.Typer):  # a stand-in (tests replace the app)
         return
     command = typer.main.get_command(app)  # typer's own copy of click: its classes are not click's

@@ -221,15 +221,6 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return path, parse_value(raw)
 
 
-def refuse_repeated_keys(keys: list[str]) -> None:
-    """One `--set` per setting: a second one for the same key had silently replaced the first."""
-    seen: set[str] = set()
-    for key in keys:
-        if key in seen:
-            raise ConfigError(f"--set {key} is given twice; give each setting once")
-        seen.add(key)
-
-
 def parse_value(raw: str) -> Any:
     """A command-line value read as TOML (numbers, booleans, lists, quoted strings), else the raw string;
     spaces around it are dropped (`--set "model.position= rotary"`)."""
@@ -405,7 +396,6 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     else:
         raw = default_run()
     parsed = [parse_override(item) for item in overrides or []]
-    refuse_repeated_keys([".".join(path) for path, _ in parsed])
     if any(section == "model" and key == "init_from" for (section, key), _ in parsed):
         raw["model"] = {}  # the architecture is the pretrained run's: only --set model.* values change it
     if path is None and any(section == "model" and key == "family" for (section, key), _ in parsed):
