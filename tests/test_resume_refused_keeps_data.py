@@ -12,16 +12,22 @@ COMMON = ["--set", "model.preset=gpt-char-tiny", "--set", "train.batch_size=4", 
           "--set", "train.progress=false", "--set", "train.device=cpu", "--set", "train.warmup_steps=0"]
 
 
-def test_a_refused_resume_leaves_data_as_it_was(tmp_path, capsys):
+def _run_and_other_text(tmp_path, steps: int):
+    """A run trained `steps` steps on a text, and another text (the same lines reversed) to resume it on."""
     a, b, run = tmp_path / "a.txt", tmp_path / "b.txt", tmp_path / "run"
     lines = [f"line {i} of the text, with words enough\n" for i in range(200)]
     a.write_text("".join(lines), encoding="utf-8")
     b.write_text("".join(reversed(lines)), encoding="utf-8")
     try:
-        main(["train", *COMMON, "--set", f"data.path={_q(a)}", "--set", "train.steps=2",
+        main(["train", *COMMON, "--set", f"data.path={_q(a)}", "--set", f"train.steps={steps}",
               "--set", f"train.out_dir={_q(run)}"])
     except SystemExit as e:
         assert not e.code
+    return run, b
+
+
+def test_a_refused_resume_leaves_data_as_it_was(tmp_path, capsys):
+    run, b = _run_and_other_text(tmp_path, 2)
 
     def digests():
         return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((run / "data").iterdir())}
@@ -48,15 +54,7 @@ def test_a_training_part_too_short_after_holding_out_says_so(tmp_path, capsys):
 def test_a_resume_refused_for_its_steps_leaves_data_as_it_was(tmp_path, capsys):
     # A resume to fewer steps than the checkpoint's is refused by the trainer, after the token files had been
     # moved in: data/ held b.txt's tokens beside a.txt's run (stop-40 corpus audit).
-    a, b, run = tmp_path / "a.txt", tmp_path / "b.txt", tmp_path / "run"
-    lines = [f"line {i} of the text, with words enough\n" for i in range(200)]
-    a.write_text("".join(lines), encoding="utf-8")
-    b.write_text("".join(reversed(lines)), encoding="utf-8")
-    try:
-        main(["train", *COMMON, "--set", f"data.path={_q(a)}", "--set", "train.steps=3",
-              "--set", f"train.out_dir={_q(run)}"])
-    except SystemExit as e:
-        assert not e.code
+    run, b = _run_and_other_text(tmp_path, 3)
     before = {p.name: p.read_bytes() for p in sorted((run / "data").iterdir())}
     line = one_line_error(capsys, "train", *COMMON, "--set", f"data.path={_q(b)}", "--set", "train.steps=2",
                           "--set", f"train.out_dir={_q(run)}", "--resume")
