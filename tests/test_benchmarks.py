@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -247,3 +248,29 @@ def test_a_peak_memory_process_that_fails_says_why(capsys, monkeypatch):
     monkeypatch.setattr(subprocess, "run", failing)
     assert bench.peak_memory("ours", None, bench.SHAPES["A"]) is None
     assert "peak memory of row ours,fp32,A,cpu not measured: ValueError: no such row" in capsys.readouterr().err
+
+
+def test_bench_gpt_accuracy_trains_both_precisions_on_the_same_batches_and_scores_held_out_ones(monkeypatch):
+    # The accuracy row was never run by a test: a mutant that trained on the held-out batches passed (stop-40
+    # benchmark audit).
+    bench = load("bench_gpt")
+    seen: dict[object, list] = {}
+    real = bench.train_step_fn
+
+    def recording(model, kind, dtype, **kwargs):
+        step = real(model, kind, dtype, **kwargs)
+        batches = seen.setdefault(dtype, [])
+
+        def recorded(batch):
+            batches.append(batch.clone())
+            return step(batch)
+        return recorded
+
+    monkeypatch.setattr(bench, "train_step_fn", recording)
+    out = bench.accuracy(bench.SHAPES["A"], 2)
+    _, val = bench.text_data(bench.SHAPES["A"], 2)
+    fp32, bf16 = seen[None], seen[torch.bfloat16]
+    assert len(fp32) == len(bf16) == 2 and all(torch.equal(a, b) for a, b in zip(fp32, bf16))
+    assert not any(torch.equal(t, v) for t in fp32 for v in val)
+    assert out["relative_gap"] == pytest.approx(abs(out["bf16"] - out["fp32"]) / out["fp32"])
+    assert all(math.isfinite(out[k]) and out[k] > 0 for k in ("fp32", "bf16"))
