@@ -598,26 +598,34 @@ def test_metrics_lines_are_standard_json_with_null_for_values_that_are_not_finit
     assert plot_losses(log.read(), tmp_path / "loss.png") is not None
 
 
-def test_a_distributed_run_stopped_before_its_first_save_keeps_the_run_it_replaces(tmp_path):
+@pytest.mark.parametrize("signal", ["SIGTERM", "Ctrl-C"])
+def test_a_distributed_run_stopped_by_torchrun_before_its_first_save_keeps_the_run_it_replaces(tmp_path, signal):
     # torchrun stops every process with SIGTERM when one of them dies: rank 0's save then replaced the trained run in
     # the folder (checkpoint/, best/ and its records set aside), where a one-process run's crash keeps it (stop-40
-    # DDP audit). The stand-in world is switched to two processes at the interrupt alone.
+    # DDP audit). Ctrl-C, which the user gives every process, still saves the new run (stop-40 review). The stand-in
+    # world is switched to two processes at the interrupt alone.
+    from attnlab.errors import Terminated
     from attnlab.training.distributed import World
 
     run = tmp_path / "run"
     Trainer(tiny_model(), config(steps=3), ToySource(), out_dir=run).fit()
     before = (run / "checkpoint" / "model.safetensors").read_bytes()
 
-    class StoppedByTorchrun(ToySource):
+    class Stopped(ToySource):
         def batch(self, step):
             if step == 2:
                 trainer.world = World(rank=0, size=2)
-                raise KeyboardInterrupt
+                raise Terminated if signal == "SIGTERM" else KeyboardInterrupt
             return super().batch(step)
 
-    trainer = Trainer(tiny_model(seed=1), config(steps=6), StoppedByTorchrun(seed=1), out_dir=run)
-    with pytest.raises(TrainingInterrupted, match=r"before this run's first save: nothing of it was saved, and the "
-                                                  r"run it was replacing in .* is kept; run the command again"):
+    trainer = Trainer(tiny_model(seed=1), config(steps=6), Stopped(seed=1), out_dir=run)
+    with pytest.raises(TrainingInterrupted) as info:
         trainer.fit()
-    assert (run / "checkpoint" / "model.safetensors").read_bytes() == before
-    assert read_trainer_state(run)["step"] == 3
+    if signal == "SIGTERM":
+        assert "before this run's first save: nothing of it was saved, and the run it was replacing in " in \
+            str(info.value) and "is kept; run the command again" in str(info.value)
+        assert (run / "checkpoint" / "model.safetensors").read_bytes() == before
+        assert read_trainer_state(run)["step"] == 3
+    else:
+        assert "checkpoint saved in" in str(info.value)
+        assert read_trainer_state(run)["step"] == 2 and not (run / ".metrics.jsonl.replaced").exists()

@@ -12,7 +12,7 @@ import warnings
 
 import typer
 
-from attnlab.errors import AttnlabError, ConfigError
+from attnlab.errors import AttnlabError, ConfigError, Terminated
 
 
 def _flags_show_no_type() -> None:
@@ -301,11 +301,6 @@ def _out_of_memory(e: BaseException) -> bool:
 # What torch and numpy say when memory runs out, or when a size is too large to ask for (a setting of 2**62).
 _NO_MEMORY = ("can't allocate memory", "out of memory", "storage size calculation overflowed", "array is too big",
               "cannot be represented as a symint")
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (what Slurm, docker and systemd send to stop a job), raised where Ctrl-C raises
-    KeyboardInterrupt, so that the same path saves a checkpoint."""
 
 
 @contextlib.contextmanager

@@ -39,3 +39,8 @@ def one_line(error: BaseException) -> str:
         return "a number of more than 4,300 digits"
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what Slurm, docker and systemd send to stop a job), raised by the command line where Ctrl-C raises
+    KeyboardInterrupt, so that the same path saves a checkpoint; the trainer tells the two apart where they differ."""

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from attnlab.config import Config, check_choice, check_positive, finite_number
 from attnlab.data.sources import BatchSource, evaluation_batches
-from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError, one_line
+from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError, Terminated, one_line
 from attnlab.training import checkpoint as ckpt
 from attnlab.training.device import (
     DEVICES,
@@ -989,16 +989,17 @@ class Trainer:
                           "best/ and early stopping start again from the next evaluation", stacklevel=4)
         self.best, self._bad_evals = None, 0
 
-    def _interrupted(self) -> None:
+    def _interrupted(self, *, terminated: bool = False) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         if self._in_step and self._rng_at_step_start is not None:
             _set_raw_rng(self._rng_at_step_start)  # the unfinished step will be redone from its start
         if self._eval_pending is not None:  # stopped inside an evaluation: saved as before it, to be redone
             self.best, self._best_eval_loss, self._bad_evals, self._totals.last_eval = self._eval_pending
         folder = self.out_dir / CHECKPOINT_DIR
-        if self.world.distributed and (self._stale_checkpoint or self._stale_best):
-            # torchrun stops every process (SIGTERM) when one of them fails: this run's first save would have
-            # replaced the run in the folder for a crash, where a one-process run's crash keeps it.
+        if terminated and self.world.distributed and (self._stale_checkpoint or self._stale_best):
+            # torchrun stops every process with SIGTERM when one of them fails: this run's first save would have
+            # replaced the run in the folder for a crash, where a one-process run's crash keeps it. (Ctrl-C, which
+            # reaches every process, saves as in one process.)
             raise TrainingInterrupted(
                 f"training interrupted at step {self.step} of {self.config.steps}, before this run's first save: "
                 f"nothing of it was saved, and the run it was replacing in {self.out_dir} is kept; run the command "
@@ -1219,10 +1220,10 @@ class Trainer:
                 if self._saves_at(stopped_early):
                     self.save()
                     saved_at = self.step
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             with _interrupts_deferred(drop=True):  # the run stops anyway; another Ctrl-C must not cut its save
                 progress.close()
-                self._interrupted()
+                self._interrupted(terminated=isinstance(e, Terminated))
         except TrainingDiverged:
             progress.close()
             if self.world.is_main:
