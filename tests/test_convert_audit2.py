@@ -25,6 +25,14 @@ def test_a_config_with_fewer_layers_than_the_weights_is_named():
     gpt2_from_hf(state, config)
 
 
+def test_a_layer_key_numbered_by_a_digit_that_is_not_ascii_is_an_unknown_key():
+    # "h.².attn..." passed str.isdigit and failed int() with a traceback (stop-40 review).
+    state, config = _gpt2()
+    state["transformer.h.².attn.c_attn.weight"] = state["transformer.h.0.attn.c_attn.weight"]
+    with pytest.raises(CheckpointError, match=r"unknown keys in the GPT-2 checkpoint: h.².attn.c_attn.weight"):
+        gpt2_from_hf(state, config)
+
+
 def test_cross_attention_is_named_as_unsupported():
     state, config = _gpt2(add_cross_attention=True)
     with pytest.raises(CheckpointError, match="add_cross_attention true .* is not supported"):

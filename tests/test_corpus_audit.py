@@ -135,13 +135,16 @@ def test_staging_folders_of_dead_processes_are_cleared(capsys, tmp_path):
     live = run / "data" / f".partial.{_HOST}.{os.getppid()}"
     # another machine's process of that number (ranks of a multi-machine run sharing a network disk): not asked
     elsewhere = run / "data" / f".partial.other-host.{int(gone.stdout)}"
-    for folder in (dead, live, elsewhere):
+    # not a process number: "²" is a digit to str.isdigit that int() refused, with a traceback (stop-40 review)
+    odd = run / "data" / f".partial.{_HOST}.²"
+    for folder in (dead, live, elsewhere, odd):
         folder.mkdir(parents=True)
         (folder / "train.bin").write_bytes(b"\0" * 64)
     code, _, err = run_cli(capsys, "train", *LM, "--set", f"data.path={_q(text)}", "--set",
                            f"train.out_dir={_q(run)}")
     assert code == 0, err
     assert not dead.exists() and (live / "train.bin").exists() and (elsewhere / "train.bin").exists()
+    assert (odd / "train.bin").exists()
 
 
 def test_token_files_stay_on_the_disk_data_links_to(capsys, tmp_path):

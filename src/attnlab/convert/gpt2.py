@@ -111,7 +111,8 @@ def gpt2_from_hf(state_dict: dict[str, Tensor], hf_config: dict, *,
     known = {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias", "lm_head.weight"}
     known |= {f"h.{i}.{name}" for i in range(config.n_layers) for name in _LAYER_KEYS + _BUFFERS}
     unknown = sorted(set(sd) - known)
-    beyond = sorted({int(k.split(".")[1]) for k in unknown if k.split(".")[0] == "h" and k.split(".")[1].isdigit()})
+    beyond = sorted({int(k.split(".")[1]) for k in unknown
+                     if k.split(".")[0] == "h" and k.split(".")[1].isascii() and k.split(".")[1].isdigit()})
     if beyond and beyond[0] >= config.n_layers:  # layers the config does not count: n_layer does not fit
         raise CheckpointError(f"{source}: n_layer {config.n_layers}, but the weights have layers up to "
                               f"h.{beyond[-1]}; give the config.json saved with these weights")

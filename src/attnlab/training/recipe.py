@@ -916,7 +916,7 @@ def _clear_dead_staging(data_dir: Path) -> None:
         return
     for folder in data_dir.glob(f".partial.{_HOST}.*"):
         pid = folder.name.removeprefix(f".partial.{_HOST}.")
-        if not pid.isdigit() or int(pid) == os.getpid():
+        if not (pid.isascii() and pid.isdigit()) or int(pid) == os.getpid():  # "²" is a digit int() refuses
             continue
         try:
             os.kill(int(pid), 0)  # signal 0: nothing is sent, only whether the process exists
