@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from cli_helpers import run_cli
 
 # The knowledge experiment at its smallest (1 layer, 32 wide, one epoch a phase), on files the tests write.
 KNOWLEDGE_TINY = {"n_layers": 1, "n_heads": 2, "d_model": 32, "block_size": 64, "pretrain_epochs": 1,
@@ -36,20 +37,6 @@ def _write_knowledge_data(folder, people, n_train: int) -> dict[str, str]:
 
 def _quiet(*_args) -> None:
     pass
-
-
-def _cli(capsys, *argv: str) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of `attnlab *argv` run in this process."""
-    from attnlab.cli import main
-
-    capsys.readouterr()
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 # ------------------------------------------------------------------------------------------------
@@ -332,13 +319,13 @@ def test_train_prints_no_best_line_when_best_is_the_final_step(monkeypatch, caps
     summary = {"steps": 10, "start_step": 0, "final_eval_loss": 1.5}
     monkeypatch.setattr(recipe, "train_run", lambda *a, **k: {
         **summary, "best": {"metric": "eval_loss", "step": 10, "value": 1.5}})
-    code, out, err = _cli(capsys, "train")
+    code, out, err = run_cli(capsys, "train")
     assert code == 0, err
     assert "best/" not in out and "run folder: runs/x" in out
     # best/ at an earlier step is named
     monkeypatch.setattr(recipe, "train_run", lambda *a, **k: {
         **summary, "best": {"metric": "eval_loss", "step": 5, "value": 1.25}})
-    code, out, err = _cli(capsys, "train")
+    code, out, err = run_cli(capsys, "train")
     assert code == 0, err
     assert "best/: step 5, eval_loss 1.25" in out
 
@@ -350,7 +337,7 @@ def test_train_prints_no_best_line_when_best_is_the_final_step(monkeypatch, caps
 
 def test_a_short_option_with_its_value_attached_counts_as_given(capsys, tmp_path):
     # C1: "-n20 -n5" gives -n twice (-n20 is -n with the value 20 attached): refused (stop-40 mutation audit)
-    code, _, err = _cli(capsys, "generate", str(tmp_path / "no-run"), "-p", "hi", "-n20", "-n5")
+    code, _, err = run_cli(capsys, "generate", str(tmp_path / "no-run"), "-p", "hi", "-n20", "-n5")
     assert code == 2, err
     assert "--max-new-tokens (-n) is given twice; give it once" in err
 
@@ -358,7 +345,7 @@ def test_a_short_option_with_its_value_attached_counts_as_given(capsys, tmp_path
 def test_an_option_like_value_is_not_an_option(capsys, tmp_path):
     # C2: in "-p -n -n 5" the first -n is the prompt, so -n is given once: accepted by the check (the command then
     # fails on the missing run folder) (stop-40 mutation audit)
-    code, _, err = _cli(capsys, "generate", str(tmp_path / "no-run"), "-p", "-n", "-n", "5")
+    code, _, err = run_cli(capsys, "generate", str(tmp_path / "no-run"), "-p", "-n", "-n", "5")
     assert code == 2, err
     assert "given twice" not in err
     assert "no-run" in err and "does not exist" in err
