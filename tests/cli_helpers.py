@@ -31,3 +31,18 @@ def one_line_error(capsys, *argv: str) -> str:
 def toml_str(path) -> str:
     """A path as a TOML string, for `--set key=value` and override lists."""
     return json.dumps(str(path))
+
+
+def spy_on_generate_context(monkeypatch) -> list:
+    """The `context` each later call of attnlab's `generate` is given (the calls still run), as a list that fills."""
+    import attnlab.inference.generate as module
+
+    seen = []
+    real = module.generate
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("context"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "generate", spy)
+    return seen

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from cli_helpers import run_cli, toml_str
+from cli_helpers import run_cli, spy_on_generate_context, toml_str
 
 from attnlab.errors import ConfigError
 from attnlab.inference.generate import generate
@@ -50,16 +50,7 @@ def test_attnlab_generate_decodes_in_the_runs_trained_window(capsys, tmp_path, m
                            "--set", "train.steps=2", "--set", "train.progress=false",
                            "--set", f"train.out_dir={toml_str(run)}")
     assert code == 0, err
-    import attnlab.inference.generate as module
-
-    seen = []
-    real = module.generate
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs.get("context"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, "generate", spy)
+    seen = spy_on_generate_context(monkeypatch)
     code, out, err = run_cli(capsys, "generate", str(run), "--prompt", "The", "-n", "40", "--greedy")
     assert code == 0, err
     assert seen == [16]

@@ -9,7 +9,7 @@ import shutil
 import warnings
 
 import pytest
-from cli_helpers import one_line_error, run_cli
+from cli_helpers import one_line_error, run_cli, spy_on_generate_context
 from cli_helpers import toml_str as _q
 
 from attnlab.data.text_files import iter_text_blocks, read_classification_file, read_lines, read_text
@@ -229,7 +229,6 @@ def test_the_unused_tokenizer_warning_is_not_repeated_on_resume(capsys, tmp_path
 
 def test_a_rotary_model_reads_the_whole_prompt_past_its_training_windows(tmp_path, monkeypatch):
     # Pins: computed positions have no table to outrun: no sliding window at data.block_size (stop-40 mutation audit).
-    import attnlab.inference.generate as module
     from attnlab.inference.runs import generate_texts, load_run
 
     text = _lines_file(tmp_path / "t.txt")
@@ -238,14 +237,7 @@ def test_a_rotary_model_reads_the_whole_prompt_past_its_training_windows(tmp_pat
            f"train.out_dir={_q(tmp_path / 'run')}")
     run = load_run(tmp_path / "run")
     assert run.data["block_size"] == 8
-    seen = []
-    real = module.generate
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs.get("context"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, "generate", spy)
+    seen = spy_on_generate_context(monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         generate_texts(run, ["line 7 of a short text line 8 of a"], max_new_tokens=4, greedy=True)
