@@ -318,6 +318,9 @@ def test_pad_and_mask_characters_in_the_files_are_refused(tmp_path, char):
     qa.write_text(f"Where was {char} born?\n", encoding="utf-8")
     with pytest.raises(DataError, match="qa.tsv line 1 holds"):
         read_qa_file(qa, require_answers=False)
+    # For prediction the answer column is read past: a dev file with such an answer still gives its questions.
+    qa.write_text(f"Where was Ada born?\tSaler{char}mere\n", encoding="utf-8")
+    assert read_qa_file(qa, require_answers=False) == [("Where was Ada born?", f"Saler{char}mere")]
 
 
 def test_metrics_and_prompt():

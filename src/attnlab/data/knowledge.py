@@ -246,7 +246,8 @@ def read_qa_file(
     Raises:
         DataError: missing, empty or non-UTF-8 file; a line without a tab, with more than one tab, with an
             empty question or (when answers are required) an empty answer; a line longer than the block;
-            the pad or mask character in a line.
+            the pad or mask character in a question, or in an answer when answers are required (an answer
+            that prediction does not use may hold them).
     """
     return [(question, answer) for _, question, answer in read_qa_lines(path, require_answers, block_size)]
 
@@ -263,10 +264,11 @@ def read_qa_lines(
         if not line.strip():
             continue
         where = f"{path} line {number}"
-        _check_no_specials(line, where)
         fields = line.split("\t")
         if len(fields) > 2:
             raise DataError(f"{where}: expected 'question<TAB>answer', found {len(fields) - 1} tabs")
+        # Without required answers an answer is read past, not used: only the question must be free of them.
+        _check_no_specials(line if require_answers else fields[0], where)
         if len(fields) == 1 and require_answers:
             raise DataError(f"{where}: expected 'question<TAB>answer', found no tab")
         question = fields[0].strip()
