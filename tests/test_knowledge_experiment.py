@@ -138,7 +138,9 @@ def test_synthetic_world_default_and_cli(tmp_path, capsys, monkeypatch):
     summary = json.loads((out / "results.json").read_text())
     assert summary["data"]["documents"] == 24 and summary["data"]["eval_questions"] == 12
     # results.json names the files absolutely, whatever folder it is read from
-    assert summary["data"]["files"]["dev"] == str(tmp_path / "synthetic" / "data" / "dev.tsv")
+    # ... under the keys the flags' files have (--corpus, --train, --eval), so one reader serves both kinds of run
+    assert summary["data"]["files"] == {name: str(tmp_path / "synthetic" / "data" / file) for name, file in
+                                        (("corpus", "corpus.txt"), ("train", "train.tsv"), ("eval", "dev.tsv"))}
     # --resume with a --predict file of new characters: the vocabulary is the training data's, so the finished
     # phases answer; the question they cannot read is answered with nothing, said once.
     questions = tmp_path / "questions.tsv"

@@ -263,7 +263,8 @@ def load_data(out: Path, settings: KnowledgeScale, *, corpus: str | None, train:
         _check_world_fits(name, train_pairs, dev_pairs, settings.block_size)
         data = KnowledgeData(world.corpus_lines(), train_pairs, dev_pairs, source="synthetic",
                              dev_lines=list(range(1, len(dev_pairs) + 1)),  # data/dev.tsv: a pair a line
-                             files={k: str(v) for k, v in world.paths(out / "data").items()},
+                             # keyed as the files given by flags are (dev.tsv is the --eval file)
+                             files={"eval" if k == "dev" else k: str(v) for k, v in world.paths(out / "data").items()},
                              world_files=world.files(settings.eval_fraction, seed),
                              train_name=f"{name}, fine-tuning")
     if predict:
