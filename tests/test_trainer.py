@@ -629,3 +629,28 @@ def test_a_distributed_run_stopped_by_torchrun_before_its_first_save_keeps_the_r
     else:
         assert "checkpoint saved in" in str(info.value)
         assert read_trainer_state(run)["step"] == 2 and not (run / ".metrics.jsonl.replaced").exists()
+
+
+def test_a_save_tells_every_process_that_the_run_it_replaces_is_gone(tmp_path):
+    # Only rank 0 cleared its record of the replaced run at a save: a torchrun SIGTERM after this run's saves then
+    # told rank 1's user that nothing of this run was saved and the old run was kept (stop-40 note). The stand-in
+    # world makes this process rank 1 of two from the first step (collectives stay single-process).
+    from attnlab.errors import Terminated
+    from attnlab.training.distributed import World
+
+    run = tmp_path / "run"
+    Trainer(tiny_model(), config(steps=3), ToySource(), out_dir=run).fit()
+
+    class Stopped(ToySource):
+        def batch(self, step):
+            if step == 1:
+                trainer.world = World(rank=1, size=2)
+            if step == 4:
+                raise Terminated
+            return super().batch(step)
+
+    trainer = Trainer(tiny_model(seed=1), config(steps=6, save_every=2), Stopped(seed=1), out_dir=run)
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer.fit()
+    assert "before this run's first save" not in str(info.value)
+    assert "training interrupted at step 4 of 6; checkpoint saved in" in str(info.value)

@@ -800,7 +800,9 @@ class Trainer:
             if self._stale_best or self._stale_checkpoint:  # that run is gone now, and the records kept for it
                 for _, aside in self._records():
                     aside.unlink(missing_ok=True)
-            self._stale_best = self._stale_checkpoint = False
+        # In every process: rank 0's save replaced that run for all of them (a later SIGTERM is no longer one
+        # before this run's first save, and a divergence keeps this run's checkpoint).
+        self._stale_best = self._stale_checkpoint = False
         return folder
 
     def _records(self) -> list[tuple[Path, Path]]:
