@@ -11,6 +11,7 @@ The layers are the core `EncoderLayer`s (post-norm, GELU, LayerNorm eps 1e-12); 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -223,7 +224,8 @@ class BertModel(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.config = c = config
+        # A copy: the caller's config, changed to build another model, must not change what this one says it is.
+        self.config = c = copy.deepcopy(config)
         position = build_position(c.position, d_model=c.d_model, n_heads=c.n_heads, max_len=c.max_len,
                                   causal=c.causal, **c.position_options)
         self.embeddings = BertEmbeddings(c, position)
@@ -317,6 +319,9 @@ class BertModel(nn.Module):
             if labels is not None:
                 out.loss, out.n_targets = token_loss(out.logits, labels)
         else:
+            if labels is not None:  # no head to score them: a loss of None would pass for "nothing to learn"
+                raise ConfigError("labels were given to a BertModel without heads (heads='none'), which has no loss; "
+                                  "build it with heads='pretraining' or 'classification' to train it")
             out = ModelOutput(logits=h)
             if pooled is not None:
                 out.extra["pooled_output"] = pooled

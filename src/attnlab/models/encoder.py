@@ -15,6 +15,7 @@ copy of this encoder's weights and a freshly initialised head.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -206,7 +207,8 @@ class EncoderModel(nn.Module):
 
     def __init__(self, config: EncoderConfig):
         super().__init__()
-        self.config = c = config
+        # A copy: the caller's config, changed to build another model, must not change what this one says it is.
+        self.config = c = copy.deepcopy(config)
         self.embed = Embedder(c.vocab_size, c.d_model, scale=c.scale_embeddings, dropout=c.dropout)
         self.position = build_position(c.position, d_model=c.d_model, n_heads=c.n_heads, max_len=c.max_len,
                                        causal=c.is_causal, **c.position_options)

@@ -10,6 +10,7 @@ default, `rotary`, `alibi`...) is chosen by name in the config.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -101,7 +102,8 @@ class GPT(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.config = c = config
+        # A copy: the caller's config, changed to build another model, must not change what this one says it is.
+        self.config = c = copy.deepcopy(config)
         self.embed = Embedder(c.vocab_size, c.d_model, scale=False, dropout=c.dropout, init_std=c.init_std)
         self.position = build_position(c.position, d_model=c.d_model, n_heads=c.n_heads,
                                        max_len=c.block_size, causal=True, **c.position_options)

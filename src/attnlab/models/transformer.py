@@ -11,6 +11,7 @@ pre-softmax linear transformation").
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -124,7 +125,8 @@ class Seq2SeqTransformer(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.config = c = config
+        # A copy: the caller's config, changed to build another model, must not change what this one says it is.
+        self.config = c = copy.deepcopy(config)
         spec = c.layer_spec()
         self.src_embed = Embedder(c.src_vocab_size, c.d_model, scale=c.scale_embeddings, dropout=c.dropout,
                                   what="src_ids")

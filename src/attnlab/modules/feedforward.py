@@ -28,10 +28,15 @@ def gelu(x: Tensor) -> Tensor:
         return F.gelu(x)
 
 
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GELU's tanh approximation (GPT-2's), a named function so that a model using it pickles."""
+    return F.gelu(x, approximate="tanh")
+
+
 ACTIVATIONS: Registry = Registry("activation")
 ACTIVATIONS.add("relu", F.relu)
 ACTIVATIONS.add("gelu", gelu)
-ACTIVATIONS.add("gelu-tanh", lambda x: F.gelu(x, approximate="tanh"))
+ACTIVATIONS.add("gelu-tanh", gelu_tanh)
 ACTIVATIONS.add("silu", F.silu)
 
 

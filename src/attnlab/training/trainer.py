@@ -553,6 +553,7 @@ class Trainer:
         self._bad_evals = 0
         self._stale_best = False  # a best/ left by the run this from-scratch run replaces (see _save)
         self._stale_checkpoint = False  # and its checkpoint/
+        self._fitted = False  # fit was called: a second call from scratch is refused (see _fit)
         self._in_step = False
         self._eval_due = False  # the step just counted owes an evaluation not yet begun
         self._rng_at_step_start: tuple | None = None
@@ -665,6 +666,7 @@ class Trainer:
         models (token-level labels), the `eval_counts` metrics from the same forward passes, and the
         metrics function's values. RNG streams are left untouched."""
         metrics: dict[str, float] = {}
+        was_training = self.model.training  # given back: a call between fits must not turn dropout on
         with _rng_preserved():
             self.model.eval()
             try:
@@ -674,7 +676,7 @@ class Trainer:
                     for key, value in self.metrics_fn(self.model).items():
                         metrics[key] = float(value)
             finally:
-                self.model.train()
+                self.model.train(was_training)
         return metrics
 
     def _evaluate_source(self) -> dict[str, float]:
@@ -1132,6 +1134,7 @@ class Trainer:
             TrainingInterrupted: Ctrl-C; a checkpoint was saved first.
             TrainingDiverged: the training loss became NaN or infinite.
             CheckpointError: resume without a usable checkpoint.
+            ConfigError: a second call without resume on the same Trainer.
         """
         # fp32 runs of wide models on a CPU take oneDNN's AVX-512 matmuls where that is verified exact
         # (see device.py).
@@ -1141,6 +1144,13 @@ class Trainer:
     def _fit(self, resume: bool | None, on_start: Callable[[], None] | None) -> dict[str, Any]:
         cfg = self.config
         resume = self.resume if resume is None else resume
+        if self._fitted and not resume:
+            # From scratch, with the step and weights this call left: the run's own records were set aside as a
+            # replaced run's, and its log restarted (a notebook's second fit() after an interrupt, or by mistake).
+            raise ConfigError(f"this Trainer has trained already (to step {self.step} of {cfg.steps}); call "
+                              f"fit(resume=True) to go on from its checkpoint in {self.out_dir}, or build a new "
+                              "Trainer to train from scratch")
+        self._fitted = True
         seed_everything(cfg.seed + self.world.rank)
         if resume:
             self._restore()
