@@ -248,3 +248,15 @@ def test_compatibility_table():
             else:
                 check_compatible(variant, position)
 
+
+
+@pytest.mark.parametrize("variant", ["synthesizer-dense", "synthesizer-random"])
+def test_a_synthesizer_refuses_to_attend_to_another_sequence(variant):
+    # Its scores depend on key positions alone, so every memory was attended to alike, with no error; the flag
+    # supports_cross = False was read by the decoder layer (which takes `dot` for them) but not by the module.
+    from attnlab.modules.attention import MultiHeadAttention
+    mha = MultiHeadAttention(16, 2, variant=variant, block_size=8)
+    x = torch.randn(1, 3, 16)
+    assert mha(x)[0].shape == (1, 3, 16)
+    with pytest.raises(ConfigError, match=f"attention '{variant}' cannot attend to another sequence"):
+        mha(x, torch.randn(1, 5, 16))

@@ -138,7 +138,8 @@ def attention(
         need_weights: also return the (B, H, T, S) weights. This takes the explicit path; otherwise the
             fastest path measured for the device, dtype and shape runs: torch's fused
             `scaled_dot_product_attention`, or in half precision on a CPU a blocked or explicit one (see the
-            notes above EXPLICIT_MAX_KEYS). All give the same numbers up to rounding.
+            notes above EXPLICIT_MAX_KEYS). All give the same numbers up to rounding; with dropout, the same
+            distribution (each path draws its dropout masks in its own way).
 
     Returns:
         (out (B, H, T, Dv), weights or None). A query whose keys are all masked gets a zero output
@@ -598,6 +599,7 @@ class MultiHeadAttention(nn.Module):
         if d_model % n_heads:
             raise ConfigError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.variant = variant
         kv_dim = d_model if kv_dim is None else kv_dim
         self.scores = build_variant(
             variant, d_model=d_model, n_heads=n_heads, kv_dim=kv_dim, bias=bias,
@@ -637,6 +639,10 @@ class MultiHeadAttention(nn.Module):
             (output (B, T, D), weights or None)
         """
         cross = memory is not None
+        if cross and not type(self.scores).supports_cross:
+            # Its scores depend on key positions alone: every memory would be attended to alike.
+            raise ConfigError(f"attention {self.variant!r} cannot attend to another sequence (memory); "
+                              "use a variant that supports cross-attention, such as 'dot'")
         b, t, _ = x.shape
         past = cache.length if (cache is not None and not cache.static) else 0
         if positions is None:

@@ -212,8 +212,9 @@ class RotaryPosition(PositionScheme):
         cos, sin = self._angles(torch.arange(self.table_len, device="cpu"), torch.float64)
         return {"cos": cos, "sin": sin}
 
-    def _angles(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        ang = positions.detach().to("cpu", torch.float64)[..., None] * self.inv_freq
+    def _angles(self, positions: Tensor, dtype: torch.dtype, device: torch.device | str = "cpu"
+                ) -> tuple[Tensor, Tensor]:
+        ang = positions.detach().to(device, torch.float64)[..., None] * self.inv_freq.to(device)
         ang = torch.cat([ang, ang], dim=-1)  # (..., Dh)
         return ang.cos().to(dtype).to(positions.device), ang.sin().to(dtype).to(positions.device)
 
@@ -224,6 +225,11 @@ class RotaryPosition(PositionScheme):
         A forward rotates the queries and keys of every layer by the same positions tensor: the angles of
         the last one asked for are kept (until it changes in place), so that they are gathered, and its
         largest position read back from the device (a wait for a GPU), once per forward, not twice a layer."""
+        if torch.compiler.is_compiling():
+            # Computed where the positions are, not looked up or kept: reading the largest position, the version
+            # counter or the memo would break the graph in every layer (the compiled graph computes them once).
+            device = "cpu" if positions.device.type == "mps" else positions.device  # MPS has no float64
+            return self._angles(positions, _table_dtype(self.cos.dtype), device)
         # An inference tensor has no version counter to tell an in-place change by: not kept. Angles kept
         # under inference mode are not handed out outside it, where autograd refuses them.
         key = None if positions.is_inference() else (positions._version, torch.is_inference_mode_enabled())

@@ -73,6 +73,8 @@ _in_range: tuple[weakref.ref, int, int] | None = None
 
 def _check_positions(positions: Tensor, block_size: int, name: str) -> None:
     global _in_range
+    if torch.compiler.is_compiling():  # reading a value would break the graph in every layer; the models check
+        return  # their lengths against block_size (shapes, no value read) before any layer runs
     seen = _in_range
     if seen is not None and seen[0]() is positions and seen[1:] == (positions._version, block_size):
         return
