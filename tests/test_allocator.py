@@ -49,7 +49,8 @@ _PROBE = textwrap.dedent("""
 
 
 def _probe(mode: str, **env: str) -> list[str]:
-    clean = {k: v for k, v in os.environ.items() if k not in allocator._USER_SETTINGS and k != "ATTNLAB_MALLOC"}
+    mine = allocator._user_settings(dict(os.environ))
+    clean = {k: v for k, v in os.environ.items() if k not in mine and k != "ATTNLAB_MALLOC"}
     done = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, timeout=120,
                           env={**clean, **env}, check=True)
     return done.stdout.split()
@@ -72,6 +73,7 @@ def test_the_command_applies_it_at_start():
 
 @needs_glibc
 @pytest.mark.parametrize("env", [{"ATTNLAB_MALLOC": "system"}, {"MALLOC_TRIM_THRESHOLD_": "131072"},
+                                 {"MALLOC_ARENA_MAX": "2"}, {"MALLOC_PERTURB_": "1"},  # were not seen (readme5)
                                  {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"},
                                  {"LD_PRELOAD": "libjemalloc.so.2"}])
 def test_the_users_choice_stands(env):

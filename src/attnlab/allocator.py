@@ -13,7 +13,7 @@ training run reaches every step anyway.
 The command line applies this at start (`attnlab.__main__`), with a bound on oneDNN's cache of compiled products
 (`bound_onednn_cache`, below); the library does not, as both are process-wide.
 `ATTNLAB_MALLOC=system` keeps glibc's defaults, and so does any allocator setting of the user's own
-(`MALLOC_*_` variables, `GLIBC_TUNABLES`, or jemalloc/tcmalloc through `LD_PRELOAD`).
+(any `MALLOC_*` variable, `GLIBC_TUNABLES`, or jemalloc/tcmalloc through `LD_PRELOAD`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,12 @@ _SETTINGS = (
 # Blocks up to this size come from the heap (where glibc refuses 1 GiB, as older versions cap the threshold
 # at 32 MiB, that).
 _MMAP_THRESHOLDS = (1 << 30, 32 << 20)
-_USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
-                  "GLIBC_TUNABLES")
+
+
+def _user_settings(environ: dict[str, str]) -> list[str]:
+    """The allocator settings of the user's own in `environ`: glibc's MALLOC_* variables (the thresholds,
+    MALLOC_ARENA_MAX that containers set to save memory, MALLOC_PERTURB_, MALLOC_CHECK_...) and GLIBC_TUNABLES."""
+    return [name for name in environ if name.startswith("MALLOC_") or name == "GLIBC_TUNABLES"]
 
 
 def keep_freed_memory() -> bool:
@@ -41,7 +45,7 @@ def keep_freed_memory() -> bool:
     glibc's allocator variables."""
     if not sys.platform.startswith("linux") or os.environ.get("ATTNLAB_MALLOC", "").lower() == "system":
         return False
-    if any(name in os.environ for name in _USER_SETTINGS) or "malloc" in os.environ.get("LD_PRELOAD", ""):
+    if _user_settings(dict(os.environ)) or "malloc" in os.environ.get("LD_PRELOAD", ""):
         return False
     try:
         libc = ctypes.CDLL(None)  # the process's own symbols
