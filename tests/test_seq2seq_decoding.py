@@ -168,3 +168,31 @@ def test_a_translation_never_contains_pad_or_bos(beam_size):
     assert [len(ids) for ids in out] == [5, 5] and {t for ids in out for t in ids} <= set(WORDS)
     model.config.eos_id = 0  # pad's id: eos (and pad with it) may end a translation at once
     assert decode(model) == [[], []]
+
+
+@pytest.mark.parametrize("alpha", [0.6, 50.0, 100.0, 1000.0])
+def test_beam_search_ranks_by_the_length_penalty_at_any_alpha(alpha):
+    # The penalty ((5 + n) / 6)^α divided float32 scores: past float32's range every long hypothesis scored -0.0
+    # and the shortest won (α = 100: 9 words where 19 score best), past float64's an OverflowError (stop-41 audit).
+    # A stand-in decoder: every step eos or the one word, each with probability 1/2 (pad and bos never emitted).
+    class Settings:
+        pad_id, bos_id, eos_id, src_vocab_size, tgt_vocab_size = 0, 1, 2, 4, 4
+
+    class Coin(torch.nn.Module):
+        config, max_len = Settings(), None
+
+        def encode(self, src, mask=None):
+            return torch.zeros(src.shape[0], src.shape[1], 2), [], []
+
+        def new_cache(self):
+            return []
+
+        def decode(self, tokens, memory, mask=None, cache=None):
+            return torch.zeros(tokens.shape[0], 1, 4), None, None, None
+
+    def normalised(n):  # log of -(log p / penalty) for n tokens counting eos, in float64: lower is better
+        return math.log(n * math.log(2)) - alpha * math.log((5 + n) / 6)
+
+    best = min(range(1, 21), key=normalised)  # 1 (eos alone) for small α, the longest for large α
+    assert len(beam_search(Coin(), torch.tensor([[3, 3]]), beam_size=2, max_len=20, length_penalty=alpha)[0]) == \
+        best - 1

@@ -433,14 +433,17 @@ def _beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, bea
     # Each live beam's tokens, and each source's best finished ones, as long as the search has gone: a buffer of
     # max_len, gathered whole at every step, made a step's cost grow with -n rather than with the translations.
     history = torch.zeros((b, k, 0), dtype=torch.long, device=device)
-    best = torch.full((b,), -math.inf, device=device)  # each source's best finished score
+    best = torch.full((b,), -math.inf, device=device)  # each source's best finished score (`ranked`)
     best_history = torch.zeros((b, 0), dtype=torch.long, device=device)
     best_length = torch.zeros(b, dtype=torch.long, device=device)
     active = torch.ones(b, dtype=torch.bool, device=device)  # sources still searching
     rows = torch.arange(b, device=device)
 
-    def penalty(n: int) -> float:
-        return ((5 + n) / 6) ** length_penalty
+    def ranked(logp: Tensor, n: int) -> Tensor:
+        """log p / ((5 + n) / 6)^α as α·log((5 + n) / 6) - log(-log p), which orders hypotheses alike (it rises
+        with it; -inf stays -inf): the penalty itself leaves float32's range at α ≈ 36 for 64 tokens, where every
+        long hypothesis scored -0.0 and the shortest won, and float64's at larger α (an OverflowError)."""
+        return length_penalty * math.log((5 + n) / 6) - torch.log(-logp)
 
     def finish(candidate: Tensor, beams: Tensor, length: int) -> None:
         """Keep, per source, the first best of `candidate` (B, n) scores where it beats the best so far."""
@@ -471,12 +474,12 @@ def _beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, bea
         kept_before = torch.cumsum(goes_on.long(), dim=1) - goes_on.long()  # live candidates ranked ahead
         keep = goes_on & (kept_before < k)
         ended = ends & (kept_before < k)  # ranked before the k-th live one
-        finish(torch.where(ended, top / penalty(step), torch.full_like(top, -math.inf)), beam, step - 1)
+        finish(torch.where(ended, ranked(top, step), torch.full_like(top, -math.inf)), beam, step - 1)
         # The k live candidates of each source (fewer: the rest are -inf slots that never win).
         order = torch.argsort((~keep).long(), dim=1, stable=True)[:, :k]  # kept ones first, in rank order
         new_scores = torch.where(keep.gather(1, order), top.gather(1, order), torch.full_like(top[:, :k], -math.inf))
         new_beam = beam.gather(1, order)
-        stop = ~keep.any(dim=1) | ((best > -math.inf) & (new_scores.max(dim=1).values / penalty(max_len) < best))
+        stop = ~keep.any(dim=1) | ((best > -math.inf) & (ranked(new_scores.max(dim=1).values, max_len) < best))
         active &= ~stop
         if not bool(active.any()):
             break
@@ -489,7 +492,7 @@ def _beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, bea
             cross_cache.reorder(index)
         tokens = history[:, :, -1].reshape(b * k, 1)
     else:  # max_len reached: the live beams of the sources still searching end as they are
-        live = torch.where(active[:, None], scores / penalty(step), torch.full_like(scores, -math.inf))
+        live = torch.where(active[:, None], ranked(scores, step), torch.full_like(scores, -math.inf))
         beams = torch.arange(k, device=device).expand(b, k)
         finish(live, beams, step)
     return [best_history[i, : int(best_length[i])].tolist() for i in range(b)]
