@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 
 from attnlab.errors import ConfigError
 from attnlab.training.recipe import load_run_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 @pytest.mark.parametrize("overrides", [["model.family=gpt", "model.preset=gpt-char-tiny"],
@@ -21,6 +24,11 @@ def test_a_preset_given_before_the_family_is_kept(overrides):
 def test_the_default_runs_preset_gives_way_to_a_family():
     assert load_run_config(None, ["model.family=bert", "data.task=mlm"]).model == {"family": "bert"}
     assert "preset" in load_run_config(None, []).model
+    # its own family keeps it, as configs/gpt-pydoc.toml (the default run written out) does: the family's
+    # defaults (3.7 M parameters against 0.4 M) had been trained into the same folder (stop-41 audit)
+    default, written_out = (load_run_config(path, ["model.family=gpt", "model.n_layers=2"])
+                            for path in (None, CONFIGS / "gpt-pydoc.toml"))
+    assert default.model == written_out.model == {"preset": "gpt-char-small", "family": "gpt", "n_layers": 2}
 
 
 @pytest.mark.parametrize("text, line", [

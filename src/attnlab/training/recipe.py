@@ -398,10 +398,15 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     parsed = [parse_override(item) for item in overrides or []]
     if any(section == "model" and key == "init_from" for (section, key), _ in parsed):
         raw["model"] = {}  # the architecture is the pretrained run's: only --set model.* values change it
-    if path is None and any(section == "model" and key == "family" for (section, key), _ in parsed):
-        # The default run's GPT preset gives way to the family asked for (before the overrides: popped with each
-        # model.family, it dropped a preset an earlier --set had given, and the family's defaults were trained).
-        raw["model"].pop("preset", None)
+    families = [value for (section, key), value in parsed if section == "model" and key == "family"]
+    if path is None and families and "preset" in raw["model"]:
+        # The default run's GPT preset gives way to another family asked for (before the overrides: popped with
+        # each model.family, it dropped a preset an earlier --set had given, and the family's defaults were
+        # trained). Its own family keeps it, as configs/gpt-pydoc.toml (the default run written out) does.
+        from attnlab.models.registry import get_preset
+
+        if families[-1] != get_preset(raw["model"]["preset"])[0]:
+            raw["model"].pop("preset")
     for (section, key), value in parsed:
         raw.setdefault(section, {})[key] = value
     for section in raw:
