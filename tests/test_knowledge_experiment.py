@@ -153,6 +153,7 @@ def test_synthetic_world_default_and_cli(tmp_path, capsys, monkeypatch):
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
     files = write_files(tmp_path)
+    given = ["--corpus", files["corpus"], "--train", files["train"], "--eval", files["eval"]]
     cases = [
         (["--variants", "dot,bogus"], "unknown variant 'bogus'"),
         (["--scale", "huge"], "unknown scale"),
@@ -163,6 +164,10 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
         (["--seed", str(2**64)], "--seed must be an integer from 0 to 2**63 - 1"),
         (["--variants", "dot+synthesizer-dense+rotary"], "names two attention variants (dot and synthesizer-dense)"),
         (["--variants", "rotary+alibi"], "names two position schemes (rotary and alibi)"),
+        # the world's settings with the user's files: said in the header and results as changes, and ignored
+        ([*given, "--set", "n_people=600", "--set", "eval_fraction=0.9"],
+         "n_people and eval_fraction shape the synthetic world, which --corpus, --train and --eval replace; drop "
+         "--set n_people and --set eval_fraction"),
     ]
     for extra, needle in cases:
         with pytest.raises(SystemExit) as exit_info:

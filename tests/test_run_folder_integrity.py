@@ -652,3 +652,25 @@ def test_a_classifier_replacing_a_language_model_takes_its_token_files_away(lm_c
     with pytest.warns(UserWarning, match="already holds a trained run; training from scratch replaces it"):
         _train(*_classifier(cls_run.parent / "train.tsv", lm_copy, steps=2))
     assert sorted(p.name for p in (lm_copy / "data").iterdir()) == ["notes.txt"]
+
+
+def test_token_files_of_another_tool_in_the_run_folder_are_left_as_they_are(capsys, tmp_path, lm_copy, cls_run):
+    # train.out_dir naming a folder of the user's with a nanoGPT-style data/train.bin and val.bin: a language model
+    # wrote its own over them, a classifier replacing a run there deleted them (stop-41 config audit). Ours carry a
+    # sidecar (train.bin.json); theirs do not.
+    mine = tmp_path / "mine"
+    (mine / "data").mkdir(parents=True)
+    for name in ("train.bin", "val.bin"):
+        (mine / "data" / name).write_bytes(b"\x01\x02" * 50)
+    line = one_line_error(capsys, "train", "--set", "train.steps=1", "--set", f"train.out_dir={_q(mine)}", *LM)
+    assert "train.out_dir: " in line and "data/train.bin' is not a token file an attnlab run wrote (no " \
+        "train.bin.json of ours beside it)" in line and "move it, or choose another train.out_dir" in line
+    assert all((mine / "data" / name).read_bytes() == b"\x01\x02" * 50 for name in ("train.bin", "val.bin"))
+    assert sorted(p.name for p in (mine / "data").iterdir()) == ["train.bin", "val.bin"]  # no staging left
+    # a classifier replacing a language model takes away that model's token files only
+    (lm_copy / "data" / "val.bin").unlink()
+    (lm_copy / "data" / "val.bin").write_bytes(b"theirs")
+    (lm_copy / "data" / "val.bin.json").write_text('{"format": "another tool"}', encoding="utf-8")
+    with pytest.warns(UserWarning, match="already holds a trained run"):
+        _train(*_classifier(cls_run.parent / "train.tsv", lm_copy, steps=2))
+    assert sorted(p.name for p in (lm_copy / "data").iterdir()) == ["val.bin", "val.bin.json"]

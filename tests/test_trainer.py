@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -230,6 +231,14 @@ def test_settings_that_cannot_act_are_named(tmp_path):
     with pytest.warns(UserWarning, match='min_lr_ratio = 0.5 does nothing under schedule = "noam"'):
         Trainer(tiny_model(), config(schedule="noam", warmup_steps=2, min_lr_ratio=0.5), ToySource(),
                 out_dir=tmp_path / "f").fit()
+    # (stop-41 audit: a config's eval_every, its evaluation file dropped, went unsaid)
+    with pytest.warns(UserWarning, match=r"train.eval_every = 2 and train.eval_batches = 3 do nothing: there is no "
+                                         r"evaluation \(nothing held out\); give data.eval_path .*or drop them"):
+        Trainer(tiny_model(), config(eval_every=2, eval_batches=3), ToySource(), out_dir=tmp_path / "h").fit()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # with an evaluation, nothing to say
+        Trainer(tiny_model(), config(eval_every=2, eval_batches=3), ToySource(), eval_source=ToySource(),
+                out_dir=tmp_path / "i").fit()
     with pytest.raises(ConfigError, match=r"decay_steps \(3\) must be larger than warmup_steps \(3\)"):
         config(warmup_steps=3, decay_steps=3)
 

@@ -698,6 +698,11 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
 
     start = time.perf_counter()
     settings = scale_settings(scale, overrides)
+    worldly = [name for name in ("n_people", "eval_fraction") if name in (overrides or {})]
+    if corpus and worldly:  # they would be said to change the scale (header, results), and change nothing
+        raise ConfigError(f"{' and '.join(worldly)} shape{'s' if len(worldly) == 1 else ''} the synthetic world, "
+                          "which --corpus, --train and --eval replace; drop "
+                          + " and ".join(f"--set {name}" for name in worldly))
     rows = parse_variants(variants)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise ConfigError(f"--seed must be an integer from 0 to 2**63 - 1, got {seed!r}")

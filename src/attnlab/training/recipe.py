@@ -879,6 +879,11 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     # once every check has passed: a run refused for its data (a held-out file shorter than a window, a character
     # outside the vocabulary) had rewritten a finished run's data/, or left one where no run was.
     data_dir = Path(t.out_dir) / "data"
+    for name in TOKEN_FILES:  # train.out_dir naming a folder of the user's, with a data/ of another tool's
+        if (data_dir / name).exists() and not _our_token_file(data_dir / name):
+            raise ConfigError(f"train.out_dir: {str(data_dir / name)!r} is not a token file an attnlab run wrote "
+                              f"(no {name}.json of ours beside it), and this run writes its own there; move it, or "
+                              "choose another train.out_dir")
     made = not data_dir.exists()
     staging = data_dir / f".partial.{_HOST}.{os.getpid()}"
     _clear_dead_staging(data_dir)
@@ -1395,14 +1400,25 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
         return {**summary, **prep.info}
 
 
+def _our_token_file(path: Path) -> bool:
+    """Whether `path` is a token file that attnlab wrote: its sidecar (`build_token_file`'s) lies beside it."""
+    from attnlab.data.corpus import SIDECAR_FORMAT, sidecar_path
+
+    try:
+        return json.loads(sidecar_path(path).read_text(encoding="utf-8")).get("format") == SIDECAR_FORMAT
+    except (OSError, ValueError, AttributeError):  # none, unreadable, not JSON, not an object
+        return False
+
+
 def _remove_token_files(data_dir: Path) -> None:
     """The token files of an earlier language model in `data_dir` (a corpus's worth of disk), for a run of another
     task that replaces it (they were left beside it, unread); the user's own files there stay."""
     from attnlab.data.corpus import sidecar_path
 
     for name in TOKEN_FILES:
-        for path in (data_dir / name, sidecar_path(data_dir / name)):
-            path.unlink(missing_ok=True)
+        if _our_token_file(data_dir / name):
+            for path in (data_dir / name, sidecar_path(data_dir / name)):
+                path.unlink(missing_ok=True)
     try:
         data_dir.rmdir()
     except OSError:  # not there, not empty, or a link to another disk: left as it is

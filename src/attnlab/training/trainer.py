@@ -1047,6 +1047,12 @@ class Trainer:
                 f"train.eval_every = {cfg.eval_every} evaluates only at the end of {cfg.steps} steps"
             warnings.warn(f"train.early_stopping_patience = {cfg.early_stopping_patience} cannot stop this run: "
                           f"{why}", stacklevel=4)
+        inert = [f"train.{name} = {getattr(cfg, name)}" for name in ("eval_every", "eval_batches")
+                 if getattr(cfg, name) != getattr(TrainerConfig, name)]
+        if not has_eval and inert:  # (a config's eval_every, with its evaluation file dropped)
+            warnings.warn(f"{' and '.join(inert)} {'does' if len(inert) == 1 else 'do'} nothing: there is no "
+                          "evaluation (nothing held out); give data.eval_path (or data.val_fraction), or drop "
+                          f"{'it' if len(inert) == 1 else 'them'}", stacklevel=4)
         if not has_eval and cfg.best_metric != TrainerConfig.best_metric:
             warnings.warn(f"train.best_metric = {cfg.best_metric!r} cannot pick best/: there is no evaluation (nothing "
                           "held out); give data.eval_path (or data.val_fraction), or drop it", stacklevel=4)
