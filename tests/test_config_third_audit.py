@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.errors import ConfigError
+from attnlab.errors import CheckpointError, ConfigError
 from attnlab.training.recipe import load_run_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -140,3 +140,19 @@ def test_none_for_an_encoders_causal_keeps_the_mask_of_a_pretrained_classifier(t
         assert config.is_causal is causal
     lm = ["data.task=lm", f"model.init_from='{tmp_path / 'cls_True'}'", "model.causal=none"]
     assert model_config(load_run_config(None, lm).model, head="lm").is_causal
+
+
+def test_a_leading_tilde_in_a_path_setting_is_the_home_folder(tmp_path, monkeypatch):
+    # A config file sees no shell (nor does --set key=~/x, which a shell leaves as it is): the run went into a folder
+    # named '~' in the working one, and its printed path then named the home folder's (stop-41 config audit).
+    monkeypatch.setenv("HOME", str(tmp_path))
+    run = load_run_config(None, ["train.out_dir=~/runs/x", "data.path=~/text.txt", "data.eval_path=~/dev.txt"])
+    assert run.train.out_dir == str(tmp_path / "runs" / "x")
+    assert (run.data.path, run.data.eval_path) == (str(tmp_path / "text.txt"), str(tmp_path / "dev.txt"))
+    config = tmp_path / "run.yaml"
+    config.write_text("model:\n  preset: gpt-char-tiny\ntrain:\n  out_dir: ~/runs/y\n", encoding="utf-8")
+    assert load_run_config(config).train.out_dir == str(tmp_path / "runs" / "y")
+    assert load_run_config(None, ["train.out_dir=runs/~x"]).train.out_dir == "runs/~x"  # only a leading one
+    with pytest.raises(CheckpointError) as info:  # model.init_from too: its refusal names the home folder's path
+        load_run_config(None, ["model.init_from=~/no-run"])
+    assert str(tmp_path / "no-run") in str(info.value)

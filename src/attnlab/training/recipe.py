@@ -421,9 +421,15 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     for key in ("text_column", "label_column"):  # a column number, given unquoted (--set data.label_column=1)
         if isinstance(data_table.get(key), int) and not isinstance(data_table[key], bool):
             data_table[key] = str(data_table[key])
+    # A config file sees no shell: ~ there (or in --set key=~/x, which a shell leaves as it is) is the home folder,
+    # not a folder named '~' in the working one.
+    train_table = dict(raw.get("train", {}))
+    for table, keys in ((data_table, ("path", "eval_path", "src_path", "tgt_path", "eval_src_path", "eval_tgt_path")),
+                        (model, ("init_from",)), (train_table, ("out_dir",))):
+        table.update({key: _home(table[key]) for key in keys if key in table})
     data = DataConfig.from_dict(data_table, where="data")
     data.check_task_reads()  # here, not in __post_init__: a saved run's [data] is read back by `evaluate` as it was
-    train = TrainerConfig.from_dict(raw.get("train", {}), where="train")
+    train = TrainerConfig.from_dict(train_table, where="train")
     if train.out_dir is None:  # a config file without train.out_dir: a folder named after the file
         if not Path(path).is_file():  # <(...): /dev/fd/63, the same name for every pipe
             raise ConfigError(f"config file {str(path)!r} is not a regular file (a pipe), so it names no run folder; "
@@ -439,6 +445,11 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
             fix = f"model.init_from names a {family} run: give it the run folder of a model of family {families}"
         raise ConfigError(f"data.task {data.task!r} needs a model of family {families}, not {family!r}; {fix}")
     return RunConfig(model=model, data=data, train=train)
+
+
+def _home(value: Any) -> Any:
+    """A path setting with a leading ~ (~/runs, ~user/runs) made the home folder's path; any other value as it is."""
+    return os.path.expanduser(value) if isinstance(value, str) and value.startswith("~") else value
 
 
 def _check_attention_with_position(model: dict[str, Any], family: str) -> None:
