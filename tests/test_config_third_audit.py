@@ -156,3 +156,15 @@ def test_a_leading_tilde_in_a_path_setting_is_the_home_folder(tmp_path, monkeypa
     with pytest.raises(CheckpointError) as info:  # model.init_from too: its refusal names the home folder's path
         load_run_config(None, ["model.init_from=~/no-run"])
     assert str(tmp_path / "no-run") in str(info.value)
+
+
+@pytest.mark.parametrize("raw, value", [(".5", 0.5), ("5.", 5.0), ("1.e-3", 0.001), ("010", 10), ("-.5e2", -50.0)])
+def test_set_reads_the_numbers_a_yaml_config_reads(raw, value):
+    # TOML refuses them, and --set had passed them on as text: "train.lr: expected a number, got '.5'", where
+    # `lr: .5` in a YAML config reads (stop-41 config audit). Other text stays text.
+    from attnlab.training.recipe import parse_value
+
+    assert parse_value(raw) == value and type(parse_value(raw)) is type(value)
+    assert load_run_config(None, [f"train.lr={raw.lstrip('-')}"]).train.lr == abs(value)
+    assert [parse_value(text) for text in ("rotary", "a: b", "[x", "yes", "- a")] == \
+        ["rotary", "a: b", "[x", "yes", "- a"]

@@ -222,15 +222,28 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 
 def parse_value(raw: str) -> Any:
-    """A command-line value read as TOML (numbers, booleans, lists, quoted strings), else the raw string;
-    spaces around it are dropped (`--set "model.position= rotary"`)."""
+    """A command-line value read as TOML (numbers, booleans, lists, quoted strings), else as a number where a
+    YAML config reads one that TOML does not (.5, 5., 1.e-3, 010), else the raw string; spaces around it are
+    dropped (`--set "model.position= rotary"`)."""
     raw = raw.strip()
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except (tomllib.TOMLDecodeError, RecursionError):  # RecursionError: nested thousands deep
-        return raw
+        return _yaml_number(raw)
     except ValueError as e:  # valid TOML that Python will not read: an integer of more than 4,300 digits
         raise ConfigError(f"value {raw[:12]}...: {one_line(e)}; give a smaller number") from None
+
+
+def _yaml_number(raw: str) -> Any:
+    """`raw` as the number a YAML config reads in it (`--set train.lr=.5` had been refused as "expected a number,
+    got '.5'", where `lr: .5` in a YAML file reads), else `raw` itself."""
+    import yaml
+
+    try:
+        value = yaml.load(raw, Loader=_yaml_loader())  # noqa: S506 - the safe loader, with number rules changed
+    except (yaml.YAMLError, RecursionError, ValueError):
+        return raw
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else raw
 
 
 YAML_SUFFIXES = (".yaml", ".yml")
