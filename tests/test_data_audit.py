@@ -205,3 +205,9 @@ def test_pairs_blank_on_both_sides_are_warned_about():
     tok = WordTokenizer.train(["a b c"], specials={"pad": "<pad>", "unk": "<unk>", "bos": "<bos>", "eos": "<eos>"})
     with pytest.warns(UserWarning, match="1 of 3 sentence pairs are blank on both sides \\(the first at line 2"):
         ParallelTextSource(["a b", "", "c"], ["b a", " ", "c"], tok, tok, 2)
+    # the same source serves `evaluate`, which trains nothing: the warnings had said the pairs "teach" (seq2seq4)
+    with pytest.warns(UserWarning) as caught:
+        ParallelTextSource(["a b", "", "c", ""], ["b a", " ", "", "a"], tok, tok, 2)
+    assert [str(w.message).split("): ")[1] for w in caught] == [
+        "they pair a sentence with nothing (trained or scored alike); check that the files are aligned",
+        "they pair nothing with nothing (trained or scored alike); remove the blank lines from both files"]

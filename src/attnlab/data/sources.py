@@ -829,13 +829,15 @@ class ParallelTextSource(_ExampleSource):
         one_sided = [i for i, (a, b) in enumerate(zip(src_lines, tgt_lines)) if bool(a.strip()) != bool(b.strip())]
         if one_sided:
             warnings.warn(f"{len(one_sided)} of {len(src_lines)} sentence pairs have one side empty (the first at "
-                          f"line {one_sided[0] + 1} of '{_name(src_path)}' and '{_name(tgt_path)}'): they teach "
-                          "translating to or from nothing; check that the files are aligned", stacklevel=2)
+                          f"line {one_sided[0] + 1} of '{_name(src_path)}' and '{_name(tgt_path)}'): they pair a "
+                          "sentence with nothing (trained or scored alike); check that the files are aligned",
+                          stacklevel=2)
         blank = [i for i, (a, b) in enumerate(zip(src_lines, tgt_lines)) if not (a.strip() or b.strip())]
         if blank:
             warnings.warn(f"{len(blank)} of {len(src_lines)} sentence pairs are blank on both sides (the first at "
-                          f"line {blank[0] + 1} of '{_name(src_path)}' and '{_name(tgt_path)}'): they teach "
-                          "translating nothing into nothing; remove the blank lines from both files", stacklevel=2)
+                          f"line {blank[0] + 1} of '{_name(src_path)}' and '{_name(tgt_path)}'): they pair nothing "
+                          "with nothing (trained or scored alike); remove the blank lines from both files",
+                          stacklevel=2)
         body = None if max_tgt_length is None else max_tgt_length - 1
         # A line of whitespace only is blank, as the warnings above and `generate --input` take it (no tokens): a
         # tokenizer that keeps spaces (BPE) made tokens of it, so `evaluate` translated it into words where
