@@ -94,8 +94,16 @@ def _two_characters_swapped(data: dict) -> dict:
     return {**data, "tokens": tokens}
 
 
+def _newline_made_the_unknown_token(data: dict) -> dict:
+    # The vocabulary is kept: unknown characters then read as line ends (stop-41 audit: a BERT's pad set to null, or
+    # its mask and unk swapped, changed evaluate's numbers with no word).
+    return {**data, "specials": {**data["specials"], "unk": "\n"}}
+
+
 @pytest.mark.parametrize("change, says", [(_as_word_tokenizer, "a word tokenizer; they were trained with a char one"),
-                                          (_two_characters_swapped, "are not the vocabulary they were trained with")])
+                                          (_two_characters_swapped, "are not the vocabulary they were trained with"),
+                                          (_newline_made_the_unknown_token, "(its special tokens, unk '\\n', are "
+                                                                            "not the ones they were trained with)")])
 def test_a_tokenizer_of_the_same_size_and_specials_but_not_the_weights_is_refused(tiny_run, tmp_path, capsys,
                                                                                     change, says):
     # Only the size and the pad, bos and eos ids were compared: a word tokenizer with the char run's token list,

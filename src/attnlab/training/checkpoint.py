@@ -650,10 +650,17 @@ def saved_labels(path: str | os.PathLike[str]) -> list[str] | None:
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> dict[str, str]:
-    """What the weights file records of the tokenizer saved beside it: its kind, and a digest of its
-    vocabulary in id order (two tokenizers of one size and kind can still give the same ids to other tokens)."""
-    vocab = json.dumps(tokenizer.vocab(), ensure_ascii=False).encode("utf-8", "surrogatepass")
-    return {"type": str(tokenizer.kind), "vocab_sha256": hashlib.sha256(vocab).hexdigest()}
+    """What the weights file records of the tokenizer saved beside it: its kind, a digest of its vocabulary in id
+    order (two tokenizers of one size and kind can still give the same ids to other tokens), and one of which token
+    plays which special part (an edited file with no pad, or mask and unk swapped, kept the vocabulary)."""
+    def digest(value: Any) -> str:
+        return hashlib.sha256(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
+
+    fingerprint = {"type": str(tokenizer.kind), "vocab_sha256": digest(tokenizer.vocab())}
+    specials = getattr(tokenizer, "specials", None)
+    if specials is not None:
+        fingerprint["specials_sha256"] = digest(specials.to_dict())
+    return fingerprint
 
 
 def class_names(path: str | os.PathLike[str]) -> list[str] | None:
@@ -705,6 +712,16 @@ def check_tokenizer_fits(config: Any, tokenizer: Any, folder: str | os.PathLike[
     if saved.get("vocab_sha256") != have["vocab_sha256"]:
         raise CheckpointError(f"{file} does not belong to these weights (its {tokenizer.vocab_size} tokens are "
                               "not the vocabulary they were trained with); use the run's own tokenizer.json")
+    if "specials_sha256" in saved and saved["specials_sha256"] != have.get("specials_sha256"):  # since 2026-12-07
+        raise CheckpointError(f"{file} does not belong to these weights (its special tokens, "
+                              f"{_specials_said(tokenizer)}, are not the ones they were trained with); use the run's "
+                              "own tokenizer.json")
+
+
+def _specials_said(tokenizer: Any) -> str:
+    specials = getattr(tokenizer, "specials", None)
+    named = [f"{name} {token!r}" for name, token in specials.items()] if specials is not None else []
+    return ", ".join(named) or "none"
 
 
 def read_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
