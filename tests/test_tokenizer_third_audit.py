@@ -216,3 +216,19 @@ def test_a_tokenizer_type_that_is_not_a_name_is_refused_in_words(kind):
 
     with pytest.raises(DataError, match=r"unknown tokenizer type .*; expected one of: char, word"):
         tokenizer_from_dict({"type": kind, "version": 1})
+
+
+def test_a_vocabulary_size_above_what_the_text_gives_is_said(tmp_path):
+    # 100,000 asked on a short text gave a vocabulary of a few hundred tokens without a word; run.json keeps the size
+    # asked for (stop-41 audit).
+    from cli_helpers import toml_str
+
+    from attnlab.cli import main
+
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    with pytest.warns(UserWarning, match=r"data.vocab_size = 100,000 is far more than the text gives: the bpe "
+                                         r"vocabulary has \d+ tokens, and the model is sized to them"):
+        main(_train(tmp_path / "run", "--set", "train.steps=1", "--set", f"data.path={toml_str(text)}", "--set",
+                    "data.tokenizer=bpe", "--set", "data.vocab_size=100000"))
+    assert json.loads((tmp_path / "run" / "checkpoint" / "config.json").read_text())["vocab_size"] < 1000

@@ -714,8 +714,15 @@ def _tokenizer(run: RunConfig, texts: Any, saved: Path | None, **options: Any):
                           f"tokenizer of model.init_from, its weights' vocabulary ({tokenizer.kind}, "
                           f"{tokenizer.vocab_size:,} tokens)", stacklevel=2)
         return tokenizer
-    return _from_first_process(train_tokenizer(run.data.tokenizer, texts, run.data.vocab_size, **options),
-                               run.train.device)
+    tokenizer = _from_first_process(train_tokenizer(run.data.tokenizer, texts, run.data.vocab_size, **options),
+                                    run.train.device)
+    asked = run.data.vocab_size
+    # A size is a bound (every word of a small text, or merges until none is left): far below it, say so (run.json
+    # keeps the size asked for, config.json the one reached).
+    if asked is not None and tokenizer.vocab_size < asked / 2:
+        warnings.warn(f"data.vocab_size = {asked:,} is far more than the text gives: the {tokenizer.kind} vocabulary "
+                      f"has {tokenizer.vocab_size:,} tokens, and the model is sized to them", stacklevel=2)
+    return tokenizer
 
 
 def _from_first_process(tokenizer, device: str):
