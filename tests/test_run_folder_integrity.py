@@ -674,3 +674,35 @@ def test_token_files_of_another_tool_in_the_run_folder_are_left_as_they_are(caps
     with pytest.warns(UserWarning, match="already holds a trained run"):
         _train(*_classifier(cls_run.parent / "train.tsv", lm_copy, steps=2))
     assert sorted(p.name for p in (lm_copy / "data").iterdir()) == ["val.bin", "val.bin.json"]
+
+
+def test_evaluate_gives_a_loss_past_700_an_infinite_perplexity_null_in_json(capsys, lm_copy, tmp_path):
+    # evaluate wrote exp(min(loss, 700)), a finite 1.01e304 whatever the loss, where training's evaluation gives
+    # inf (null in metrics.jsonl) (stop-41 evaluate audit). The final norm's gain scaled up: finite weights, huge loss.
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    weights = lm_copy / "checkpoint" / "model.safetensors"
+    with safe_open(str(weights), framework="pt") as f:
+        tensors = {key: f.get_tensor(key) * (5000.0 if key == "blocks.norm.weight" else 1.0) for key in f.keys()}
+        metadata = dict(f.metadata() or {})
+    save_file(tensors, str(weights), metadata=metadata)
+    text = tmp_path / "text.txt"
+    text.write_text("while the quick brown fox jumps over the lazy dog, " * 20, encoding="utf-8")
+    code, out, err = run_cli(capsys, "evaluate", str(lm_copy), "--data", str(text), "--json", "--device", "cpu")
+    metrics = json.loads(out)
+    assert code == 0 and metrics["loss"] > 700 and metrics["perplexity"] is None, (out, err)
+    code, out, err = run_cli(capsys, "evaluate", str(lm_copy), "--data", str(text), "--device", "cpu")
+    assert "perplexity  inf" in out
+
+
+def test_a_checkpoint_without_its_trainer_state_keeps_the_runs_seed(tmp_path):
+    # Only trainer_state.json's seed was read: a checkpoint copied without it (a layout load_run serves from run.json)
+    # drew a BERT's evaluation masks and sentence pairs with seed 0, not the run's train.seed (stop-41 audit).
+    from attnlab.inference.runs import load_run
+
+    out = tmp_path / "run"
+    _train("--set", "train.steps=1", "--set", "train.seed=3", "--set", f"train.out_dir={_q(out)}", *LM)
+    assert load_run(out, "cpu").seed == 3
+    (out / "checkpoint" / "trainer_state.json").unlink()
+    assert load_run(out, "cpu").seed == 3

@@ -175,18 +175,18 @@ def evaluate(
                                   "a bf16 run, with losses that differ from the fourth digit on."),
 ) -> None:
     """Score a file: loss and perplexity (language models, translation + BLEU) or accuracy (classifiers)."""
-    import json
 
     from attnlab.inference.runs import evaluate_file, load_run
     from attnlab.training.device import select_device
+    from attnlab.training.logging import json_line
 
     run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint")
     metrics = evaluate_file(run, data, target=target, batch_size=batch_size, beam_size=beam_size,
                             text_column=text_column, label_column=label_column, precision=precision)
     counts = ("tokens", "examples", "masked_tokens", "sentence_pairs")
     metrics = {key: int(value) if key in counts else value for key, value in metrics.items()}
-    if as_json:
-        print(json.dumps(metrics))
+    if as_json:  # standard JSON: a perplexity past float64's range is null, as in metrics.jsonl
+        print(json_line(metrics), end="")
         return
     width = max(11, *map(len, metrics))
     for key, value in metrics.items():

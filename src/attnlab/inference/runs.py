@@ -22,7 +22,7 @@ from torch import nn
 
 from attnlab.errors import CheckpointError, ConfigError, DataError, UnknownToken, a_name
 from attnlab.inference.generate import check_beam_size
-from attnlab.training.logging import RUN_FILE, progress_bar
+from attnlab.training.logging import RUN_FILE, perplexity, progress_bar
 from attnlab.training.recipe import evaluate_batches
 
 LM_FAMILIES = ("gpt",)
@@ -98,7 +98,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
     # The run's data settings and class names as saved in the checkpoint itself: they travel with its weights,
     # whereas run.json may describe another run (one that replaced this one in the folder and failed before its
     # first checkpoint). run.json gives what a checkpoint written before they were saved lacks.
-    seed = 0
+    seed: int | None = None  # train.seed (a BERT's masks and sentence pairs are drawn with it)
     try:
         state = read_trainer_state(folder)
         extra = state.get("extra_state") or {}
@@ -106,7 +106,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
         if data and "classification_sep" in extra:  # how the run laid out a classifier's texts (since 2026-12-06)
             data["classification_sep"] = extra["classification_sep"]
         saved_seed = (state.get("trainer_config") or {}).get("seed")
-        seed = saved_seed if type(saved_seed) is int and saved_seed >= 0 else 0
+        seed = saved_seed if type(saved_seed) is int and saved_seed >= 0 else None
     except (CheckpointError, AttributeError, TypeError, ValueError):
         data = {}
     labels = class_names(folder) or []
@@ -115,7 +115,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
     for candidate in (path / RUN_FILE, folder.parent / RUN_FILE):
         # Read only for what the checkpoint lacks (a non-classifier has no labels to find): a damaged run.json
         # refused runs whose checkpoints held everything.
-        if (data and (labels or not classifier)) or not candidate.is_file():
+        if (data and (labels or not classifier) and seed is not None) or not candidate.is_file():
             continue
         try:
             saved = json.loads(candidate.read_text(encoding="utf-8"))
@@ -128,13 +128,15 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
                 if isinstance(saved.get("classification_sep"), bool):  # run.json records it too (since 2026-12-06)
                     data["classification_sep"] = saved["classification_sep"]
             labels = labels or [str(x) for x in saved_labels]
+            saved_seed = (saved.get("train") or {}).get("seed") if seed is None else None
+            seed = saved_seed if type(saved_seed) is int and saved_seed >= 0 else seed
         except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):  # JSONDecodeError is a ValueError
             raise CheckpointError(f"{candidate} is not a valid run description; re-run training or "
                                   "remove the file") from None
         break
     if labels:
         data["labels"] = labels
-    return LoadedRun(model, tokenizer, read_config(folder)["family"], folder, data, seed)
+    return LoadedRun(model, tokenizer, read_config(folder)["family"], folder, data, 0 if seed is None else seed)
 
 
 # How evaluation and translation say a cut they make: the length is the trained model's.
@@ -526,7 +528,7 @@ def _token_loss_metrics(model: nn.Module, batches) -> dict[str, float]:
     """Loss per target token over `batches`, its perplexity, and the number of target tokens."""
     values, sizes = evaluate_batches(model, batches)
     loss = values["loss"]
-    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": sizes["targets"]}
+    return {"loss": loss, "perplexity": perplexity(loss), "tokens": sizes["targets"]}
 
 
 def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> dict[str, float]:
@@ -554,7 +556,7 @@ def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> 
         raise DataError(f"{data}: {e}") from None
     batches = progress_bar(source.iter_batches(batch_size), math.ceil(len(source.pairs) / batch_size), "evaluate")
     m, sizes = evaluate_batches(model, batches, pretraining_counts)
-    return {"loss": m["loss"], "mlm_loss": m["mlm_loss"], "perplexity": math.exp(min(m["mlm_loss"], 700.0)),
+    return {"loss": m["loss"], "mlm_loss": m["mlm_loss"], "perplexity": perplexity(m["mlm_loss"]),
             **{k: v for k, v in m.items() if k.endswith("_accuracy")}, "masked_tokens": sizes["targets"],
             "sentence_pairs": float(len(source.pairs))}
 

@@ -44,13 +44,13 @@ class MetricsLog:
         if keep_until_step is not None:
             kept = [r for r in self.read() if r.get("step", 0) <= keep_until_step
                     and not (r.get("step") == drop_evals_at and any(key.startswith("eval_") for key in r))]
-        write_text_atomic(self.path, "".join(_json_line(r) for r in kept))
+        write_text_atomic(self.path, "".join(json_line(r) for r in kept))
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(_json_line(record))
+            f.write(json_line(record))
 
     def read(self) -> list[dict[str, Any]]:
         """The records written so far. A line that is not a record (a torn last line from a crash, bytes that are
@@ -69,7 +69,14 @@ class MetricsLog:
         return records
 
 
-def _json_line(record: dict[str, Any]) -> str:
+def perplexity(loss: float) -> float:
+    """exp(loss), infinite where that leaves float64's range (a loss above 700): the same in training's
+    evaluations and `attnlab evaluate` (which had capped it at exp(700), a finite number that was no perplexity)."""
+    return math.inf if loss > 700 else math.exp(loss)
+
+
+def json_line(record: dict[str, Any]) -> str:
+    """`record` as one line of standard JSON, a value that is not a finite number written as null."""
     finite = {key: None if isinstance(value, float) and not math.isfinite(value) else value
               for key, value in record.items()}
     return json.dumps(finite, allow_nan=False) + "\n"

@@ -65,7 +65,15 @@ from attnlab.training.distributed import (
     peer_gone,
     wrap_ddp,
 )
-from attnlab.training.logging import METRICS_FILE, PLOT_FILE, RUN_FILE, MetricsLog, Progress, plot_losses
+from attnlab.training.logging import (
+    METRICS_FILE,
+    PLOT_FILE,
+    RUN_FILE,
+    MetricsLog,
+    Progress,
+    perplexity,
+    plot_losses,
+)
 from attnlab.training.optim import SCHEDULES, build_optimizer, lr_at, set_lr
 
 IGNORE_INDEX = -100
@@ -702,7 +710,7 @@ class Trainer:
         metrics = {"loss": loss}
         if token_level:
             token_loss = (sums[2] / sums[1]).item() if sums[1] > 0 else math.nan
-            metrics["perplexity"] = math.inf if token_loss > 700 else math.exp(token_loss)
+            metrics["perplexity"] = perplexity(token_loss)
         for name, (total, count) in counted.items():
             metrics[name] = (total / count).item() if count > 0 else math.nan
         return metrics
