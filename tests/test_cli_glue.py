@@ -782,6 +782,14 @@ def test_resuming_with_changed_data_settings_warns(tmp_path):
     with pytest.warns(UserWarning, match=r"data files that changed since the checkpoint \(data.path: the same path"):
         train_run(load_run_config(None, [*common, "data.block_size=8", "data.tokenizer=word", "train.steps=5"]),
                   resume=True)
+    # Another path, the same contents (the project moved): nothing changed for the run, nothing said (stop-41 audit)
+    moved = tmp_path / "moved.txt"
+    moved.write_bytes(text.read_bytes())
+    common[0] = f"data.path={_q(moved)}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train_run(load_run_config(None, [*common, "data.block_size=8", "data.tokenizer=word", "train.steps=5"]),
+                  resume=True)
 
 
 def test_progress_bar_shows_count_and_eta_on_a_terminal_only(monkeypatch):

@@ -706,3 +706,51 @@ def test_a_checkpoint_without_its_trainer_state_keeps_the_runs_seed(tmp_path):
     assert load_run(out, "cpu").seed == 3
     (out / "checkpoint" / "trainer_state.json").unlink()
     assert load_run(out, "cpu").seed == 3
+
+
+@pytest.mark.parametrize("name, kind", [("checkpoint", "folder"), ("best", "folder"), ("checkpoint", "file")])
+def test_a_checkpoint_or_best_of_another_tool_in_the_run_folder_is_refused(capsys, tmp_path, name, kind):
+    # Each save replaces checkpoint/ and best/: another tool's were deleted, and a file (TensorFlow writes one named
+    # `checkpoint`) was hidden as .checkpoint.old and failed the run at its next save (stop-41 checkpoint audit).
+    mine = tmp_path / "proj"
+    mine.mkdir()
+    if kind == "file":
+        (mine / name).write_text('model_checkpoint_path: "model.ckpt-1000"\n', encoding="utf-8")
+    else:
+        (mine / name).mkdir()
+        (mine / name / "epoch=3.ckpt").write_text("weights of my own\n", encoding="utf-8")
+    for resume in ([], ["--resume"]):
+        line = one_line_error(capsys, "train", "--set", "train.steps=1", "--set", f"train.out_dir={_q(mine)}", *LM,
+                              *resume)
+        held = "a file" if kind == "file" else "it holds 'epoch=3.ckpt'"
+        assert f"{name}' is not a checkpoint an attnlab run wrote ({held}), and each save of this run replaces " \
+            "it; move it, or choose another train.out_dir" in line
+    assert sorted(str(p.relative_to(mine)) for p in mine.rglob("*") if p.name != ".attnlab.lock") == \
+        ([name] if kind == "file" else [name, f"{name}/epoch=3.ckpt"])
+
+
+def test_a_runs_checkpoint_folder_is_no_run_folder(capsys, lm_copy):
+    # A run made inside run/checkpoint was deleted by the run's next save, without a word.
+    for resume in ([], ["--resume"]):
+        line = one_line_error(capsys, "train", "--set", "train.steps=1", "--set",
+                              f"train.out_dir={_q(lm_copy / 'checkpoint')}", *LM, *resume)
+        assert "checkpoint' is a checkpoint folder (a model's weights and config); give the run folder that " \
+            "holds it to --resume it, or another folder" in line
+    assert sorted(p.name for p in (lm_copy / "checkpoint").iterdir()) == [
+        "config.json", "model.safetensors", "optimizer.safetensors", "tokenizer.json", "trainer_state.json"]
+
+
+def test_a_run_left_as_checkpoint_old_by_a_crash_is_said_to_be_replaced(lm_copy):
+    # A crash between a save's two renames leaves checkpoint/ as .checkpoint.old, which generate, evaluate and
+    # --resume take: a run from scratch replaced it without the warning an intact run gets.
+    (lm_copy / "checkpoint").rename(lm_copy / ".checkpoint.old")
+    with pytest.warns(UserWarning, match="already holds a trained run; training from scratch replaces it"):
+        _train("--set", "train.steps=1", "--set", f"train.out_dir={_q(lm_copy)}", *LM)
+
+
+def test_a_link_to_a_folder_that_is_gone_is_named(capsys, tmp_path):
+    # "cannot create the folder 'out' (File exists)" named a folder that does not exist (stop-41 checkpoint audit).
+    (tmp_path / "out").symlink_to(tmp_path / "unmounted" / "run")
+    line = one_line_error(capsys, "train", "--set", "train.steps=1", "--set", f"train.out_dir={_q(tmp_path / 'out')}",
+                          *LM)
+    assert f"out' is a link to '{tmp_path / 'unmounted' / 'run'}', which does not exist); choose another path" in line

@@ -98,7 +98,11 @@ def make_folder(path: str | os.PathLike[str], setting: str) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"{setting}: cannot create the folder {str(path)!r} ({e.strerror or e}); "
+        # A link to a folder that is gone reads as "File exists": say which link (the path or a parent's).
+        dangling = next((p for p in (path, *path.parents) if p.is_symlink() and not p.exists()), None)
+        why = f"{str(dangling)!r} is a link to {os.readlink(dangling)!r}, which does not exist" \
+            if dangling is not None else e.strerror or e
+        raise ConfigError(f"{setting}: cannot create the folder {str(path)!r} ({why}); "
                           "choose another path") from None
     return path
 

@@ -41,7 +41,7 @@ from typing import Any
 
 from attnlab.config import Config, check_choice, check_positive, is_unset
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError, UnknownToken, a_name, one_line
-from attnlab.files import folder_lock, make_folder, write_text_atomic
+from attnlab.files import LOCK_FILE, folder_lock, make_folder, write_text_atomic
 from attnlab.training.logging import RUN_FILE
 
 if sys.version_info >= (3, 11):
@@ -1372,8 +1372,9 @@ def pretraining_accuracy(model, source) -> dict[str, float]:
 
 def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     """Prepare and train; writes the run folder (checkpoints, metrics.jsonl, loss.png, run.json)."""
+    from attnlab.training.checkpoint import checkpoint_present
     from attnlab.training.distributed import env_world
-    from attnlab.training.trainer import Trainer
+    from attnlab.training.trainer import BEST_DIR, CHECKPOINT_DIR, Trainer
 
     out = Path(run.train.out_dir)
     # The metrics the task's evaluation reports (the loss, the perplexity of token predictions, the accuracies of
@@ -1387,6 +1388,7 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     if run.train.best_metric not in ("loss", *evaluated):
         raise ConfigError(f"train.best_metric {run.train.best_metric!r} is not a metric that data.task = "
                           f"{run.data.task!r} evaluates; choose one of: loss, {', '.join(evaluated)}")
+    _check_checkpoint_folders(out)  # before the lock, whose file would go into a checkpoint folder given as out_dir
     # One run at a time in a folder (two interleaved their checkpoints and logs); the folder is made here, and
     # removed again if a bad setting refuses the run before anything is written (only rank 0 writes under torchrun).
     with folder_lock(out, "train.out_dir", enabled=env_world().is_main):
@@ -1396,7 +1398,8 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
         tokenizer_from = Trainer.checkpoint_to_resume(out) if resume else None
         if tokenizer_from is not None:
             _check_resumed_family(run, tokenizer_from)
-        replacing = not resume and (out / "checkpoint").is_dir()
+        # (checkpoint_present: a crash between a save's two renames left the run's checkpoint as .checkpoint.old)
+        replacing = not resume and any(checkpoint_present(out / name) for name in (CHECKPOINT_DIR, BEST_DIR))
         # Preparing builds the model config, so a bad setting is refused before anything is written or the warning
         # below is given (only a language model's token files go into the folder, after that check).
         prep = prepare(run, tokenizer_from=tokenizer_from)
@@ -1429,6 +1432,32 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
 
         summary = trainer.fit(resume=resume, on_start=describe)
         return {**summary, **prep.info}
+
+
+def _check_checkpoint_folders(out: Path) -> None:
+    """Refuse a train.out_dir whose checkpoint/ or best/ is not attnlab's (a file, such as the `checkpoint` file
+    TensorFlow writes, or a folder holding files a checkpoint never does: another tool's): every save replaces
+    them, and they were deleted (or a file, hidden as .checkpoint.old, failed the run at its next save). And one
+    that is itself a checkpoint folder (a run's checkpoint/): the run's next save would delete a run made there."""
+    from attnlab.training.checkpoint import CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_FILE
+    from attnlab.training.trainer import BEST_DIR, CHECKPOINT_DIR
+
+    if (out / CONFIG_FILE).is_file() and (out / MODEL_FILE).is_file():
+        raise ConfigError(f"train.out_dir: {str(out)!r} is a checkpoint folder (a model's weights and config); "
+                          "give the run folder that holds it to --resume it, or another folder")
+    # (and the lock file of a run made inside a checkpoint folder, before that was refused)
+    ours = {CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_FILE, LOCK_FILE}
+    for name in (CHECKPOINT_DIR, BEST_DIR):
+        path = out / name
+        if not path.exists():
+            continue
+        foreign = None if path.is_dir() else "a file"
+        if foreign is None:
+            others = sorted(entry.name for entry in path.iterdir() if entry.name not in ours)
+            foreign = f"it holds {others[0]!r}" if others else None
+        if foreign is not None:
+            raise ConfigError(f"train.out_dir: {str(path)!r} is not a checkpoint an attnlab run wrote ({foreign}), "
+                              f"and each save of this run replaces it; move it, or choose another train.out_dir")
 
 
 def _our_token_file(path: Path) -> bool:
@@ -1529,11 +1558,12 @@ def _warn_changed_data(checkpoint: Path, data: dict[str, Any], by_length: bool,
                and json.dumps(saved[key]) != json.dumps(data[key])]
     if _saved_batches_by_length(extra) != by_length:  # compared as what the runs did
         changed.append("bucket_by_length")
-    kept = [key for key in changed if key in _TOKENIZER_SETTINGS]
-    other = [key for key in changed if key not in _TOKENIZER_SETTINGS]
     stamps, now = extra.get("data_files"), data_files or {}
-    rewritten = [key for key in now if isinstance(stamps, dict) and key in stamps and key not in changed
-                 and stamps[key] != now[key]]
+    stamps = stamps if isinstance(stamps, dict) else {}
+    moved = [key for key in changed if key in stamps and stamps[key] == now.get(key)]  # another path, same contents
+    kept = [key for key in changed if key in _TOKENIZER_SETTINGS]
+    other = [key for key in changed if key not in _TOKENIZER_SETTINGS and key not in moved]
+    rewritten = [key for key in now if key in stamps and key not in changed and stamps[key] != now[key]]
     if rewritten:
         names = ", ".join("data." + key for key in rewritten)
         warnings.warn(f"resuming on data files that changed since the checkpoint ({names}: the same path, other "
