@@ -132,6 +132,31 @@ def test_a_folder_lock_keeps_a_second_run_out(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_run_inside_another_runs_folder_is_refused_either_way(tmp_path, capsys):
+    """The lock held a run's folder only: `attnlab train` into a live knowledge run's phase folder mixed its records
+    into the experiment's, and a knowledge run rerun over a live training run in its phase folder deleted and rewrote
+    that run's folder (stop-41 newcomer audit)."""
+    from cli_helpers import one_line_error
+
+    from attnlab.errors import ConfigError
+    from attnlab.files import folder_lock
+
+    outer, inner = tmp_path / "kx", tmp_path / "kx" / "pretrain-dot"
+    with folder_lock(outer, "--out"):  # a knowledge run: a training run inside it is refused
+        line = one_line_error(capsys, "train", "--set", "model.preset=\"gpt-char-tiny\"", "--set", "train.steps=1",
+                              "--set", f"train.out_dir={json.dumps(str(inner))}")
+        assert f"'{inner}' is inside '{outer}', which another attnlab run is writing into; wait for it" in line
+        assert not inner.exists()
+    with folder_lock(inner, "train.out_dir"):  # a training run: a knowledge run over its folder is refused
+        line = one_line_error(capsys, "run", "knowledge", "--out", str(outer), "--variants", "none")
+        assert f"--out: another attnlab run is writing into '{inner}', inside '{outer}'; wait for it" in line
+        with pytest.raises(ConfigError, match="another attnlab run is writing into"):
+            with folder_lock(outer, "train.out_dir"):  # a training run too (the folders just inside it are looked at)
+                pass
+    with folder_lock(outer, "--out"), folder_lock(tmp_path / "elsewhere", "--out"):  # free again; siblings apart
+        pass
+
+
 def test_a_run_refused_by_the_lock_leaves_the_holders_new_folder(tmp_path, monkeypatch):
     """Two runs into a folder not yet made: the one refused by the lock had found the folder missing, and removed
     it with the holder's lock file (a third run then took the folder beside the first)."""

@@ -116,6 +116,9 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
     (released when the process ends, however it ends). A second run into the same folder is refused in one line
     while this one writes there: two runs had interleaved their checkpoints, run.json and metrics.jsonl.
 
+    A run inside the folder of another (a run's out_dir in a knowledge run's phase folder, or a knowledge run over a
+    folder holding a training run's) is refused alike: the outer run writes and deletes there.
+
     Creates the folder (and its parents); what the block created and left holding only the lock file (a run
     refused before it wrote anything) is removed again. Where the OS offers no lock (neither `fcntl` nor
     `msvcrt`), or with `enabled` false (a process other than torchrun's rank 0, which writes nothing), nothing is
@@ -126,6 +129,10 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
         return
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{setting}: {str(folder)!r} is a file, not a folder; choose another path")
+    outer = next((path for path in folder.absolute().parents if lock_held(path)), None)
+    if outer is not None:
+        raise ConfigError(f"{setting}: {str(folder)!r} is inside {str(outer)!r}, which another attnlab run is writing "
+                          "into; wait for it to finish, or give this run another folder")
     missing = [folder, *folder.parents]
     created = missing[:next(i for i, path in enumerate(missing) if path.exists() or path == path.parent)]
     make_folder(folder, setting)
@@ -141,6 +148,10 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
             # Refused, it removes nothing: the folder it found missing may be the run's that holds the lock.
             raise ConfigError(f"{setting}: another attnlab run is writing into {str(folder)!r}; wait for it to "
                               "finish, or give this run another folder")
+        inner = next((path for path in sorted(folder.iterdir()) if path.is_dir() and lock_held(path)), None)
+        if inner is not None:  # checked holding the folder: a run starting inside it now finds this one
+            raise ConfigError(f"{setting}: another attnlab run is writing into {str(inner)!r}, inside "
+                              f"{str(folder)!r}; wait for it to finish, or give this run another folder")
         try:
             yield folder
         finally:
@@ -164,6 +175,22 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
                     path.rmdir()
                 except OSError:
                     break
+
+
+def lock_held(folder: Path) -> bool:
+    """Whether an attnlab run (another process, or this one through another `folder_lock`) holds `folder` now."""
+    lock = folder / LOCK_FILE
+    if not lock.is_file():
+        return False
+    try:
+        handle = open(lock, "a+b")  # noqa: SIM115 - closed below
+    except OSError:  # unreadable: not ours to judge, as a file system without locks
+        return False
+    with handle:
+        if not _lock(handle, True):
+            return True
+        _lock(handle, False)
+        return False
 
 
 def _holds_only_the_lock(folder: Path) -> bool:
