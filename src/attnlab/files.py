@@ -116,8 +116,9 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
     (released when the process ends, however it ends). A second run into the same folder is refused in one line
     while this one writes there: two runs had interleaved their checkpoints, run.json and metrics.jsonl.
 
-    A run inside the folder of another (a run's out_dir in a knowledge run's phase folder, or a knowledge run over a
-    folder holding a training run's) is refused alike: the outer run writes and deletes there.
+    A run into a folder just inside another run's (a training run into a knowledge run's phase folder), or over a
+    folder just inside which another run writes (a knowledge run over a training run in its phase folder), is
+    refused alike: a knowledge run writes and deletes its phase folders.
 
     Creates the folder (and its parents); what the block created and left holding only the lock file (a run
     refused before it wrote anything) is removed again. Where the OS offers no lock (neither `fcntl` nor
@@ -129,8 +130,8 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
         return
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{setting}: {str(folder)!r} is a file, not a folder; choose another path")
-    outer = next((path for path in folder.absolute().parents if lock_held(path)), None)
-    if outer is not None:
+    outer = folder.absolute().parent  # one level either way: a knowledge run's phase folders
+    if lock_held(outer):
         raise ConfigError(f"{setting}: {str(folder)!r} is inside {str(outer)!r}, which another attnlab run is writing "
                           "into; wait for it to finish, or give this run another folder")
     missing = [folder, *folder.parents]
