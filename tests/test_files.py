@@ -153,6 +153,8 @@ def test_a_run_inside_another_runs_folder_is_refused_either_way(tmp_path, capsys
         with pytest.raises(ConfigError, match="another attnlab run is writing into"):
             with folder_lock(outer, "train.out_dir"):  # a training run too (the folders just inside it are looked at)
                 pass
+        with folder_lock(tmp_path, "train.out_dir"):  # one level apart only: a run two folders up writes elsewhere
+            pass
     with folder_lock(outer, "--out"), folder_lock(tmp_path / "elsewhere", "--out"):  # free again; siblings apart
         pass
 
