@@ -24,8 +24,8 @@ def test_a_held_out_tail_trained_on_leaves_no_val_token_file_nor_its_sidecar(tmp
     path.write_text("".join(f"line {i} of the text\n" for i in range(60)) + "UNIQUE TAIL LINE\n", encoding="utf-8")
     data = tmp_path / "run" / "data"
     data.mkdir(parents=True)
-    for stale in (data / "val.bin", sidecar_path(data / "val.bin")):
-        stale.write_text("from an earlier run")
+    (data / "val.bin").write_text("from an earlier run")  # with its sidecar, as a run writes it
+    sidecar_path(data / "val.bin").write_text('{"format": "attnlab-token-ids"}')
     with pytest.warns(UserWarning, match="so the whole text is trained on"):
         prepare(load_run_config(None, ["model.preset=gpt-char-tiny", f"data.path={_q(path)}",
                                        "data.val_fraction=0.03", f"train.out_dir={_q(tmp_path / 'run')}"]))
