@@ -240,7 +240,7 @@ def _yaml_number(raw: str) -> Any:
     import yaml
 
     try:
-        value = yaml.load(raw, Loader=_yaml_loader())  # noqa: S506 - the safe loader, with number rules changed
+        value = yaml.load(raw, Loader=_yaml_loader())  # a safe loader (see _yaml_loader)
     except (yaml.YAMLError, RecursionError, ValueError):
         return raw
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else raw
@@ -437,8 +437,7 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     # A config file sees no shell: ~ there (or in --set key=~/x, which a shell leaves as it is) is the home folder,
     # not a folder named '~' in the working one.
     train_table = dict(raw.get("train", {}))
-    for table, keys in ((data_table, ("path", "eval_path", "src_path", "tgt_path", "eval_src_path", "eval_tgt_path")),
-                        (model, ("init_from",)), (train_table, ("out_dir",))):
+    for table, keys in ((data_table, DATA_FILE_SETTINGS), (model, ("init_from",)), (train_table, ("out_dir",))):
         table.update({key: _home(table[key]) for key in keys if key in table})
     data = DataConfig.from_dict(data_table, where="data")
     data.check_task_reads()  # here, not in __post_init__: a saved run's [data] is read back by `evaluate` as it was
