@@ -206,3 +206,24 @@ def test_windows_counts_only_a_held_lock_as_held(monkeypatch, errno_name, held):
     handle = io.BytesIO()
     handle.fileno = lambda: 3
     assert files._lock(handle, True) is (not held)
+
+
+
+def test_a_folder_that_cannot_be_entered_does_not_stop_the_nested_run_check(tmp_path, monkeypatch):
+    # The check for a run just inside looks into every folder there: one without permission to enter raised
+    # PermissionError from its lock file's stat (stood in for here: the tests may run as root, who enters any folder).
+    import pathlib
+
+    from attnlab.files import LOCK_FILE, folder_lock
+
+    (tmp_path / "out" / "closed").mkdir(parents=True)
+    real = pathlib.Path.is_file
+
+    def is_file(path):
+        if path.name == LOCK_FILE and path.parent.name == "closed":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(pathlib.Path, "is_file", is_file)
+    with folder_lock(tmp_path / "out", "train.out_dir"):
+        pass

@@ -181,11 +181,11 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
 def lock_held(folder: Path) -> bool:
     """Whether an attnlab run (another process, or this one through another `folder_lock`) holds `folder` now."""
     lock = folder / LOCK_FILE
-    if not lock.is_file():
-        return False
     try:
+        if not lock.is_file():
+            return False
         handle = open(lock, "a+b")  # noqa: SIM115 - closed below
-    except OSError:  # unreadable: not ours to judge, as a file system without locks
+    except OSError:  # a folder we may not enter, an unwritable lock: not ours to judge, as a file system without locks
         return False
     with handle:
         if not _lock(handle, True):
