@@ -113,6 +113,21 @@ class DataConfig(Config):
         """Whether the training batches are sorted by length (`bucket_by_length`, unset = the task's default)."""
         return self.bucket_by_length if self.bucket_by_length is not None else self.task in SORTED_BY_DEFAULT
 
+    @property
+    def eval_settings(self) -> str:
+        """The settings that give this task's run an evaluation, as a warning of a run without one names them."""
+        return {"classification": "data.eval_path",
+                "translation": "data.eval_src_path and data.eval_tgt_path"}.get(self.task,
+                                                                              "data.eval_path (or data.val_fraction)")
+
+    @property
+    def held_out(self) -> bool:
+        """Whether these settings ask for an evaluation at all (an lm or mlm text too short to spare its
+        val_fraction is only found to have none when it is read)."""
+        if self.task == "translation":
+            return self.eval_src_path is not None
+        return self.eval_path is not None or (self.task in ("lm", "mlm") and self.val_fraction > 0)
+
     # The settings each task reads (besides task): another one set is refused by `check_task_reads`, not ignored.
     TASK_READS = {
         "lm": ("path", "eval_path", "tokenizer", "vocab_size", "block_size", "val_fraction"),
@@ -442,6 +457,10 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     data = DataConfig.from_dict(data_table, where="data")
     data.check_task_reads()  # here, not in __post_init__: a saved run's [data] is read back by `evaluate` as it was
     train = TrainerConfig.from_dict(train_table, where="train")
+    if path is None and not data.held_out and not any(key == ["train", "eval_every"] for key, _ in parsed):
+        # The default run evaluates every 200 steps; turned into a run with nothing held out (another task, or
+        # val_fraction 0), that setting is the default run's, not the user's, and is not warned of as inert.
+        train = train.replace(eval_every=0)
     if train.out_dir is None:  # a config file without train.out_dir: a folder named after the file
         if not Path(path).is_file():  # <(...): /dev/fd/63, the same name for every pipe
             raise ConfigError(f"config file {str(path)!r} is not a regular file (a pipe), so it names no run folder; "
@@ -1419,6 +1438,7 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
         trainer = Trainer(prep.model, run.train, prep.train_source, eval_source=prep.eval_source,
                           tokenizer=prep.tokenizer, out_dir=out, eval_counts=prep.eval_counts,
                           extra_state=data_state)
+        trainer.eval_settings = run.data.eval_settings
 
         def describe() -> None:  # once a resumed checkpoint has proved to fit: a failed resume leaves run.json
             if tokenizer_from is not None and trainer.finished:  # trains nothing: run.json keeps what the run was

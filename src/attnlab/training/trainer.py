@@ -520,6 +520,10 @@ class Trainer:
             number of processes and micro_batch_size do not divide.
     """
 
+    # What a warning of a setting that needs an evaluation tells a run without one to give (the recipe names its
+    # task's data settings instead).
+    eval_settings = "Trainer(eval_source=...)"
+
     def __init__(self, model: nn.Module, config: TrainerConfig | dict[str, Any], train_source: BatchSource, *,
                  out_dir: str | Path | None = None, eval_source: BatchSource | None = None,
                  tokenizer: Any = None,
@@ -1059,11 +1063,11 @@ class Trainer:
                  if getattr(cfg, name) != getattr(TrainerConfig, name)]
         if not has_eval and inert:  # (a config's eval_every, with its evaluation file dropped)
             warnings.warn(f"{' and '.join(inert)} {'does' if len(inert) == 1 else 'do'} nothing: there is no "
-                          "evaluation (nothing held out); give data.eval_path (or data.val_fraction), or drop "
+                          f"evaluation (nothing held out); give {self.eval_settings}, or drop "
                           f"{'it' if len(inert) == 1 else 'them'}", stacklevel=4)
         if not has_eval and cfg.best_metric != TrainerConfig.best_metric:
             warnings.warn(f"train.best_metric = {cfg.best_metric!r} cannot pick best/: there is no evaluation (nothing "
-                          "held out); give data.eval_path (or data.val_fraction), or drop it", stacklevel=4)
+                          f"held out); give {self.eval_settings}, or drop it", stacklevel=4)
         for name, role in (("decay_steps", "it ends the cosine and linear decays"),
                            ("min_lr_ratio", "it is the floor of the cosine and linear decays")):
             value = getattr(cfg, name)
