@@ -17,6 +17,7 @@ import decimal
 import io
 import json
 import os
+import re
 import struct
 import unicodedata
 import warnings
@@ -551,6 +552,12 @@ def _json_key(key: str | int | None, obj: dict, path: Path, number: int) -> str 
                     f"field {str(key)!r}; give the column by name, one of {sorted(obj)}")
 
 
+# A cell as Python's csv module or pandas writes one holding a quote: in quotes, its own quotes doubled.
+_CSV_QUOTED = re.compile(r'"(?:[^"]|"")*""(?:[^"]|"")*"', re.DOTALL)
+_TSV_UNQUOTED = "a .tsv file is read without quoting (GLUE's texts hold bare quotes)"
+_TSV_FIX = "save it unquoted (pandas: quoting=csv.QUOTE_NONE) or as a .csv file"
+
+
 def _table_rows(path: Path, text: str, fmt: str) -> Iterator[tuple[int, list[str]]]:
     """(line number, cells) of each non-blank row."""
     if fmt == "tsv":
@@ -579,10 +586,13 @@ def _table_rows(path: Path, text: str, fmt: str) -> Iterator[tuple[int, list[str
     yield from rows
 
 
-def _same_columns(path: Path, column: str) -> DataError:
+def _same_columns(path: Path, column: str, label_given: bool = True) -> DataError:
+    """Text and label read from one column: the fix is the text column's setting, unless the label column was only
+    the default column of a file without a header (`label_given` False), taken by the text column named."""
+    fix = f"{_SETTING['text']} to the column of the texts" if label_given else \
+        f"{_SETTING['label']} to the column of the labels"
     return DataError(f"data file '{path}': the text and the label column are the same ({column}), so the labels "
-                     "would be read as the text; set data.text_column (evaluate: --text-column) to the column of "
-                     "the texts")
+                     f"would be read as the text; {fix}")
 
 
 def _header_cell(cell: str) -> str:
@@ -679,12 +689,20 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
         _refuse_pairs(path, names, "column")
     text_idx = pick(text_column, TEXT_COLUMN_NAMES, "text", 0)
     label_default = 1 if require_labels or len(first_cells) > 1 else None
+    if len(first_cells) == 2 and text_idx in (0, 1):  # of two columns, the label is the one the text is not
+        label_default = 1 - text_idx
     label_idx = pick(label_column, LABEL_COLUMN_NAMES, "label", label_default)
     if text_idx == label_idx:
-        raise _same_columns(path, f"{names[text_idx]!r}" if names and 0 <= text_idx < len(names) else str(text_idx))
+        raise _same_columns(path, f"{names[text_idx]!r}" if names and 0 <= text_idx < len(names) else str(text_idx),
+                            label_given=label_column is not None or lowered is not None)
     width = len(first_cells)
     for idx, what in ((text_idx, "text"), (label_idx, "label")):
         if idx is not None and not 0 <= idx < width:
+            other = {"tsv": ("\t", "tab-separated", ".tsv"), "csv": (",", "comma-separated", ".csv")}[
+                "csv" if fmt == "tsv" else "tsv"]
+            if width == 1 and other[0] in first_cells[0]:  # the extension names the other separator
+                raise DataError(f"data file '{path}' line {first[0]} has one {sep} column but looks {other[1]} "
+                                f"(the separator is chosen by the file's extension); name the file {other[2]}")
             raise DataError(
                 f"data file '{path}' line {first[0]}: {what} column {idx} does not exist, "
                 f"the row has {width} "
@@ -701,19 +719,28 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
     lines: list[int] = []
     body = rows if header else _chain_first(first, rows)
     repeated: list[int] = []  # the header again, as where files were joined with `cat`
+    quoted_cell: int | None = None  # the first text cell that a CSV writer quoted ("a ""b"" c")
     for number, cells in body:
         if _names_columns(cells, lowered, text_idx, label_idx):
             repeated.append(number)
             continue
         if len(cells) != width:
+            quoted = fmt == "tsv" and '"' in "\t".join(cells)
             raise DataError(
                 f"data file '{path}' line {number}: expected {width} {sep} columns, found {len(cells)}; "
-                "fix the line"
+                + (f"{_TSV_UNQUOTED}, so a quoted tab or line break splits a row: fix the line, or {_TSV_FIX}"
+                   if quoted else "fix the line")
             )
+        if fmt == "tsv" and quoted_cell is None and _CSV_QUOTED.fullmatch(cells[text_idx].strip()):
+            quoted_cell = number
         texts.append(cells[text_idx].strip())
         lines.append(number)
         if label_idx is not None:
             labels.append(_label_string(cells[label_idx], path, number))
+    if quoted_cell is not None:
+        warnings.warn(f"data file '{path}' line {quoted_cell}: the text looks quoted as a CSV writer quotes it "
+                      f"(\"...\" with its quotes doubled), but {_TSV_UNQUOTED}: the quotes are read as part of the "
+                      f"text; {_TSV_FIX}", stacklevel=3)
     if repeated:
         what = "repeat the header" if header else "name the columns, as a header does"
         warnings.warn(f"data file '{path}': {len(repeated)} row(s) {what} (the first at line {repeated[0]}, as where "
