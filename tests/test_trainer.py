@@ -233,7 +233,8 @@ def test_settings_that_cannot_act_are_named(tmp_path):
                 out_dir=tmp_path / "f").fit()
     # (stop-41 audit: a config's eval_every, its evaluation file dropped, went unsaid)
     with pytest.warns(UserWarning, match=r"train.eval_every = 2 and train.eval_batches = 3 do nothing: there is no "
-                                         r"evaluation \(nothing held out\); give Trainer\(eval_source=...\), or drop them"):
+                                         r"evaluation \(nothing held out\); give Trainer\(eval_source=...\), "
+                                         r"or drop them"):
         Trainer(tiny_model(), config(eval_every=2, eval_batches=3), ToySource(), out_dir=tmp_path / "h").fit()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # with an evaluation, nothing to say
