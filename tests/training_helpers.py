@@ -230,6 +230,11 @@ def _ddp_main(out_dir: str, layout: str = "plain") -> None:
         trainer = Trainer(tiny_model(), log_window_config(steps=6), ToySource(crash_at=3 if layout == "log-crash"
                                                                               else None),
                           out_dir=out_dir, resume=layout == "log-resume")
+    elif layout == "sampled-metric":  # a metric each process draws from its own random stream (seed + rank)
+        config = ddp_trainer_config(steps=8, eval_every=1, best_metric="sampled", best_mode="max",
+                                    early_stopping_patience=2)
+        trainer = Trainer(tiny_model(), config, ToySource(), out_dir=out_dir,
+                          metrics_fn=lambda model: {"sampled": float(torch.rand(()))})
     else:
         trainer = Trainer(tiny_model(), ddp_trainer_config(), ToySource(), eval_source=ToySource(),
                           eval_counts=token_accuracy_counts, out_dir=out_dir)

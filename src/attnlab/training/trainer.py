@@ -510,7 +510,7 @@ class Trainer:
             ``(100 * correct, examples)``). See `EvalCounts`.
         metrics_fn: ``metrics_fn(model) -> dict[str, float]`` of extra evaluation metrics that need more
             than one forward pass per batch (the model is in eval mode under ``torch.no_grad``; it runs on
-            every process).
+            every process, and rank 0's values are the run's on every process).
         extra_state: JSON-serialisable dict saved in ``trainer_state.json`` (restored on resume into
             ``trainer.extra_state``).
         resume: continue from ``out_dir/checkpoint`` (model, optimizer, step, RNG states).
@@ -685,8 +685,12 @@ class Trainer:
                 if self.eval_source is not None:
                     metrics.update(self._evaluate_source())
                 if self.metrics_fn is not None:
-                    for key, value in self.metrics_fn(self.model).items():
-                        metrics[key] = float(value)
+                    extra = {key: float(value) for key, value in self.metrics_fn(self.model).items()}
+                    if self.world.distributed:
+                        # Rank 0's values stand for the run: a metric drawn from each process's own random stream
+                        # differed, the processes disagreed on best/ (whose save is collective) and the run hung.
+                        extra = json.loads(all_gather_bytes(json.dumps(extra).encode())[0])
+                    metrics.update(extra)
             finally:
                 self.model.train(was_training)
         return metrics
