@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -26,7 +27,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_two_processes(out: Path, *args: str, crashes: bool = False) -> None:
+def run_two_processes(out: Path, *args: str, crashes: bool = False, timeout: float = 240) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
     if sys.platform.startswith("linux"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -34,9 +35,19 @@ def run_two_processes(out: Path, *args: str, crashes: bool = False) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                str(helper), str(out), *args]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    logs = out.parent / f"{out.name}.stdout.txt", out.parent / f"{out.name}.stderr.txt"
+    with open(logs[0], "w", encoding="utf-8") as stdout, open(logs[1], "w", encoding="utf-8") as stderr:
+        proc = subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:  # kill torchrun, then its workers (each in a session of its own)
+            os.killpg(proc.pid, signal.SIGKILL)
+            subprocess.run(["pkill", "-9", "-f", str(out)], check=False)
+            proc.wait()
+            pytest.fail(f"the two processes hung (killed after {timeout} s)")
+    stdout, stderr = (log.read_text(encoding="utf-8") for log in logs)
     assert (proc.returncode != 0) is crashes, (f"torchrun exited with {proc.returncode}\n--- stderr ---\n"
-                                               f"{proc.stderr[-6000:]}\n--- stdout ---\n{proc.stdout[-2000:]}")
+                                               f"{stderr[-6000:]}\n--- stdout ---\n{stdout[-2000:]}")
 
 
 def test_two_processes_match_one(tmp_path):
@@ -65,6 +76,15 @@ def test_two_processes_match_one(tmp_path):
     assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == [
         "best", "checkpoint", "loss.png", "metrics.jsonl"]
     assert len(json.loads((tmp_path / "ddp" / "checkpoint" / "trainer_state.json").read_text())["rng"]) == 2
+
+
+def test_a_metric_each_process_draws_apart_picks_best_and_stops_alike_everywhere(tmp_path):
+    # (fourth DDP audit) the processes disagreed on which evaluation was better: one saved best/ (a collective
+    # gather of random states) while the other went on to the next step's all-reduce, and the run hung
+    run_two_processes(tmp_path / "ddp", "sampled-metric", timeout=120)
+    records = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [r for r in records if "eval_sampled" in r or "sampled" in r]
+    assert evaluations, records
 
 
 def test_two_processes_on_packed_rows_match_one_process_on_one_example_per_row(tmp_path):
@@ -160,6 +180,29 @@ def test_a_refused_setting_is_reported_by_rank_zero_alone(capsys, monkeypatch, r
     assert code == 2 and (err.strip() != "") is shown
 
 
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_folder_another_rank_cannot_make_is_reported_with_its_rank(capsys, monkeypatch, tmp_path, rank):
+    # (fourth DDP audit) a folder one process cannot make (its node's disk) was refused as a setting every process
+    # refuses alike: a process other than rank 0 said nothing, and rank 0 only that it was terminated
+    from attnlab.cli import _main
+    from attnlab.files import make_folder
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    (tmp_path / "afile").write_text("x")
+
+    def fail(*args, **kwargs):
+        make_folder(tmp_path / "afile" / "run", "train.out_dir")
+
+    monkeypatch.setattr("attnlab.cli.app", fail)
+    with pytest.raises(SystemExit) as exit_:
+        _main([], [])
+    err = capsys.readouterr().err
+    prefix = "attnlab: error: " if rank == "0" else "attnlab (rank 1): error: "
+    assert exit_.value.code == 2 and err.startswith(prefix + "train.out_dir: cannot create the folder"), err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 def test_a_data_error_in_another_rank_names_its_rank(capsys, monkeypatch, tmp_path):
     """A file or data error may be one process's own (a file missing on one node): every process reports it,
     the others than rank 0 under their rank; their warnings, repeats of rank 0's, are not shown."""
@@ -190,7 +233,6 @@ def test_an_error_in_one_process_ends_the_run_at_once_with_one_line_from_each(tm
     """The failing process left the process group at exit only after a barrier its peer, blocked in the gradients'
     all-reduce, never reached: the run hung until gloo's 30-minute timeout. Now it leaves at once, the peer's
     collective fails, and each process says one line."""
-    import signal
 
     site = tmp_path / "site"
     site.mkdir()

@@ -12,7 +12,7 @@ import warnings
 
 import typer
 
-from attnlab.errors import AttnlabError, ConfigError, Terminated
+from attnlab.errors import AttnlabError, ConfigError, PathError, Terminated
 
 
 def _flags_show_no_type() -> None:
@@ -474,9 +474,10 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
         if code == 130 and terminated:  # stopped (a checkpoint saved) by SIGTERM, not Ctrl-C
             _report_terminated(f": {e}")
             sys.exit(143)
-        # A refused setting is refused by every process alike; data and file errors may be one process's own.
+        # A refused setting is refused by every process alike; data and file errors, and a folder this process
+        # cannot make or write (PathError), may be one process's own.
         _report(f"attnlab: {'' if code == 130 else 'error: '}{e}",
-                same_in_every_process=code == 130 or isinstance(e, ConfigError))
+                same_in_every_process=code == 130 or (isinstance(e, ConfigError) and not isinstance(e, PathError)))
         sys.exit(code)
     except (MemoryError, RuntimeError, ValueError) as e:  # ValueError: numpy's "array is too big" alone
         if isinstance(e, ValueError) and not _out_of_memory(e):

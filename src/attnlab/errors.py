@@ -9,6 +9,12 @@ class ConfigError(AttnlabError, ValueError):
     """An invalid configuration value or key."""
 
 
+class PathError(ConfigError):
+    """A path setting this process cannot use (a folder it cannot make or write, one another run holds): the file
+    system's answer, which under torchrun may be one process's own (another node's disk), where a refused value
+    is every process's alike."""
+
+
 class DataError(AttnlabError):
     """A missing, empty, undecodable or malformed data file."""
 

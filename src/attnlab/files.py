@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from attnlab.errors import ConfigError
+from attnlab.errors import PathError
 
 try:  # the OS's file locks (`folder_lock`): POSIX, else Windows, else none
     import fcntl
@@ -102,7 +102,7 @@ def make_folder(path: str | os.PathLike[str], setting: str) -> Path:
         dangling = next((p for p in (path, *path.parents) if p.is_symlink() and not p.exists()), None)
         why = f"{str(dangling)!r} is a link to {os.readlink(dangling)!r}, which does not exist" \
             if dangling is not None else e.strerror or e
-        raise ConfigError(f"{setting}: cannot create the folder {str(path)!r} ({why}); "
+        raise PathError(f"{setting}: cannot create the folder {str(path)!r} ({why}); "
                           "choose another path") from None
     return path
 
@@ -129,10 +129,10 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
         yield folder
         return
     if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"{setting}: {str(folder)!r} is a file, not a folder; choose another path")
+        raise PathError(f"{setting}: {str(folder)!r} is a file, not a folder; choose another path")
     outer = folder.absolute().parent  # one level either way: a knowledge run's phase folders
     if lock_held(outer):
-        raise ConfigError(f"{setting}: {str(folder)!r} is inside {str(outer)!r}, which another attnlab run is writing "
+        raise PathError(f"{setting}: {str(folder)!r} is inside {str(outer)!r}, which another attnlab run is writing "
                           "into; wait for it to finish, or give this run another folder")
     missing = [folder, *folder.parents]
     created = missing[:next(i for i, path in enumerate(missing) if path.exists() or path == path.parent)]
@@ -141,17 +141,17 @@ def folder_lock(folder: str | os.PathLike[str], setting: str, *, enabled: bool =
     try:
         handle = open(lock, "a+b")  # noqa: SIM115 - held open for the block
     except OSError as e:
-        raise ConfigError(f"{setting}: cannot write into the folder {str(folder)!r} ({e.strerror or e}); "
+        raise PathError(f"{setting}: cannot write into the folder {str(folder)!r} ({e.strerror or e}); "
                           "choose another path") from None
     remove = False
     try:
         if not _lock(handle, True):
             # Refused, it removes nothing: the folder it found missing may be the run's that holds the lock.
-            raise ConfigError(f"{setting}: another attnlab run is writing into {str(folder)!r}; wait for it to "
+            raise PathError(f"{setting}: another attnlab run is writing into {str(folder)!r}; wait for it to "
                               "finish, or give this run another folder")
         inner = next((path for path in sorted(folder.iterdir()) if path.is_dir() and lock_held(path)), None)
         if inner is not None:  # checked holding the folder: a run starting inside it now finds this one
-            raise ConfigError(f"{setting}: another attnlab run is writing into {str(inner)!r}, inside "
+            raise PathError(f"{setting}: another attnlab run is writing into {str(inner)!r}, inside "
                               f"{str(folder)!r}; wait for it to finish, or give this run another folder")
         try:
             yield folder
