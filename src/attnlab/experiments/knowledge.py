@@ -460,8 +460,9 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
         steps = config["steps"]
         echo(f"{title}: already done ({steps} step{'s' * (steps != 1)}), loaded {folder / 'checkpoint'}")
         earlier = _earlier_seconds(folder)
-        return {"steps": config["steps"], "wall_time_s": earlier, "earlier_s": earlier, "skipped": True,
-                **_finished_phase_figures(folder)}
+        figures = _finished_phase_figures(folder)
+        _warn_other_precision(folder, figures["precision"], config)
+        return {"steps": config["steps"], "wall_time_s": earlier, "earlier_s": earlier, "skipped": True, **figures}
     resume_here = resume and checkpoint_present(folder / "checkpoint")  # or the .old copy a crashed save left
     earlier = _earlier_seconds(folder) if resume_here else 0.0
     steps = f"{config['steps']} step{'' if config['steps'] == 1 else 's'}"
@@ -474,7 +475,22 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
     summary = trainer.fit()
     return {"steps": summary["steps"], "wall_time_s": earlier + summary["wall_time_s"], "earlier_s": earlier,
             "skipped": False, "final_train_loss": summary["final_train_loss"],
-            "tokens_per_s": summary["tokens_per_s"]}
+            "tokens_per_s": summary["tokens_per_s"], "precision": summary["precision"]}
+
+
+def _warn_other_precision(folder: Path, used: str | None, config: dict[str, Any]) -> None:
+    """Warn where a finished phase that --resume reuses was trained in another precision than this run trains in
+    (precision "auto" on a machine with bf16 and one without): the table would mix the two without a word."""
+    from attnlab.training.device import SlowPrecisionWarning, resolve_precision, select_device
+
+    with warnings.catch_warnings():  # a slow precision was named once, when the run started
+        warnings.simplefilter("ignore", SlowPrecisionWarning)
+        dtype = resolve_precision(config["precision"], select_device(config["device"]))
+    now = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+    if used in ("bf16", "fp16", "fp32") and used != now:
+        warnings.warn(f"{folder.name} was trained in {used}, but precision {config['precision']!r} gives {now} "
+                      "here: its row mixes the two (results.json gives each phase's precision); for one precision "
+                      "throughout, start without --resume", stacklevel=3)
 
 
 def _finished_phase_figures(folder: Path) -> dict[str, float | None]:
@@ -487,10 +503,11 @@ def _finished_phase_figures(folder: Path) -> dict[str, float | None]:
         state = read_trainer_state(folder)
     except CheckpointError:
         state = {}
-    loss, tokens, seconds = (state.get(k) for k in ("last_train_loss", "tokens_seen", "train_seconds"))
+    loss, tokens, seconds, used = (state.get(k) for k in ("last_train_loss", "tokens_seen", "train_seconds",
+                                                          "precision_used"))
     return {"final_train_loss": float(loss) if finite_number(loss) else None,
             "tokens_per_s": tokens / seconds if finite_number(tokens) and finite_number(seconds) and seconds > 0
-            else None}
+            else None, "precision": used if used in ("bf16", "fp16", "fp32") else None}
 
 
 def _earlier_seconds(folder: Path) -> float:
