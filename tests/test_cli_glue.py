@@ -606,7 +606,8 @@ def test_knowledge_files_evaluated_or_answered_do_not_change_the_model(tmp_path)
     assert odd["variants"][1]["finetune"]["final_train_loss"] == plain["variants"][0]["finetune"]["final_train_loss"]
     assert [str(w.message) for w in caught if "cannot read" in str(w.message)] == [
         "1 of 2 questions of --predict hold characters that neither the corpus nor the fine-tuning pairs have (the "
-        "first: 'Where was Zoë Kim born?'); the model cannot read them, and their answers are left empty"]
+        "first: 'Where was Zoë Kim born?', with 'Z' U+005A); the model cannot read them, and their answers are left "
+        "empty"]
     rows = (tmp_path / "b" / "predictions" / "dot.predict.tsv").read_text(encoding="utf-8").splitlines()
     assert rows[2] == "2\tWhere was Zoë Kim born?\t"
     assert (tmp_path / "b" / "predictions" / "dot.tsv").read_text() == (tmp_path / "a" / "predictions" /

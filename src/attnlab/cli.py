@@ -271,6 +271,16 @@ def knowledge(
                       predict=predict, seed=seed, device=device, overrides=_parse_sets(overrides), resume=resume,
                       progress=not quiet)
     except KeyboardInterrupt:  # between phases (answering, writing the tables): a phase's own interrupt says more
+        from pathlib import Path
+
+        from attnlab.training.checkpoint import checkpoint_present
+
+        try:
+            kept = any(checkpoint_present(phase / "checkpoint") for phase in Path(out).iterdir())
+        except OSError:  # no folder: a folder made for the run is removed again when it holds nothing
+            kept = False
+        if not kept:  # while the data was read or the model built
+            raise TrainingInterrupted("interrupted before any phase was trained; nothing was kept") from None
         raise TrainingInterrupted(f"interrupted; what was trained is kept in {out}: to go on, run the same command "
                                   "with --resume") from None
 

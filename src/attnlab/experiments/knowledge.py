@@ -26,6 +26,7 @@ import math
 import platform
 import shutil
 import time
+import unicodedata
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -575,9 +576,17 @@ def _unreadable(vocab, questions: list[str], what: str | None) -> set[int]:
 
     unreadable = [i for i, q in enumerate(questions) if not set(qa_prompt(q)) <= vocab.stoi.keys()]
     if unreadable and what is not None:
+        first = questions[unreadable[0]]
+        ch = next(c for c in qa_prompt(first) if c not in vocab.stoi)
+        # A question spelt in another Unicode normal form (decomposed, as macOS names files) reads like the corpus
+        # but holds other characters: say so, or the warning names a question that looks right.
+        form = next((f for f in ("NFC", "NFD") if set(qa_prompt(unicodedata.normalize(f, first))) <= vocab.stoi.keys()),
+                    None)
+        hint = f"; in Unicode form {form} it is readable: save every file in one form (e.g. all NFC)" \
+            if form is not None else ""
         warnings.warn(f"{len(unreadable)} of {len(questions)} {what} hold characters that neither the corpus nor "
-                      f"the fine-tuning pairs have (the first: {questions[unreadable[0]]!r}); the model cannot read "
-                      "them, and their answers are left empty", stacklevel=3)
+                      f"the fine-tuning pairs have (the first: {first!r}, with {ch!r} U+{ord(ch):04X}); the model "
+                      f"cannot read them, and their answers are left empty{hint}", stacklevel=3)
     return set(unreadable)
 
 
