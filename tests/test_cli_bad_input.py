@@ -448,3 +448,11 @@ def test_a_column_named_by_a_digit_that_is_not_ascii_is_a_name(tmp_path, capsys)
                           'data.label_column="²"', "--set",
                           f"train.out_dir={_q(tmp_path / 'run')}")
     assert line.startswith("attnlab: error: ") and "'²'" in line
+
+
+@pytest.mark.parametrize("prompt", ["", "\u2603 not in its vocabulary"])
+def test_a_model_that_generates_nothing_says_so_before_judging_the_prompt(capsys, cls_run, prompt):
+    # An empty prompt was refused as empty ("give a non-empty prompt"), and only a real one then got the line that
+    # a classifier generates no text (fourth generation audit).
+    line = one_line_error(capsys, "generate", str(cls_run), "-p", prompt, "--device", "cpu")
+    assert "does not generate text; `attnlab evaluate` scores it on a file" in line, line

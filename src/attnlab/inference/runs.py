@@ -361,6 +361,7 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
                           "generate_text)")
     if not prompts:
         raise ConfigError("give at least one prompt")
+    check_generates(run)  # before the prompts: an empty one was refused as such by a classifier, which takes none
     check_beam_size(beam_size)
     check_decoding_options(run.family, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                            beam_size=beam_size)
@@ -370,7 +371,6 @@ def generate_texts(run: LoadedRun, prompts: list[str], *, max_new_tokens: int = 
     if run.family == "seq2seq":
         _check_translation_lengths(max_new_tokens, beam_size)
         return translate_ids(run, _cut_sources(run, encoded), beam_size=beam_size, max_len=max_new_tokens)
-    check_generates(run)
     if beam_size != 1:
         raise ConfigError("--beam-size is for translation models; language models take --greedy or sampling "
                           "options")
