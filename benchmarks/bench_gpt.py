@@ -30,10 +30,10 @@ Rows:
                           once the model and data exist (each row in a fresh process, Linux /proc); on a GPU
                           the peak of torch's allocations on it above those once the model and data exist
 
-On a CPU without bf16 instructions (e.g. AVX2 only) torch emulates bf16 matrix products 50-100x slower than
-fp32, so the bf16 training rows (HF bf16, accuracy) are left out there unless `--bf16 yes` asks for them;
-"ours default" is then fp32, as `precision = "auto"` gives on that CPU. Decoding with bf16 weights stays:
-torch's bf16 matrix-vector kernel does not need those instructions.
+On a CPU without bf16 instructions torch emulates bf16 matrix products, 50-100x slower than fp32 with AVX2
+only and 3-5x with AVX-512 (an Intel Ice Lake), so the bf16 training rows (HF bf16, accuracy) are left out
+there unless `--bf16 yes` asks for them; "ours default" is then fp32, as `precision = "auto"` gives on that
+CPU. Decoding with bf16 weights stays: torch's bf16 matrix-vector kernel does not need those instructions.
 """
 
 from __future__ import annotations
