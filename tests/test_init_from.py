@@ -144,6 +144,10 @@ def test_a_head_the_new_model_shares_is_kept(files, bert_run):
     assert model.nsp is None
     saved = load_model(bert_run).state_dict()
     assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    # the pooler by name: the loop above reads the new model's weights only, and a model without one passed it
+    # (fourth BERT audit: left unset, it went with the NSP head, and a classifier made later started one afresh)
+    pooler = [k for k in saved if k.startswith("pooler.")]
+    assert pooler and set(pooler) <= set(model.state_dict()), sorted(model.state_dict())
     assert init_from_pretrained(model, bert_run)["new"] == []
 
 

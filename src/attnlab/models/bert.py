@@ -344,7 +344,7 @@ class BertModel(nn.Module):
         if self.nsp is not None:
             out.extra["nsp_logits"] = nsp_logits = self.nsp(pooled)  # (B, 2)
             if next_sentence_label is not None:
-                nsp_loss, n_nsp = token_loss(nsp_logits, next_sentence_label)
+                nsp_loss, n_nsp = token_loss(nsp_logits, next_sentence_label, what="next_sentence_label")
                 out.extra["nsp_loss"] = nsp_loss.detach()
                 losses.append(nsp_loss)
                 if out.n_targets is None:

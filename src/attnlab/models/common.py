@@ -138,19 +138,21 @@ def check_some_tokens(h: Tensor) -> None:
                           "into one vector per sequence; give each at least one token")
 
 
-def check_labels(labels: Tensor, shape: tuple[int, ...]) -> None:
+def check_labels(labels: Tensor, shape: tuple[int, ...], what: str = "labels") -> None:
     """Refuse labels that are not integer ids of `shape` (the logits' without their last axis) in one line: torch
-    named a mask's shape, or a dtype, from inside the loss."""
+    named a mask's shape, or a dtype, from inside the loss. `what`: the argument's name (BERT's
+    next_sentence_label)."""
     if isinstance(labels, Tensor) and labels.shape == shape and not (
             labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool):
         return
     got = f"shape {tuple(labels.shape)} and {str(labels.dtype).removeprefix('torch.')}" \
         if isinstance(labels, Tensor) else type(labels).__name__
-    raise ConfigError(f"labels must be integer ids of the logits' shape without their last axis, {tuple(shape)} "
+    raise ConfigError(f"{what} must be integer ids of the logits' shape without their last axis, {tuple(shape)} "
                       f"(-100 where nothing is scored); got {got}")
 
 
-def token_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+def token_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0,
+               what: str = "labels") -> tuple[Tensor, Tensor]:
     """Mean cross-entropy over labels != -100, and the number of such labels.
 
     A batch with no target gives a loss of 0 (not NaN) that still depends on the logits, so every
@@ -163,7 +165,7 @@ def token_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) 
     answers. The same loss (summed in another order) and gradient. Not on GPUs, where picking rows waits for
     the device, nor under torch.compile.
     """
-    check_labels(labels, logits.shape[:-1])
+    check_labels(labels, logits.shape[:-1], what)
     flat_logits = logits.reshape(-1, logits.shape[-1])
     flat_labels = labels.reshape(-1) if labels.dtype == torch.int64 else labels.reshape(-1).long()  # int32, uint8
     has_label = flat_labels != IGNORE_INDEX
@@ -181,7 +183,7 @@ def token_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) 
         scored = flat_labels[flat_labels != IGNORE_INDEX]
         high = int(scored.max())
         bad = high if high >= flat_logits.shape[-1] else int(scored.min())
-        raise IdOutOfRange(f"labels must lie in 0 to {flat_logits.shape[-1] - 1} (or be -100, not scored), got "
+        raise IdOutOfRange(f"{what} must lie in 0 to {flat_logits.shape[-1] - 1} (or be -100, not scored), got "
                            f"{bad}") from None
     return total / n.clamp(min=1), n
 

@@ -614,6 +614,12 @@ def model_config(model: dict[str, Any], **derived: Any) -> Config:
             # A head that now reads the pooled [CLS] state brings a new pooler, as a new head starts fresh (a BERT
             # converted without one, HF's BertForMaskedLM, was refused for a classifier, told to leave it unset).
             values["pooler"] = None
+        elif family == "bert" and "pooler" not in table and values.get("pooler") is None \
+                and FAMILIES.get(family).config_cls.from_dict({k: v for k, v in saved.items() if k != "family"},
+                                                              where="model.init_from").has_pooler:
+            # The trained pooler stays where the new heads read none (masked LM on, NSP off): left unset, the pooler
+            # went with the NSP head, and a classifier made later from this run started one afresh.
+            values["pooler"] = True
         if family == "encoder" and is_unset(values.get("causal")):  # None, or --set model.causal=none
             # Keep the mask the encoder was trained with (its features differ without it), as with_head does: its
             # config's causal, or where that was left unset, its head's (a causal classifier became bidirectional).
