@@ -203,21 +203,45 @@ def test_a_folder_another_rank_cannot_make_is_reported_with_its_rank(capsys, mon
     assert len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("command", [["evaluate", "RUN", "--data", "x.txt"], ["generate", "RUN", "-p", "x"],
+                                     ["params", "gpt-char-tiny"]])
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_commands_that_do_not_train_refuse_torchrun_once(capsys, monkeypatch, command, rank):
+    # (fourth DDP audit) `torchrun ... -m attnlab evaluate` scored the whole file in every process and printed the
+    # results once per process
+    from cli_helpers import run_cli
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    code, out, err = run_cli(capsys, *command)
+    assert code == 2 and out == ""
+    expected = f"attnlab: error: attnlab {command[0]} runs in one process; run it without torchrun"
+    assert err.strip() == (expected if rank == "0" else ""), err
+
+
 def test_a_data_error_in_another_rank_names_its_rank(capsys, monkeypatch, tmp_path):
     """A file or data error may be one process's own (a file missing on one node): every process reports it,
     the others than rank 0 under their rank; their warnings, repeats of rank 0's, are not shown."""
     import warnings
 
-    from cli_helpers import run_cli
+    from attnlab.cli import _main
+    from attnlab.data.text_files import read_text
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     missing = tmp_path / "missing.txt"
-    code, _, err = run_cli(capsys, "evaluate", str(tmp_path), "--data", str(missing))
-    assert code == 2
+
+    def read(*args, **kwargs):  # a command of this process reading a file its node lacks
+        read_text(missing)
+
+    with monkeypatch.context() as m:
+        m.setattr("attnlab.cli.app", read)
+        with pytest.raises(SystemExit) as exit_:
+            _main([], [])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
     assert err.startswith("attnlab (rank 1): error: ") and len(err.strip().splitlines()) == 1, err
     with warnings.catch_warnings():
-        from attnlab.cli import _main
 
         def warn(*args, **kwargs):
             warnings.warn("the same for every process", stacklevel=1)

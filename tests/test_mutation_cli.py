@@ -156,7 +156,7 @@ def test_sigterm_under_torchrun_is_said_by_the_process_it_stopped(capsys, monkey
     failure (stop-40 DDP audit)."""
     import signal
 
-    import attnlab.inference.runs as runs
+    import attnlab.training.recipe as recipe
 
     def terminated(*args, **kwargs):
         signal.raise_signal(signal.SIGTERM)
@@ -164,8 +164,8 @@ def test_sigterm_under_torchrun_is_said_by_the_process_it_stopped(capsys, monkey
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", rank)
-    monkeypatch.setattr(runs, "load_run", terminated)
-    code, _, err = run_cli(capsys, "evaluate", "no-such-run", "--data", "x.txt", "--device", "cpu")
+    monkeypatch.setattr(recipe, "train_run", terminated)  # (evaluate, used here before, now refuses torchrun)
+    code, _, err = run_cli(capsys, "train", "--set", "train.device=cpu")
     assert (code, err.strip()) == (143, says)
 
 

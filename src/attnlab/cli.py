@@ -46,6 +46,14 @@ def _root() -> None:
     """Attention and Transformer models: build, train, compare and look inside them."""
 
 
+def _one_process(command: str) -> None:
+    """Refuse a command that does not train under torchrun: every process would do the whole of it and print it."""
+    from attnlab.training.distributed import env_world
+
+    if env_world().size > 1:
+        raise ConfigError(f"attnlab {command} runs in one process; run it without torchrun")
+
+
 @app.command()
 def params(
     name: str | None = typer.Argument(None, help="A preset name (see `--list`), or a run folder (`./NAME` for "
@@ -54,6 +62,7 @@ def params(
     list_all: bool = typer.Option(False, "--list", help="List every preset with its parameter count."),
 ) -> None:
     """Exact parameter accounting of a model, per component, with the closed-form formula of each row."""
+    _one_process("params")
     from attnlab.analysis.params import params_command
 
     params_command(name, as_json=as_json, list_all=list_all)
@@ -120,6 +129,7 @@ def generate(
                               "CPU prefer bf16)."),
 ) -> None:
     """Generate text from a trained language model (with a KV cache), or translate with a seq2seq model."""
+    _one_process("generate")
     from attnlab.errors import ConfigError, a_name
     from attnlab.inference.runs import (
         check_decoding_options,
@@ -175,7 +185,7 @@ def evaluate(
                                   "a bf16 run, with losses that differ from the fourth digit on."),
 ) -> None:
     """Score a file: loss and perplexity (language models, translation + BLEU) or accuracy (classifiers)."""
-
+    _one_process("evaluate")
     from attnlab.inference.runs import evaluate_file, load_run
     from attnlab.training.device import select_device
     from attnlab.training.logging import json_line
