@@ -27,7 +27,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_two_processes(out: Path, *args: str, crashes: bool = False, timeout: float = 240) -> None:
+def run_two_processes(out: Path, *args: str, crashes: bool = False, timeout: float = 240) -> str:
+    """Run training_helpers.py's `_ddp_main(out, *args)` in two processes; returns their stderr."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
     if sys.platform.startswith("linux"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -48,6 +49,7 @@ def run_two_processes(out: Path, *args: str, crashes: bool = False, timeout: flo
     stdout, stderr = (log.read_text(encoding="utf-8") for log in logs)
     assert (proc.returncode != 0) is crashes, (f"torchrun exited with {proc.returncode}\n--- stderr ---\n"
                                                f"{stderr[-6000:]}\n--- stdout ---\n{stdout[-2000:]}")
+    return stderr
 
 
 def test_two_processes_match_one(tmp_path):
@@ -85,6 +87,15 @@ def test_a_metric_each_process_draws_apart_picks_best_and_stops_alike_everywhere
     records = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     evaluations = [r for r in records if "eval_sampled" in r or "sampled" in r]
     assert evaluations, records
+
+
+@pytest.mark.parametrize("layout", ["other-shape", "other-count"])
+def test_processes_that_built_other_models_say_so_in_one_line(tmp_path, layout):
+    # (fourth DDP audit) a process whose data gave another vocabulary or number of classes ended in DDP's
+    # RuntimeError about params[33]'s sizes
+    err = run_two_processes(tmp_path / "ddp", layout, crashes=True, timeout=120)
+    assert "attnlab.errors.DataError: the processes of this distributed run built models of different shapes" \
+        in err, err[-3000:]
 
 
 def test_two_processes_on_packed_rows_match_one_process_on_one_example_per_row(tmp_path):

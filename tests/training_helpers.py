@@ -230,6 +230,18 @@ def _ddp_main(out_dir: str, layout: str = "plain") -> None:
         trainer = Trainer(tiny_model(), log_window_config(steps=6), ToySource(crash_at=3 if layout == "log-crash"
                                                                               else None),
                           out_dir=out_dir, resume=layout == "log-resume")
+    elif layout in ("other-shape", "other-count"):  # rank 1 builds another model, as from other data files
+        import os
+
+        from attnlab.training.distributed import failed
+
+        other = {"other-shape": dict(vocab_size=VOCAB + 1), "other-count": dict(tie=True)}[layout]
+        model = tiny_model(**(other if os.environ.get("RANK") == "1" else {}))
+        try:
+            trainer = Trainer(model, ddp_trainer_config(), ToySource(), out_dir=out_dir)
+        except BaseException:
+            failed()  # as the command line does: leave at once, so that the other process fails too
+            raise
     elif layout == "sampled-metric":  # a metric each process draws from its own random stream (seed + rank)
         config = ddp_trainer_config(steps=8, eval_every=1, best_metric="sampled", best_mode="max",
                                     early_stopping_patience=2)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, DataError
 from attnlab.training.device import select_device
 
 
@@ -189,10 +189,15 @@ def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     # for them (a search of the graph each step), else it waits for their gradients and stops at the next step.
     outside = getattr(model, "parameters_outside_loss", None)
     unused = bool(outside()) if callable(outside) else False
-    if device.type == "cuda":
-        return DistributedDataParallel(model, device_ids=[device.index], output_device=device.index,
-                                       find_unused_parameters=unused)
-    return DistributedDataParallel(model, find_unused_parameters=unused)
+    placed = dict(device_ids=[device.index], output_device=device.index) if device.type == "cuda" else {}
+    try:
+        return DistributedDataParallel(model, find_unused_parameters=unused, **placed)
+    except RuntimeError as e:  # DDP compares the weights' shapes across the processes first
+        if "not to match" not in str(e) and "same model" not in str(e):  # a shape; the number of weights
+            raise
+        raise DataError("the processes of this distributed run built models of different shapes (another "
+                        "vocabulary or number of classes: their data files differ); give every process the same "
+                        "files") from None
 
 
 def unwrap(model: nn.Module) -> nn.Module:
