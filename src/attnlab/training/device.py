@@ -275,14 +275,33 @@ def cpu_runs_avx512() -> bool:
     return capability is not None and capability().startswith("AVX512")
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_is_amd() -> bool:
+    """Whether this CPU is an AMD one (/proc/cpuinfo's vendor_id on Linux; elsewhere the processor's name)."""
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if line.startswith("vendor_id"):
+                        return line.split(":", 1)[1].strip() == "AuthenticAMD"
+        except OSError:
+            return False
+        return False
+    import platform
+
+    return "AMD" in platform.processor()
+
+
 def wants_onednn_fp32(model: torch.nn.Module) -> bool:
     """Whether oneDNN's fp32 matmuls pay off for training `model` here: a model wide enough (see
-    ONEDNN_FP32_MIN_WIDTH) on an AVX-512 CPU. What they win is oneDNN's AVX-512 kernels where MKL avoids AVX-512
-    (AMD CPUs); on an AVX2-only Zen 3 the products ran at MKL's speed and an fp32 step at 384 wide took
+    ONEDNN_FP32_MIN_WIDTH) on an AMD CPU with AVX-512. What they win is oneDNN's AVX-512 kernels where MKL avoids
+    AVX-512 (AMD CPUs). On an AVX2-only Zen 3 the products ran at MKL's speed and an fp32 step at 384 wide took
     1,682 / 1,514 / 1,620 ms with the switch against 1,624 / 1,523 / 1,465 without (three runs in turns, 2026-11-28),
-    attention then leaving torch's flash kernel for a path ~7 % slower there."""
+    attention then leaving torch's flash kernel for a path ~7 % slower there; on an Intel Ice Lake, where MKL runs
+    AVX-512 itself, a step at shape B took 845 ms with the switch against 757 without (medians of six in turns,
+    2026-12-07)."""
     config = getattr(model, "config", None)
-    return int(getattr(config, "d_model", 0) or 0) >= ONEDNN_FP32_MIN_WIDTH and cpu_runs_avx512()
+    return int(getattr(config, "d_model", 0) or 0) >= ONEDNN_FP32_MIN_WIDTH and cpu_runs_avx512() and cpu_is_amd()
 
 
 class _HeldSetting:
