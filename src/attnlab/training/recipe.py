@@ -1009,31 +1009,39 @@ def _encode_lm_parts(run: RunConfig, saved: Path | None, tokenizer, texts, train
                 setting = "data.eval_path" if name == "val.bin" else "data.path"
                 raise DataError(f"{path or 'the pydoc texts'} ({setting}): {NO_TOKENS_FIX}") from None
 
-    n_train = encode(train_part, "train.bin", d.path)
-    if n_train < block + 1:
+    def too_short(n: int, held: bool) -> DataError:
         # Where part of the text is held out, the part trained on is what fell short (the text may not be).
-        held = not d.eval_path and d.val_fraction > 0 and eval_part is not None
         what = f"the part of the text trained on (data.val_fraction = {d.val_fraction} of it held out)" \
             if held else "the training text"
         fix = "lower data.val_fraction, give a longer text" if held else "give a longer text"
-        raise DataError(f"{what} has {n_train} tokens, fewer than one window of {block + 1}; {fix} or a smaller "
-                        "data.block_size")
-    if not eval_part:
-        return n_train, None
+        return DataError(f"{what} has {n} tokens, fewer than one window of {block + 1}; {fix} or a smaller "
+                         "data.block_size")
+
+    n_train = encode(train_part, "train.bin", d.path)
+    if not eval_part or d.eval_path:
+        if n_train < block + 1:
+            raise too_short(n_train, held=False)
+        if not eval_part:
+            return n_train, None
     n_val = encode(eval_part, "val.bin", d.eval_path or d.path)
     if n_val >= block + 1:  # one window of block + 1 tokens is enough to score
+        if n_train < block + 1:
+            raise too_short(n_train, held=True)
         return n_train, n_val
     if d.eval_path:  # a file given for evaluation must not be dropped without a word
         raise DataError(f"the evaluation text ({d.eval_path}) has {n_val} tokens, fewer than one "
                         f"window of {block + 1}; give a longer data.eval_path or a smaller data.block_size")
-    # too short to score: trained on instead, as when no line starts in the tail
+    # Too short to score: trained on instead, as when no line starts in the tail (checked before the part trained
+    # on: a text that fills a window only with its tail was refused, told to lower val_fraction).
+    for path in (folder / "val.bin", folder / "val.bin.json"):
+        path.unlink(missing_ok=True)
+    n_train = encode(lambda: itertools.chain(train_part(), eval_part()), "train.bin", d.path)  # cut at a line start
+    if n_train < block + 1:
+        raise too_short(n_train, held=False)
     warnings.warn(f"nothing held out for evaluation: the last data.val_fraction = {d.val_fraction} of "
                   f"{d.path or 'the pydoc texts'} has {n_val} tokens, fewer than one window of "
                   f"{block + 1}, so the whole text is trained on; raise data.val_fraction or give "
                   "data.eval_path", stacklevel=4)
-    for path in (folder / "val.bin", folder / "val.bin.json"):
-        path.unlink(missing_ok=True)
-    n_train = encode(lambda: itertools.chain(train_part(), eval_part()), "train.bin", d.path)  # cut at a line start
     return n_train, None
 
 
