@@ -404,12 +404,14 @@ def test_sentences_always_cut_in_a_pair_are_reported(word_tok):
 
     docs = [["doc 0 sentence 0 x x x x x x x", "doc 0 sentence 1"], ["doc 1 sentence 0", "doc 1 sentence 1"]]
     with pytest.warns(UserWarning, match=r"1 of 4 sentences are longer than data.max_length allows \(12 tokens "
-                                         r"with specials\) and were cut \(the longest has 15\); raise "
-                                         r"data.max_length to keep them whole"):
+                                         r"with specials\) and were cut \(the longest has 15\), as are pairs of "
+                                         r"shorter sentences that pass it together; raise data.max_length to keep "
+                                         r"them whole"):
         NSPPairs(docs, word_tok, max_length=12)
     from attnlab.data.sources import cut_advice
 
-    with cut_advice("as in training"), pytest.warns(UserWarning, match=r"the longest has 15\); as in training$"):
+    with cut_advice("as in training"), pytest.warns(UserWarning,
+                                                    match=r"the longest has 15\), as are pairs .*; as in training$"):
         NSPPairs(docs, word_tok, max_length=12)  # evaluation: a trained model's length cannot be raised
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -125,14 +125,15 @@ def cut_advice(text: str) -> Iterator[None]:
         _CUT_ADVICE.reset(token)
 
 
-def _warn_cut(lengths: Sequence[int], room: int, what: str, setting: str, extra: int = 0) -> None:
+def _warn_cut(lengths: Sequence[int], room: int, what: str, setting: str, extra: int = 0, also: str = "") -> None:
     """Warn, with counts, when sequences are cut to `room` tokens (`extra`: the special tokens the setting
-    also counts): a cut the user does not know of changes what is learned or scored."""
+    also counts; `also`: what else is cut, said after the counts): a cut the user does not know of changes what
+    is learned or scored."""
     cut = [n for n in lengths if n > room]
     if cut:
         specials = " with specials" if extra else ""  # a source sentence has none
         warnings.warn(f"{len(cut)} of {len(lengths)} {what} are longer than {setting} allows ({room + extra} "
-                      f"tokens{specials}) and were cut (the longest has {max(cut) + extra}); "
+                      f"tokens{specials}) and were cut (the longest has {max(cut) + extra}){also}; "
                       + _CUT_ADVICE.get().format(setting=setting), stacklevel=3)
 
 
@@ -536,7 +537,10 @@ class NSPPairs:
         self.sentences: list[list[int]] = [s for doc in docs for s in doc]
         # A pair holds [CLS] A [SEP] B [SEP] with at least one token of the other sentence: longer sentences are
         # always cut (a paragraph on one line, as in WikiText, loses most of its tokens).
-        _warn_cut([len(s) for s in self.sentences], max_length - 4, "sentences", "data.max_length", 4)
+        # (Pairs of two shorter sentences are cut too where they pass it together: said, not counted, as pairs are
+        # drawn at each step.)
+        _warn_cut([len(s) for s in self.sentences], max_length - 4, "sentences", "data.max_length", 4,
+                  also=", as are pairs of shorter sentences that pass it together")
         lengths = np.array([len(doc) for doc in docs], dtype=np.int64)
         self.doc_starts = np.concatenate([[0], np.cumsum(lengths)])
         self.doc_lengths = lengths
