@@ -230,6 +230,37 @@ def test_commands_that_do_not_train_refuse_torchrun_once(capsys, monkeypatch, co
     assert err.strip() == (expected if rank == "0" else ""), err
 
 
+def test_a_folder_another_run_holds_stops_every_process_at_once(tmp_path):
+    # (fourth DDP audit) rank 0 refused the folder before joining the process group: rank 1 waited in torchrun's
+    # rendezvous for it until torchrun killed it ("forcefully exiting via 9"), half a minute later
+    from attnlab.files import folder_lock
+
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
+    if sys.platform.startswith("linux"):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "attnlab", "train",
+               "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=2", "--set", "train.progress=false",
+               "--set", "train.precision=fp32", "--set", "train.device=cpu", "--set", "train.batch_size=4",
+               "--set", f"train.out_dir={json.dumps(str(out))}"]
+    log = tmp_path / "stderr.txt"
+    with folder_lock(out, "train.out_dir"), open(log, "w", encoding="utf-8") as stderr:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            subprocess.run(["pkill", "-9", "-f", str(out)], check=False)
+            proc.wait()
+            pytest.fail("the run hung")
+    err = log.read_text(encoding="utf-8")
+    assert proc.returncode != 0
+    assert f"attnlab: error: train.out_dir: another attnlab run is writing into '{out}'" in err, err[-3000:]
+    assert "attnlab (rank 1): error: another process of this distributed run stopped" in err, err[-3000:]
+    assert "forcefully exiting" not in err and "SIGKILL" not in err, err[-3000:]
+
+
 def test_a_data_error_in_another_rank_names_its_rank(capsys, monkeypatch, tmp_path):
     """A file or data error may be one process's own (a file missing on one node): every process reports it,
     the others than rank 0 under their rank; their warnings, repeats of rank 0's, are not shown."""

@@ -1405,7 +1405,7 @@ def pretraining_accuracy(model, source) -> dict[str, float]:
 def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     """Prepare and train; writes the run folder (checkpoints, metrics.jsonl, loss.png, run.json)."""
     from attnlab.training.checkpoint import checkpoint_present
-    from attnlab.training.distributed import env_world
+    from attnlab.training.distributed import barrier, env_world
     from attnlab.training.trainer import BEST_DIR, CHECKPOINT_DIR, Trainer
 
     out = Path(run.train.out_dir)
@@ -1421,12 +1421,17 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
         raise ConfigError(f"train.best_metric {run.train.best_metric!r} is not a metric that data.task = "
                           f"{run.data.task!r} evaluates; choose one of: loss, {', '.join(evaluated)}")
     _check_checkpoint_folders(out)  # before the lock, whose file would go into a checkpoint folder given as out_dir
+    # Before the lock, and so before the folder is made: the device, the batch split and, under torchrun, the
+    # process group. Rank 0 refusing the folder then leaves the group at once, and the other processes, held at
+    # the barrier below until it holds the folder, stop with it (they waited in torchrun's rendezvous for a rank 0
+    # that never came, until torchrun killed them).
+    _check_device(run.train)
     # One run at a time in a folder (two interleaved their checkpoints and logs); the folder is made here, and
     # removed again if a bad setting refuses the run before anything is written (only rank 0 writes under torchrun).
     with folder_lock(out, "train.out_dir", enabled=env_world().is_main):
+        barrier()
         # Checked before anything is written into the folder. A resumed run keeps the vocabulary its weights
         # were trained with (retraining a tokenizer can give another: see _from_first_process).
-        _check_device(run.train)
         tokenizer_from = Trainer.checkpoint_to_resume(out) if resume else None
         if tokenizer_from is not None:
             _check_resumed_family(run, tokenizer_from)
