@@ -99,3 +99,30 @@ def test_a_label_defaulting_onto_the_named_text_column_names_the_label_setting(t
     with pytest.raises(DataError, match=r"are the same \(1\).*set data.text_column \(evaluate: --text-column\) to "
                                         r"the column of the texts"):
         read_classification_file(path, 1, 1)
+
+
+def test_evaluate_names_the_runs_numbered_columns_where_a_file_does_not_fit_them(capsys, tmp_path):
+    from cli_helpers import run_cli
+
+    (tmp_path / "train.tsv").write_text("great movie\t1\nbad film\t0\nfine film\t1\nawful movie\t0\n")
+    out = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "--set", "model.family=encoder", "--set", "model.d_model=16",
+                           "--set", "model.n_heads=2", "--set", "model.d_ff=16", "--set", "model.n_layers=1",
+                           "--set", "data.task=classification", "--set", "data.tokenizer=word",
+                           "--set", f"data.path={_q(tmp_path / 'train.tsv')}", "--set", "data.text_column=0",
+                           "--set", "data.label_column=1", "--set", "train.steps=1", "--set", "train.batch_size=4",
+                           "--set", "train.warmup_steps=1", "--set", "train.progress=false",
+                           "--set", "train.precision=fp32", "--set", "train.device=cpu",
+                           "--set", f"train.out_dir={_q(out)}")
+    assert code == 0, err
+    hint = ("(the run's data.text_column = '0' and data.label_column = '1': give this file's with --text-column and "
+            "--label-column)")
+    (tmp_path / "dev.jsonl").write_text('{"text": "great movie", "label": 1}\n{"text": "bad film", "label": 0}\n')
+    line = one_line_error(capsys, "evaluate", str(out), "--data", str(tmp_path / "dev.jsonl"), "--device", "cpu")
+    assert "JSON Lines fields have names, not numbers" in line and line.endswith(hint), line
+    (tmp_path / "dev.csv").write_text('label,text\n1,great movie\n0,"bad, film"\n')
+    line = one_line_error(capsys, "evaluate", str(out), "--data", str(tmp_path / "dev.csv"), "--device", "cpu")
+    assert "were not in the training data" in line and line.endswith(hint), line
+    code, _, err = run_cli(capsys, "evaluate", str(out), "--data", str(tmp_path / "dev.csv"), "--device", "cpu",
+                           "--text-column", "text", "--label-column", "label")
+    assert code == 0, err

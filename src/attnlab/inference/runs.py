@@ -572,8 +572,17 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, 
         raise DataError(f"{data}: this run is a classifier, which scores a labelled .tsv, .csv or .jsonl file (the "
                         "extension names the format); give such a file")
     labels = d.get("labels")
-    examples = read_classification_file(data, parse_column(text_column or d.get("text_column")),
-                                        parse_column(label_column or d.get("label_column")))
+    # Columns the flags leave to the run's own settings, named where the file does not fit them (a run trained on a
+    # headerless TSV by column number, scored on a JSONL or a CSV of other columns).
+    inherited = [f"data.{what}_column = {d.get(f'{what}_column')!r}" for what, flag in
+                 (("text", text_column), ("label", label_column)) if not flag and d.get(f"{what}_column") is not None]
+    why = f" (the run's {' and '.join(inherited)}: give this file's with --text-column and --label-column)" \
+        if inherited else ""
+    try:
+        examples = read_classification_file(data, parse_column(text_column or d.get("text_column")),
+                                            parse_column(label_column or d.get("label_column")))
+    except DataError as e:
+        raise DataError(f"{e}{why}") from None
     if examples.labels is None:
         raise DataError(f"{data}: no label column; evaluation needs labelled examples")
     if labels is None:
@@ -582,7 +591,7 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, 
     if unknown:
         raise DataError(f"{data}: labels {unknown[:5]} were not in the training data (known: {list(labels)})"
                         f"{same_number_hint(unknown[0], labels)}; the classifier can only score the classes it was "
-                        "trained on")
+                        f"trained on{why}")
     # As the run was trained: [CLS] text [SEP] since 2026-12-06, [CLS] text before; a checkpoint with no recorded
     # data settings (weights converted from HF and saved with a tokenizer) reads texts as HF encodes them.
     prefix, suffix = classification_ends(tok, sep=d.get("classification_sep", "task" not in d) is True)
