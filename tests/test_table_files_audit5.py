@@ -126,3 +126,25 @@ def test_evaluate_names_the_runs_numbered_columns_where_a_file_does_not_fit_them
     code, _, err = run_cli(capsys, "evaluate", str(out), "--data", str(tmp_path / "dev.csv"), "--device", "cpu",
                            "--text-column", "text", "--label-column", "label")
     assert code == 0, err
+
+
+# (review of stop 42's own changes)
+def test_a_one_column_tsv_of_sentences_with_commas_is_not_told_to_be_a_csv(tmp_path):
+    path = tmp_path / "texts.tsv"
+    path.write_text("a fine film, and a long one\ndull\n")
+    with pytest.raises(DataError, match="label column 1 does not exist, the row has 1 tab-separated columns"):
+        read_classification_file(path)
+
+
+def test_a_short_row_with_bare_quotes_keeps_the_plain_fix(tmp_path):
+    path = tmp_path / "glue.tsv"
+    path.write_text('sentence\tlabel\ngreat\t1\nhe said "no" to it\n')
+    with pytest.raises(DataError, match=r"line 3: expected 2 tab-separated columns, found 1; fix the line$"):
+        read_classification_file(path)
+
+
+def test_naming_the_label_column_of_a_headerless_pair_takes_the_other_for_the_texts(tmp_path):
+    path = tmp_path / "label_first.tsv"
+    path.write_text("1\tgreat movie\n0\tdull film\n")
+    data = read_classification_file(path, None, 0)
+    assert (data.texts, data.labels) == (["great movie", "dull film"], ["1", "0"])

@@ -558,6 +558,18 @@ _TSV_UNQUOTED = "a .tsv file is read without quoting (GLUE's texts hold bare quo
 _TSV_FIX = "save it unquoted (pandas: quoting=csv.QUOTE_NONE) or as a .csv file"
 
 
+def _split_alike(text: str, sep: str, rows: int = 5) -> bool:
+    """Whether the first non-blank `rows` lines of `text` split by `sep` into one number of at least two cells
+    each (a comma inside a sentence of a one-column TSV does not)."""
+    lines = [line for line in text.splitlines() if line.strip()][:rows]
+    cells = csv.reader(lines) if sep == "," else (line.split(sep) for line in lines)
+    try:
+        widths = {len(row) for row in cells}
+    except csv.Error:
+        return False
+    return len(widths) == 1 and min(widths) >= 2
+
+
 def _table_rows(path: Path, text: str, fmt: str) -> Iterator[tuple[int, list[str]]]:
     """(line number, cells) of each non-blank row."""
     if fmt == "tsv":
@@ -687,9 +699,12 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
 
     if text_column is None and lowered is not None:
         _refuse_pairs(path, names, "column")
-    text_idx = pick(text_column, TEXT_COLUMN_NAMES, "text", 0)
+    # Of two columns without a header, the one named by number leaves the other to the other role.
+    pair = len(first_cells) == 2 and lowered is None
+    text_idx = pick(text_column, TEXT_COLUMN_NAMES, "text",
+                    1 - label_column if pair and text_column is None and label_column in (0, 1) else 0)
     label_default = 1 if require_labels or len(first_cells) > 1 else None
-    if len(first_cells) == 2 and text_idx in (0, 1):  # of two columns, the label is the one the text is not
+    if pair and text_idx in (0, 1):
         label_default = 1 - text_idx
     label_idx = pick(label_column, LABEL_COLUMN_NAMES, "label", label_default)
     if text_idx == label_idx:
@@ -700,7 +715,7 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
         if idx is not None and not 0 <= idx < width:
             other = {"tsv": ("\t", "tab-separated", ".tsv"), "csv": (",", "comma-separated", ".csv")}[
                 "csv" if fmt == "tsv" else "tsv"]
-            if width == 1 and other[0] in first_cells[0]:  # the extension names the other separator
+            if width == 1 and _split_alike(text, other[0]):  # the extension names the other separator
                 raise DataError(f"data file '{path}' line {first[0]} has one {sep} column but looks {other[1]} "
                                 f"(the separator is chosen by the file's extension); name the file {other[2]}")
             raise DataError(
@@ -725,7 +740,8 @@ def _read_table(path, text, fmt, text_column, label_column, header, require_labe
             repeated.append(number)
             continue
         if len(cells) != width:
-            quoted = fmt == "tsv" and '"' in "\t".join(cells)
+            # a cell that opens a CSV quote and does not close it: a quoted tab or line break split the row
+            quoted = fmt == "tsv" and any(c.lstrip().startswith('"') and c.count('"') % 2 for c in cells)
             raise DataError(
                 f"data file '{path}' line {number}: expected {width} {sep} columns, found {len(cells)}; "
                 + (f"{_TSV_UNQUOTED}, so a quoted tab or line break splits a row: fix the line, or {_TSV_FIX}"
