@@ -66,26 +66,36 @@ def test_the_default_runs_evaluation_is_not_the_users_setting(capsys, tmp_path):
     assert json.loads((tmp_path / "run" / "run.json").read_text())["train"]["eval_every"] == 0
 
 
-@pytest.mark.filterwarnings("ignore:data.val_fraction = 0.0 does nothing")
-@pytest.mark.parametrize("task_settings, expected", [
-    ([], 200),  # the default run itself: 200
-    (["data.val_fraction=0"], 0),  # nothing held out
-    (["data.val_fraction=0", "train.eval_every=50"], 50),  # the user's own setting stays (and is warned of)
-    (["data.val_fraction=0", "data.eval_path=\"x.txt\""], 200),  # an evaluation file
-    (["data.task=\"mlm\"", "model.family=\"bert\""], 200),  # mlm holds out a share too
-    (["data.task=\"classification\"", "model.family=\"encoder\"", "data.path=\"a.tsv\""], 0),
-    (["data.task=\"classification\"", "model.family=\"encoder\"", "data.path=\"a.tsv\"", "data.eval_path=\"b.tsv\""],
-     200),
-])
-def test_which_default_runs_keep_their_evaluation(task_settings, expected):
-    assert load_run_config(None, task_settings).train.eval_every == expected
-
-
-def test_a_config_files_eval_every_is_kept_and_warned_of(tmp_path):
-    # a config file's eval_every is the user's, whatever the data gives
-    path = tmp_path / "run.toml"
+def test_whose_eval_every_it_is(tmp_path):
+    assert load_run_config(None, []).default_eval_every  # the default run's 200
+    assert not load_run_config(None, ["train.eval_every=50"]).default_eval_every
+    path = tmp_path / "run.toml"  # a config file's is the user's, whatever the data gives
     path.write_text('[data]\nval_fraction = 0\n[train]\neval_every = 200\nout_dir = "x"\n')
-    assert load_run_config(path).train.eval_every == 200
+    assert not load_run_config(path).default_eval_every
+
+
+def _lm(tmp_path, text: str, *extra: str):
+    path = tmp_path / "text.txt"
+    path.write_text(text, encoding="utf-8")
+    return ["train", "--set", "model.preset=gpt-char-tiny", "--set", f"data.path={_q(path)}", *FAST,
+            "--set", f"train.out_dir={_q(tmp_path / 'run')}", *extra]
+
+
+@pytest.mark.parametrize("text, extra, kept", [
+    ("a" * 29 + "\nb\ncc\n", [], 0),  # a tail too short to score: the whole text trained on (review of stop 42)
+    ("abcdefgh\n" * 60, ["--set", "data.val_fraction=0"], 0),  # nothing held out asked
+    ("abcdefgh\n" * 60, [], 200),  # a tail that scores: the default run's evaluation stays
+])
+def test_the_default_runs_eval_every_goes_where_nothing_is_held_out(capsys, tmp_path, text, extra, kept):
+    said = _warnings(capsys, _lm(tmp_path, text, *extra))
+    assert not [line for line in said if "eval_every" in line], said
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["train"]["eval_every"] == kept
+
+
+def test_the_users_eval_every_with_nothing_held_out_is_warned_of(capsys, tmp_path):
+    said = _warnings(capsys, _lm(tmp_path, "abcdefgh\n" * 60, "--set", "data.val_fraction=0",
+                                 "--set", "train.eval_every=50"))
+    assert [line for line in said if "train.eval_every = 50 does nothing" in line], said
 
 
 def test_the_python_api_is_told_to_give_an_eval_source(tmp_path):

@@ -120,14 +120,6 @@ class DataConfig(Config):
                 "translation": "data.eval_src_path and data.eval_tgt_path"}.get(self.task,
                                                                               "data.eval_path (or data.val_fraction)")
 
-    @property
-    def held_out(self) -> bool:
-        """Whether these settings ask for an evaluation at all (an lm or mlm text too short to spare its
-        val_fraction is only found to have none when it is read)."""
-        if self.task == "translation":
-            return self.eval_src_path is not None
-        return self.eval_path is not None or (self.task in ("lm", "mlm") and self.val_fraction > 0)
-
     # The settings each task reads (besides task): another one set is refused by `check_task_reads`, not ignored.
     TASK_READS = {
         "lm": ("path", "eval_path", "tokenizer", "vocab_size", "block_size", "val_fraction"),
@@ -213,6 +205,9 @@ class RunConfig:
     model: dict[str, Any]
     data: DataConfig
     train: Any  # TrainerConfig
+    # train.eval_every is the default run's (no config file, no --set of it), not the user's: dropped where the run
+    # holds nothing out, rather than warned of as a setting that does nothing
+    default_eval_every: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": dict(self.model), "data": self.data.to_dict(), "train": self.train.to_dict()}
@@ -457,10 +452,6 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     data = DataConfig.from_dict(data_table, where="data")
     data.check_task_reads()  # here, not in __post_init__: a saved run's [data] is read back by `evaluate` as it was
     train = TrainerConfig.from_dict(train_table, where="train")
-    if path is None and not data.held_out and not any(key == ["train", "eval_every"] for key, _ in parsed):
-        # The default run evaluates every 200 steps; turned into a run with nothing held out (another task, or
-        # val_fraction 0), that setting is the default run's, not the user's, and is not warned of as inert.
-        train = train.replace(eval_every=0)
     if train.out_dir is None:  # a config file without train.out_dir: a folder named after the file
         if not Path(path).is_file():  # <(...): /dev/fd/63, the same name for every pipe
             raise ConfigError(f"config file {str(path)!r} is not a regular file (a pipe), so it names no run folder; "
@@ -475,7 +466,8 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
         if "init_from" in model:
             fix = f"model.init_from names a {family} run: give it the run folder of a model of family {families}"
         raise ConfigError(f"data.task {data.task!r} needs a model of family {families}, not {family!r}; {fix}")
-    return RunConfig(model=model, data=data, train=train)
+    return RunConfig(model=model, data=data, train=train,
+                     default_eval_every=path is None and not any(key == ["train", "eval_every"] for key, _ in parsed))
 
 
 def _home(value: Any) -> Any:
@@ -1440,6 +1432,10 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
         # Preparing builds the model config, so a bad setting is refused before anything is written or the warning
         # below is given (only a language model's token files go into the folder, after that check).
         prep = prepare(run, tokenizer_from=tokenizer_from)
+        if prep.eval_source is None and run.default_eval_every and run.train.eval_every:
+            # the default run's evaluation every 200 steps, in a run turned into one with nothing held out (another
+            # task, val_fraction 0, a text too short to spare its tail)
+            run = dataclasses.replace(run, train=run.train.replace(eval_every=0))
         make_folder(out, "train.out_dir")
         if replacing:
             warnings.warn(f"{out} already holds a trained run; training from scratch replaces it (--resume "
