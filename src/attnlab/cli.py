@@ -286,7 +286,8 @@ def knowledge(
         from attnlab.training.checkpoint import checkpoint_present
 
         try:
-            kept = any(checkpoint_present(phase / "checkpoint") for phase in Path(out).iterdir())
+            kept = any(checkpoint_present(phase / "checkpoint") for phase in Path(out).iterdir()
+                       if phase.name.startswith(("pretrain-", "finetune-")))
         except OSError:  # no folder: a folder made for the run is removed again when it holds nothing
             kept = False
         if not kept:  # while the data was read or the model built

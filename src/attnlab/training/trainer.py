@@ -1158,8 +1158,8 @@ class Trainer:
             CheckpointError: resume without a usable checkpoint.
             ConfigError: a second call without resume on the same Trainer.
         """
-        # fp32 runs of wide models on a CPU take oneDNN's AVX-512 matmuls where that is verified exact
-        # (see device.py).
+        # fp32 runs of wide models on an AMD CPU with AVX-512 take oneDNN's AVX-512 matmuls where that is verified
+        # exact (see device.py).
         with fast_fp32_matmul(self.device, enabled=self.dtype is None and wants_onednn_fp32(self.model)):
             return self._fit(resume, on_start)
 
