@@ -27,15 +27,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_two_processes(out: Path, *args: str, crashes: bool = False, timeout: float = 240) -> str:
-    """Run training_helpers.py's `_ddp_main(out, *args)` in two processes; returns their stderr."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
+def torchrun(target: list[str], out: Path, *, env: dict | None = None, timeout: float = 240) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `torchrun --nproc-per-node 2 TARGET...` on the CPU (gloo over loopback), whose
+    run writes into `out` (named on the command line: a hung run's workers are found and killed by it)."""
+    env = dict(os.environ if env is None else env, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
     if sys.platform.startswith("linux"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    helper = Path(__file__).with_name("training_helpers.py")
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-               str(helper), str(out), *args]
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *target]
     logs = out.parent / f"{out.name}.stdout.txt", out.parent / f"{out.name}.stderr.txt"
     with open(logs[0], "w", encoding="utf-8") as stdout, open(logs[1], "w", encoding="utf-8") as stderr:
         proc = subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
@@ -46,9 +45,15 @@ def run_two_processes(out: Path, *args: str, crashes: bool = False, timeout: flo
             subprocess.run(["pkill", "-9", "-f", str(out)], check=False)
             proc.wait()
             pytest.fail(f"the two processes hung (killed after {timeout} s)")
-    stdout, stderr = (log.read_text(encoding="utf-8") for log in logs)
-    assert (proc.returncode != 0) is crashes, (f"torchrun exited with {proc.returncode}\n--- stderr ---\n"
-                                               f"{stderr[-6000:]}\n--- stdout ---\n{stdout[-2000:]}")
+    return (proc.returncode, *(log.read_text(encoding="utf-8") for log in logs))
+
+
+def run_two_processes(out: Path, *args: str, crashes: bool = False, timeout: float = 240) -> str:
+    """Run training_helpers.py's `_ddp_main(out, *args)` in two processes; returns their stderr."""
+    code, stdout, stderr = torchrun([str(Path(__file__).with_name("training_helpers.py")), str(out), *args], out,
+                                    timeout=timeout)
+    assert (code != 0) is crashes, (f"torchrun exited with {code}\n--- stderr ---\n{stderr[-6000:]}\n"
+                                    f"--- stdout ---\n{stdout[-2000:]}")
     return stderr
 
 
@@ -236,26 +241,13 @@ def test_a_folder_another_run_holds_stops_every_process_at_once(tmp_path):
     from attnlab.files import folder_lock
 
     out = tmp_path / "run"
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
-    if sys.platform.startswith("linux"):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "attnlab", "train",
-               "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=2", "--set", "train.progress=false",
-               "--set", "train.precision=fp32", "--set", "train.device=cpu", "--set", "train.batch_size=4",
-               "--set", f"train.out_dir={json.dumps(str(out))}"]
-    log = tmp_path / "stderr.txt"
-    with folder_lock(out, "train.out_dir"), open(log, "w", encoding="utf-8") as stderr:
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            subprocess.run(["pkill", "-9", "-f", str(out)], check=False)
-            proc.wait()
-            pytest.fail("the run hung")
-    err = log.read_text(encoding="utf-8")
-    assert proc.returncode != 0
+    with folder_lock(out, "train.out_dir"):
+        code, _, err = torchrun(["-m", "attnlab", "train", "--set", "model.preset=gpt-char-tiny",
+                                 "--set", "train.steps=2", "--set", "train.progress=false",
+                                 "--set", "train.precision=fp32", "--set", "train.device=cpu",
+                                 "--set", "train.batch_size=4", "--set", f"train.out_dir={json.dumps(str(out))}"],
+                                out, timeout=120)
+    assert code != 0
     assert f"attnlab: error: train.out_dir: another attnlab run is writing into '{out}'" in err, err[-3000:]
     assert "attnlab (rank 1): error: another process of this distributed run stopped" in err, err[-3000:]
     assert "forcefully exiting" not in err and "SIGKILL" not in err, err[-3000:]
@@ -312,28 +304,14 @@ def test_an_error_in_one_process_ends_the_run_at_once_with_one_line_from_each(tm
         "            raise RuntimeError('out of memory (a test on rank 1)')\n"
         "        return step(self, n)\n"
         "    T.Trainer._train_step = failing\n", encoding="utf-8")
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
-               PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
-    if sys.platform.startswith("linux"):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "attnlab", "train",
-               "--set", "model.preset=gpt-char-tiny", "--set", "model.block_size=16", "--set", "train.steps=40",
-               "--set", "train.batch_size=4", "--set", "train.progress=false", "--set", "train.precision=fp32",
-               "--set", "train.device=cpu", "--set", "train.eval_every=0",
-               "--set", f"train.out_dir={json.dumps(str(tmp_path / 'run'))}"]
-    log = tmp_path / "stderr.txt"
-    with open(log, "w", encoding="utf-8") as stderr:
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
-        try:
-            proc.wait(timeout=180)
-        except subprocess.TimeoutExpired:  # kill torchrun, then its workers (each in a session of its own)
-            os.killpg(proc.pid, signal.SIGKILL)
-            subprocess.run(["pkill", "-9", "-f", str(tmp_path / "run")], check=False)
-            proc.wait()
-            pytest.fail("the run hung after one process failed")
-    err = log.read_text(encoding="utf-8")
-    assert proc.returncode != 0
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "run"
+    code, _, err = torchrun(["-m", "attnlab", "train", "--set", "model.preset=gpt-char-tiny",
+                             "--set", "model.block_size=16", "--set", "train.steps=40", "--set", "train.batch_size=4",
+                             "--set", "train.progress=false", "--set", "train.precision=fp32",
+                             "--set", "train.device=cpu", "--set", "train.eval_every=0",
+                             "--set", f"train.out_dir={json.dumps(str(out))}"], out, env=env, timeout=180)
+    assert code != 0
     assert "attnlab (rank 1): error: out of memory" in err, err[-3000:]
     assert "attnlab: error: another process of this distributed run stopped" in err, err[-3000:]
     assert "[rank0]" not in err and "[rank1]" not in err, err[-3000:]  # no worker's traceback
