@@ -582,6 +582,8 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, 
         examples = read_classification_file(data, parse_column(text_column or d.get("text_column")),
                                             parse_column(label_column or d.get("label_column")))
     except DataError as e:
+        if not any(word in str(e) for word in ("column", "field")):  # a missing file, a malformed line: no column's
+            raise
         raise DataError(f"{e}{why}") from None
     if examples.labels is None:
         raise DataError(f"{data}: no label column; evaluation needs labelled examples")
