@@ -76,3 +76,29 @@ def test_ctrl_c_after_a_phase_trained_says_to_resume(capsys, tmp_path, monkeypat
     assert code == 130, err
     assert err.strip().splitlines()[-1] == (f"attnlab: interrupted; what was trained is kept in {out}: to go on, run "
                                             "the same command with --resume"), err
+
+
+def test_fine_tuning_pairs_in_another_normal_form_than_the_corpus_are_warned_of(tmp_path):
+    # decomposed accents in the fine-tuning file, composed ones in the corpus: no question is unreadable (the combining
+    # mark joins the vocabulary), but fine-tuning spells the names with characters the corpus never uses
+    files = _files(tmp_path, "Ada Varn")
+    nfd = unicodedata.normalize("NFD", "Zoë Ünal")
+    (tmp_path / "train.tsv").write_text(f"Where was Ada Varn born?\tLyon\nWhere was {nfd} born?\tOslo\n",
+                                        encoding="utf-8")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_knowledge(tmp_path / "out", variants="none", **files, device="cpu", overrides=TINY, progress=False,
+                      echo=lambda *_: None)
+    said = [str(w.message) for w in caught if "Unicode" in str(w.message)]
+    assert said == [f"1 of 2 fine-tuning pairs are written in decomposed Unicode (the first: "
+                    f"{'Where was ' + nfd + ' born?' + chr(9) + 'Oslo'!r}), the corpus composed: their accented names "
+                    "are spelt with other characters, so fine-tuning cannot reach what pretraining stored of them; "
+                    "save every file in one form (e.g. all NFC)"], said
+
+
+def test_files_in_one_normal_form_say_nothing_of_it(tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_knowledge(tmp_path / "out", variants="none", **_files(tmp_path, "Zoë Ünal"), device="cpu",
+                      overrides=TINY, progress=False, echo=lambda *_: None)
+    assert not [w for w in caught if "Unicode" in str(w.message)]

@@ -590,6 +590,25 @@ def _unreadable(vocab, questions: list[str], what: str | None) -> set[int]:
     return set(unreadable)
 
 
+def _warn_other_normal_form(corpus: list[str], train: list[tuple[str, str]]) -> None:
+    """Warn where the corpus and the fine-tuning pairs are written in different Unicode normal forms (accents
+    composed in one, decomposed in the other, as files made on macOS can be): the pairs then spell the names with
+    characters the corpus never uses, and fine-tuning teaches what pretraining cannot have stored."""
+    def composed(text: str) -> bool:
+        return unicodedata.is_normalized("NFC", text)
+
+    odd_pairs = [q + "\t" + a for q, a in train if not composed(q + a)]
+    odd_corpus = next((line for line in corpus if not composed(line)), None)
+    if bool(odd_pairs) == (odd_corpus is not None):
+        return
+    where = (f"{len(odd_pairs)} of {len(train)} fine-tuning pairs are written in decomposed Unicode (the first: "
+             f"{odd_pairs[0]!r}), the corpus composed") if odd_pairs else \
+        f"the corpus is written in decomposed Unicode (the first such line: {odd_corpus[:60]!r}), the fine-tuning " \
+        "pairs composed"
+    warnings.warn(f"{where}: their accented names are spelt with other characters, so fine-tuning cannot reach what "
+                  "pretraining stored of them; save every file in one form (e.g. all NFC)", stacklevel=3)
+
+
 # ------------------------------------------------------------------------------------------------
 # The experiment
 # ------------------------------------------------------------------------------------------------
@@ -839,6 +858,8 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
         write_files(world, data.world_files)
     for questions, what in ((dev_q, "evaluation questions"), (data.predict, "questions of --predict")):
         _unreadable(vocab, questions, what)  # said once, here: every row shares the vocabulary (answered silently)
+    if data.source == "files":
+        _warn_other_normal_form(data.corpus, data.train)
     n_phases = sum(1 + v.pretrain for v in rows)
     phase = 0
     earlier_total = 0.0  # seconds spent in earlier runs on the phases --resume skipped or continued
