@@ -274,3 +274,17 @@ def test_bench_gpt_accuracy_trains_both_precisions_on_the_same_batches_and_score
     assert not any(torch.equal(t, v) for t in fp32 for v in val)
     assert out["relative_gap"] == pytest.approx(abs(out["bf16"] - out["fp32"]) / out["fp32"])
     assert all(math.isfinite(out[k]) and out[k] > 0 for k in ("fp32", "bf16"))
+
+
+def test_the_step_tables_say_where_they_leave_bf16_out(capsys, monkeypatch):
+    # (sixth README audit, on a CPU without bf16 instructions) bench_loss and bench_dropout dropped their bf16 step
+    # rows without a word, where bench_gpt and bench_attention say so
+    import torch
+
+    steps = load("steps")
+    monkeypatch.setattr(steps, "resolve_precision", lambda precision, device: None)
+    assert steps.step_dtypes(torch.device("cpu")) == [torch.float32]
+    assert "bf16 is not native on this cpu: the bf16 training-step rows are left out" in capsys.readouterr().out
+    monkeypatch.setattr(steps, "resolve_precision", lambda precision, device: torch.bfloat16)
+    assert steps.step_dtypes(torch.device("cpu")) == [torch.bfloat16, torch.float32]
+    assert capsys.readouterr().out == ""
