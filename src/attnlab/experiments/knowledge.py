@@ -482,13 +482,12 @@ def _train_phase(model, source, folder: Path, config: dict[str, Any], tokenizer,
 def _warn_other_precision(folder: Path, used: str | None, config: dict[str, Any]) -> None:
     """Warn where a finished phase that --resume reuses was trained in another precision than this run trains in
     (precision "auto" on a machine with bf16 and one without): the table would mix the two without a word."""
-    from attnlab.training.device import SlowPrecisionWarning, resolve_precision, select_device
+    from attnlab.training.device import SlowPrecisionWarning, precision_name, resolve_precision, select_device
 
     with warnings.catch_warnings():  # a slow precision was named once, when the run started
         warnings.simplefilter("ignore", SlowPrecisionWarning)
-        dtype = resolve_precision(config["precision"], select_device(config["device"]))
-    now = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
-    if used in ("bf16", "fp16", "fp32") and used != now:
+        now = precision_name(resolve_precision(config["precision"], select_device(config["device"])))
+    if used is not None and used != now:  # (None: a state that does not say)
         warnings.warn(f"{folder.name} was trained in {used}, but precision {config['precision']!r} gives {now} "
                       "here: its row mixes the two (results.json gives each phase's precision); for one precision "
                       "throughout, start without --resume", stacklevel=3)

@@ -70,20 +70,26 @@ def select_device(name: str = "auto") -> torch.device:
         raise ConfigError(f"device: {name!r} is not a device name; use cpu, mps, cuda or cuda:N") from None
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_has_bf16() -> bool:
-    """Whether this CPU has native bf16 instructions (AVX512-BF16 or AMX-BF16; read on Linux only)."""
+def _cpuinfo(field: str) -> str | None:
+    """The value of the first `field` line of /proc/cpuinfo (Linux only; None elsewhere, or where it is missing or
+    unreadable)."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return "avx512_bf16" in flags or "amx_bf16" in flags
+                if line.startswith(field):
+                    return line.split(":", 1)[1].strip()
     except OSError:
-        return False
-    return False
+        return None
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has native bf16 instructions (AVX512-BF16 or AMX-BF16; read on Linux only)."""
+    flags = set((_cpuinfo("flags") or "").split())
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 DEFAULT_LAST_LEVEL_CACHE = 32 << 20  # where the OS does not say: a common L3 size of current desktop/server CPUs
@@ -136,6 +142,11 @@ def _cuda_bf16_runs() -> bool:
 class SlowPrecisionWarning(UserWarning):
     """bf16 asked for where it is emulated, on a CPU or GPU (a caller that resolves the precision for many runs
     warns once)."""
+
+
+def precision_name(dtype: torch.dtype | None) -> str:
+    """"bf16", "fp16" or "fp32": the arithmetic of an autocast dtype from `resolve_precision` (None: plain fp32)."""
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
 
 
 def resolve_precision(precision: str, device: torch.device | str) -> torch.dtype | None:
@@ -279,14 +290,7 @@ def cpu_runs_avx512() -> bool:
 def cpu_is_amd() -> bool:
     """Whether this CPU is an AMD one (/proc/cpuinfo's vendor_id on Linux; elsewhere the processor's name)."""
     if sys.platform.startswith("linux"):
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    if line.startswith("vendor_id"):
-                        return line.split(":", 1)[1].strip() == "AuthenticAMD"
-        except OSError:
-            return False
-        return False
+        return _cpuinfo("vendor_id") == "AuthenticAMD"
     import platform
 
     return "AMD" in platform.processor()

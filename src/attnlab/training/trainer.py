@@ -53,6 +53,7 @@ from attnlab.training.device import (
     _mps_available,
     autocast,
     fast_fp32_matmul,
+    precision_name,
     resolve_precision,
     synchronize,
     wants_onednn_fp32,
@@ -1042,7 +1043,7 @@ class Trainer:
     def precision_used(self) -> str:
         """The arithmetic the steps run in, "bf16", "fp16" or "fp32": what train.precision ("auto" by default)
         resolved to on this machine, recorded in the summary and every checkpoint."""
-        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, "fp32")
+        return precision_name(self.dtype)
 
     def _elapsed(self) -> float:
         since = time.perf_counter() - self._fit_start if self._fit_start is not None else 0.0
