@@ -286,14 +286,18 @@ def cpu_runs_avx512() -> bool:
     return capability is not None and capability().startswith("AVX512")
 
 
+AMD_VENDOR_IDS = ("AuthenticAMD", "HygonGenuine")  # Hygon's CPUs are licensed AMD Zen cores
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_is_amd() -> bool:
-    """Whether this CPU is an AMD one (/proc/cpuinfo's vendor_id on Linux; elsewhere the processor's name)."""
+    """Whether this CPU is an AMD one, or a Hygon one (AMD's Zen cores, which MKL treats as it treats AMD's):
+    /proc/cpuinfo's vendor_id on Linux; elsewhere the processor's name."""
     if sys.platform.startswith("linux"):
-        return _cpuinfo("vendor_id") == "AuthenticAMD"
+        return _cpuinfo("vendor_id") in AMD_VENDOR_IDS
     import platform
 
-    return "AMD" in platform.processor()
+    return any(name in platform.processor() for name in ("AMD", "Hygon"))
 
 
 def wants_onednn_fp32(model: torch.nn.Module) -> bool:
