@@ -58,3 +58,22 @@ def test_a_yaml_config_holding_itself_through_an_alias_is_checked_once(capsys, t
     config = tmp_path / "run.yaml"
     config.write_text("model:\n  preset: gpt-char-tiny\n  attention_options: &a {x: [*a]}\n", encoding="utf-8")
     assert "has no option 'x'" in one_line_error(capsys, "train", str(config))
+
+
+@pytest.mark.parametrize("task, value", [("lm", ""), ("lm", " null"), ("mlm", " ~")])
+def test_a_yaml_text_file_with_no_value_is_refused_as_empty(capsys, tmp_path, task, value):
+    # `path:` left blank is None in YAML: the run trained on the embedded pydoc texts without a word (stop 43).
+    preset = {"lm": "gpt-char-tiny", "mlm": "bert-tiny"}[task]
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model:\n  preset: {preset}\ndata:\n  task: {task}\n  path:{value}\ntrain:\n  steps: 1\n"
+                      f"  out_dir: {toml_str(tmp_path / 'run')}\n", encoding="utf-8")
+    line = one_line_error(capsys, "train", str(config))
+    assert "error: data.path is empty; give a file name, or leave it out for the embedded pydoc texts" in line
+
+
+def test_a_yaml_evaluation_file_with_no_value_is_none(tmp_path):
+    from attnlab.training.recipe import load_run_config
+
+    config = tmp_path / "run.yaml"
+    config.write_text("model:\n  preset: gpt-char-tiny\ndata:\n  eval_path:\n", encoding="utf-8")
+    assert load_run_config(config).data.eval_path is None and load_run_config(config).data.path is None

@@ -444,6 +444,8 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     for key in ("text_column", "label_column"):  # a column number, given unquoted (--set data.label_column=1)
         if isinstance(data_table.get(key), int) and not isinstance(data_table[key], bool):
             data_table[key] = str(data_table[key])
+    if "path" in data_table and data_table["path"] is None:  # YAML's `path:` with nothing after it: a file name left
+        data_table["path"] = ""  # out, not the embedded corpus asked for (that is the key left out): refused as empty
     # A config file sees no shell: ~ there (or in --set key=~/x, which a shell leaves as it is) is the home folder,
     # not a folder named '~' in the working one.
     train_table = dict(raw.get("train", {}))
