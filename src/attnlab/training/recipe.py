@@ -618,6 +618,10 @@ def model_config(model: dict[str, Any], **derived: Any) -> Config:
             # Keep the mask the encoder was trained with (its features differ without it), as with_head does: its
             # config's causal, or where that was left unset, its head's (a causal classifier became bidirectional).
             values["causal"] = _trained_causal(saved)
+        for key in ("pad_id", "bos_id", "eos_id"):  # the pretrained run's tokenizer decides them (its config may
+            if key in table and key in derived and table[key] != derived[key]:  # leave them unset: an LM's)
+                raise ConfigError(f"model.{key} = {table[key]!r}, but {_IMPOSED[key].format(derived[key])}; "
+                                  f"drop model.{key}")
         # The pretrained weights fix the architecture: only what the task decides (the head) may change.
         derived = {k: v for k, v in derived.items() if k in INIT_FROM_DERIVED}
     elif preset is not None:
@@ -908,6 +912,11 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
                       "them as characters of their own, so each line end costs two tokens and text with plain line "
                       "ends reads unlike its training; convert the file (e.g. dos2unix FILE) to train on plain line "
                       "ends", stacklevel=2)
+    pad_id = run.model.get("pad_id")
+    if pad_id is not None and pad_id != tokenizer.pad_id:  # an encoder's: ids it hides from attention as padding
+        has = f"'s pad id is {tokenizer.pad_id}" if tokenizer.pad_id is not None else " has no pad token"
+        raise ConfigError(f"model.pad_id = {pad_id!r}, but the tokenizer{has} (a language model's windows hold no "
+                          "padding, and the model would hide every token of that id); drop model.pad_id")
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, head="lm")
     if not getattr(config, "is_causal", True):
         raise ConfigError("data.task = 'lm' trains next-token prediction, which needs causal attention, but "
