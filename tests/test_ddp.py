@@ -92,6 +92,8 @@ def test_a_metric_each_process_draws_apart_picks_best_and_stops_alike_everywhere
     records = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     evaluations = [r for r in records if "eval_sampled" in r or "sampled" in r]
     assert evaluations, records
+    # rank 0's values stand for the run (round-8 mutation: the last process's were logged, and nothing failed)
+    assert {r.get("eval_rank", r.get("rank")) for r in evaluations} == {0.0}, evaluations
 
 
 @pytest.mark.parametrize("layout", ["other-shape", "other-count"])

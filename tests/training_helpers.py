@@ -246,7 +246,8 @@ def _ddp_main(out_dir: str, layout: str = "plain") -> None:
         config = ddp_trainer_config(steps=8, eval_every=1, best_metric="sampled", best_mode="max",
                                     early_stopping_patience=2)
         trainer = Trainer(tiny_model(), config, ToySource(), out_dir=out_dir,
-                          metrics_fn=lambda model: {"sampled": float(torch.rand(()))})
+                          metrics_fn=lambda model: {"sampled": float(torch.rand(())),
+                                                    "rank": float(torch.distributed.get_rank())})
     else:
         trainer = Trainer(tiny_model(), ddp_trainer_config(), ToySource(), eval_source=ToySource(),
                           eval_counts=token_accuracy_counts, out_dir=out_dir)
