@@ -54,3 +54,17 @@ def test_a_folder_holding_a_run_named_checkpoint_names_that_run(tmp_path):
     save_checkpoint(tmp_path / "checkpoint" / "checkpoint", _model(2))
     with pytest.raises(CheckpointError, match=f"holds no model itself but the runs {tmp_path / 'checkpoint'}"):
         find_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("leftover", [".checkpoint.tmp", ".best.tmp"])
+def test_a_save_cut_short_is_not_offered_as_a_run(tmp_path, leftover):
+    # (fourth checkpoint audit) a kill during a run's first save left .checkpoint.tmp with a config and weights, and
+    # generate/evaluate told the user to give that hidden folder as the run
+    run = tmp_path / "run"
+    save_checkpoint(run / "saved", _model(2))
+    (run / "saved").rename(run / leftover)
+    (run / "run.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(CheckpointError) as e:
+        find_checkpoint(run)
+    assert str(e.value) == f"{run} is a run that saved no checkpoint (it stopped before its first save); train it " \
+        "again, or give another run folder"

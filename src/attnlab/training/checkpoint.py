@@ -219,6 +219,9 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
     runs = runs_inside(path)
     if runs:
         raise CheckpointError(f"{path} holds no model itself but the runs {runs}; give one of them")
+    if (path / "run.json").is_file():  # an `attnlab train` run folder (its RUN_FILE) stopped before its first save
+        raise CheckpointError(f"{path} is a run that saved no checkpoint (it stopped before its first save); train "
+                              "it again, or give another run folder")
     inside = "" if path.name in ("checkpoint", "best") else " (nor in its checkpoint/ or best/ folder)"
     raise CheckpointError(f"no {MODEL_FILE} in {path}{inside}; give a checkpoint folder written by attnlab")
 
@@ -226,8 +229,15 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
 def runs_inside(path: Path) -> str:
     """The run folders directly inside `path`, listed for a message ("" when none): an experiment's folder
     (`attnlab run knowledge` writes one run per phase) is not a run itself."""
-    runs = sorted(str(sub) for sub in path.iterdir() if sub.is_dir() and _written_by_attnlab(_checkpoint_of(sub)))
+    runs = sorted(str(sub) for sub in path.iterdir() if sub.is_dir() and not _save_sibling(sub)
+                  and _written_by_attnlab(_checkpoint_of(sub)))
     return ", ".join(runs[:6]) + (", ..." if len(runs) > 6 else "")
+
+
+def _save_sibling(folder: Path) -> bool:
+    """Whether `folder` is a save's hidden `.NAME.tmp` (a save a kill cut short) or `.NAME.old` (found through NAME):
+    not a run to offer, though it may hold a config and weights."""
+    return folder.name.startswith(".") and folder.name.endswith((".tmp", ".old"))
 
 
 def _written_by_attnlab(folder: Path | None) -> bool:
