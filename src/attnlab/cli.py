@@ -497,7 +497,8 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
             sys.exit(143)
         # A refused setting is refused by every process alike; data and file errors, and a folder this process
         # cannot make or write (PathError), may be one process's own.
-        _report(f"attnlab: {'' if code == 130 else 'error: '}{e}",
+        said = "; ".join([str(e), *getattr(e, "__notes__", ())])  # notes: what was kept (a failed evaluation's steps)
+        _report(f"attnlab: {'' if code == 130 else 'error: '}{said}",
                 same_in_every_process=code == 130 or (isinstance(e, ConfigError) and not isinstance(e, PathError)))
         sys.exit(code)
     except (MemoryError, RuntimeError, ValueError) as e:  # ValueError: numpy's "array is too big" alone

@@ -1064,6 +1064,10 @@ class Trainer:
                 f"train.eval_every = {cfg.eval_every} evaluates only at the end of {cfg.steps} steps"
             warnings.warn(f"train.early_stopping_patience = {cfg.early_stopping_patience} cannot stop this run: "
                           f"{why}", stacklevel=4)
+        if cfg.early_stopping_patience and has_eval and self.eval_source is None and cfg.best_metric == "loss":
+            warnings.warn(f"train.early_stopping_patience = {cfg.early_stopping_patience} cannot stop this run: only "
+                          "metrics_fn evaluates it, and best_metric = 'loss' is none of its values; set best_metric "
+                          "to one of them (and best_mode), or give an eval_source", stacklevel=4)
         inert = [f"train.{name} = {getattr(cfg, name)}" for name in ("eval_every", "eval_batches")
                  if getattr(cfg, name) != getattr(TrainerConfig, name)]
         if not has_eval and inert:  # (a config's eval_every, with its evaluation file dropped)
@@ -1090,12 +1094,32 @@ class Trainer:
         self._eval_pending = (copy.deepcopy(self.best), self._best_eval_loss, self._bad_evals,
                               self._totals.last_eval)
         self._eval_due = False  # owed no more: pending from here until recorded, then done
-        metrics = self.evaluate()
-        stopped_early = self._record_eval(metrics, self._elapsed())
+        try:
+            metrics = self.evaluate()
+            stopped_early = self._record_eval(metrics, self._elapsed())
+        except Exception as e:
+            # An evaluation that fails (a metrics function's error, a misspelt best_metric) keeps the steps
+            # trained: saved as before it, to be redone on resume, as a Ctrl-C inside it is (it lost the whole run
+            # where the only evaluation came after the last step).
+            self._save_before_failed_eval(e)
+            raise
         self._eval_pending = None
         shown = ", ".join(f"eval {k} {v:.4g}" for k, v in metrics.items())
         progress.write(f"step {self.step}: {shown}")
         return stopped_early
+
+    def _save_before_failed_eval(self, error: Exception) -> None:
+        """Save the checkpoint as before the evaluation that raised `error` (rank 0 alone: the other processes
+        may not have failed), and say so in the error's notes."""
+        self.best, self._best_eval_loss, self._bad_evals, self._totals.last_eval = self._eval_pending
+        folder = self.out_dir / CHECKPOINT_DIR
+        try:
+            self._save(folder, gather=False)
+        except Exception:  # the error being raised says what went wrong; a save that fails too must not hide it
+            return
+        if self.world.is_main and hasattr(error, "add_note"):  # Python 3.11+
+            error.add_note(f"the {self.step} steps trained are saved in {folder}, with this evaluation to redo: "
+                           "fix it and resume")
 
     def _saves_at(self, stopped_early: bool) -> bool:
         """Whether the checkpoint is written after step `self.step`: the last, an early stop, every save_every."""
@@ -1173,6 +1197,13 @@ class Trainer:
             raise ConfigError(f"this Trainer has trained already (to step {self.step} of {cfg.steps}); call "
                               f"fit(resume=True) to go on from its checkpoint in {self.out_dir}, or build a new "
                               "Trainer to train from scratch")
+        if self.eval_source is not None and self.eval_counts is None and self.metrics_fn is None \
+                and cfg.best_metric not in ("loss", "perplexity"):
+            # Found before training, not at the first evaluation (with eval_every = 0: after the last step)
+            raise ConfigError(f"best_metric {cfg.best_metric!r} is not a metric this run evaluates (an eval source "
+                              "without eval_counts or metrics_fn gives loss and, for token predictions, "
+                              "perplexity); choose one of those, or give the eval_counts or metrics_fn that "
+                              "computes it")
         self._fitted = True
         seed_everything(cfg.seed + self.world.rank)
         if resume:
