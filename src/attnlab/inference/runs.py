@@ -618,9 +618,9 @@ def _numbered_classes(run: LoadedRun, found: list[str], data: str | Path) -> lis
                       "converted checkpoint; a model trained on labels other than 0 to n - 1 needs its run folder)",
                       stacklevel=3)
         return numbers
-    raise DataError(f"{run.folder} keeps no class names (its trainer_state.json and run.json are missing), so the "
-                    f"labels of {data} ({found[:5]}) cannot be matched to its {n} outputs; evaluate the run folder "
-                    f"that trained it, or give the labels as the class numbers 0 to {n - 1}")
+    raise DataError(f"{run.folder} keeps no class names (neither a trainer_state.json nor a run.json there records "
+                    f"them), so the labels of {data} ({found[:5]}) cannot be matched to its {n} outputs; evaluate the "
+                    f"run folder that trained it, or give the labels as the class numbers 0 to {n - 1}")
 
 
 def _evaluate_translation(run: LoadedRun, data: str | Path, target: str | Path | None,

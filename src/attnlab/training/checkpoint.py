@@ -44,7 +44,7 @@ from torch import nn
 
 from attnlab.errors import CheckpointError, ConfigError, a_name, one_line
 from attnlab.files import check_readable, fsync_path, ordinary_permissions
-from attnlab.training.device import _mps_available
+from attnlab.training.device import _mps_available, select_device
 from attnlab.training.distributed import unwrap
 
 MODEL_FILE = "model.safetensors"
@@ -749,10 +749,14 @@ def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu")
 
     Args:
         path: a checkpoint folder, or a run folder (its ``checkpoint/``, else its ``best/``).
+        device: a torch device, or a name `select_device` takes ("auto", "cpu", "cuda", "cuda:N", "mps").
 
     Raises:
         CheckpointError: missing folder or file, corrupt file, or an unknown model family.
+        ConfigError: a device name that is not one, or a device this machine does not have.
     """
+    if isinstance(device, str):  # checked first: "auto" failed in torch's words, after the whole model was loaded
+        device = select_device(device)
     folder = find_checkpoint(path)
     # The weights are checked against the model's skeleton first: a config.json whose sizes were damaged
     # (block_size 10**12) is refused by its weights' shapes, before gigabytes are allocated.

@@ -513,7 +513,9 @@ class Trainer:
             than one forward pass per batch (the model is in eval mode under ``torch.no_grad``; it runs on
             every process, and rank 0's values are the run's on every process).
         extra_state: JSON-serialisable dict saved in ``trainer_state.json`` (restored on resume into
-            ``trainer.extra_state``).
+            ``trainer.extra_state``). Its ``"labels"``, a classifier's class names in output order, are what
+            `evaluate` matches a file's labels to; taken from ``train_source.label_names`` where not given (a
+            `ClassificationSource` has them).
         resume: continue from ``out_dir/checkpoint`` (model, optimizer, step, RNG states).
 
     Raises:
@@ -558,6 +560,10 @@ class Trainer:
         self.eval_counts = eval_counts
         self.metrics_fn = metrics_fn
         self.extra_state = dict(extra_state or {})
+        names = getattr(train_source, "label_names", None)
+        if "labels" not in self.extra_state and isinstance(names, (list, tuple)) and names:
+            # A classifier trained from Python kept no class names, and `evaluate` then refused its run
+            self.extra_state["labels"] = [str(name) for name in names]
         self.resume = resume
         self.out_dir = Path(out_dir if out_dir is not None else cfg.out_dir)
         self.step = 0
