@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import operator
 import os
 import re
 import warnings
@@ -165,24 +166,28 @@ class Tokenizer(ABC):
 
     # -- encoding -------------------------------------------------------------------------------
     @abstractmethod
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> list[int]:
+        """The ids of one text; DataError for anything but a str, or for a lone surrogate in it."""
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
+        return [self.encode(t) for t in _checked_texts(texts)]
 
     def encode_array(self, texts: str | Sequence[str]) -> np.ndarray:
         """The ids of a text, or of several texts concatenated, as one int64 array (for corpora)."""
         if isinstance(texts, str):
-            texts = [texts]
+            texts = [_checked_text(texts)]  # checked here, so that an error does not call it "text 0"
         parts = [np.asarray(ids, dtype=np.int64) for ids in self.encode_batch(list(texts))]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     @abstractmethod
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
-        """Text of `ids`. Padding is always dropped; other specials only if `skip_special_tokens`."""
+        """Text of `ids`. Padding is always dropped; other specials only if `skip_special_tokens`.
+
+        `ids` is one sequence of ints (a list, tuple, 1-D array or tensor); a batch (a row of generate's output
+        each), a float or an id out of range raises DataError."""
 
     def _ids_to_keep(self, ids: Iterable[int], skip_special_tokens: bool) -> list[int]:
-        ids = [int(i) for i in ids]
+        ids = _as_ids(ids)
         drop = set(self.special_ids) if skip_special_tokens else {self.pad_id}
         return [i for i in ids if i not in drop]
 
@@ -257,8 +262,83 @@ def last_word_cut(text: str, start: int = 0, end: int | None = None) -> int:
 _EMPTY_MATCH_PROBE = "Ab c1_2.\t,;:!?'\"()-[]{}<>/\\|@#$%^&*+=~`\r\n é中😀"
 
 
-def _as_text_list(texts: str | Iterable[str]) -> Iterable[str]:
-    return [texts] if isinstance(texts, str) else texts
+# A lone surrogate (a byte that was not UTF-8, read with errors="surrogateescape") is no character UTF-8 can hold:
+# HF's tokenizers refuse it with a TypeError saying the text is not a str, and a word would silently become unk.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _surrogate_error(text: str, pos: int, index: int | None = None) -> DataError:
+    where = "text" if index is None else f"text {index}"
+    return DataError(f"{where} has an invalid character {text[pos]!r} at position {pos} (a lone surrogate); "
+                     "read the file as UTF-8 without errors='surrogateescape'")
+
+
+def _checked_text(text: Any, index: int | None = None) -> str:
+    """`text` itself, refused in one line unless it is a str that UTF-8 can hold; `index` is its place in a list of
+    texts (None for the one text of `encode`)."""
+    if not isinstance(text, str):  # a list would otherwise be encoded as its items glued together, or crash
+        if index is None:
+            raise DataError(f"encode takes one text (a str), got {type(text).__name__}; "
+                            "encode a list of texts with encode_batch")
+        raise DataError(f"text {index} is {type(text).__name__}, not a str; give every text as a str")
+    if not text.isascii() and (m := _SURROGATE.search(text)):  # isascii is O(1): ASCII text is not scanned
+        raise _surrogate_error(text, m.start(), index)
+    return text
+
+
+def _each_checked(texts: str | Iterable[str]) -> Iterator[str]:
+    """The texts of `texts` (one str or an iterable of them, read once), each refused as `_checked_text` does."""
+    if isinstance(texts, str):
+        yield _checked_text(texts)
+        return
+    for i, text in enumerate(texts):
+        yield _checked_text(text, i)
+
+
+def _checked_texts(texts: Any) -> list[str]:
+    """The list of texts `encode_batch` takes: one str is refused, as its characters would become the texts."""
+    if isinstance(texts, str):
+        raise DataError("encode_batch takes a list of texts, got one str; encode a single text with encode")
+    return list(_each_checked(texts))
+
+
+def _as_ids(ids: Any) -> list[int]:
+    """`ids` as Python ints: one sequence of whole numbers (a list or tuple, a 1-D array or tensor). A batch (what
+    generate returns) is refused in one line, and so are floats, which int() would cut to other ids."""
+    ndim = getattr(ids, "ndim", None)  # numpy arrays and torch tensors
+    if ndim == 0:
+        raise DataError(f"decode takes a sequence of ids, got a single id ({ids!r}); give it in a list: [id]")
+    if ndim is not None and ndim != 1:
+        raise DataError(f"decode takes one sequence of ids, not a batch of shape {tuple(ids.shape)}; "
+                        "decode each row of generate's output")
+    if ndim == 1:
+        ids = ids.tolist()
+    elif isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise DataError(f"decode takes a sequence of ids, got {type(ids).__name__}; give a list of ints")
+    out = []
+    for pos, i in enumerate(ids):
+        if type(i) is int:
+            out.append(i)
+            continue
+        if isinstance(i, (list, tuple)) or getattr(i, "ndim", 0):
+            raise DataError(f"decode takes one sequence of ids, not a batch (item {pos} is a {type(i).__name__}); "
+                            "decode each row of generate's output")
+        try:
+            if isinstance(i, (bool, np.bool_)):  # a mask passed by mistake: True is no token id
+                raise TypeError
+            out.append(operator.index(i))  # numpy integers and 0-d integer tensors, not floats
+        except TypeError:
+            raise DataError(f"token id {i!r} at position {pos} is not an integer; decode takes integer ids "
+                            "(take the argmax or a sample of the logits first)") from None
+    return out
+
+
+def _check_tokens_are_str(tokens: list[Any], what: str) -> None:
+    """Refuse a vocabulary entry that is no string (a number in an edited tokenizer.json), which decode would
+    crash on."""
+    for i, tok in enumerate(tokens):
+        if not isinstance(tok, str):
+            raise ConfigError(f"{what} vocabulary entry {i} is {tok!r}, not a string; give every token as a string")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -292,6 +372,7 @@ class CharTokenizer(Tokenizer):
     ):
         self.specials = SpecialTokens(pad=pad, unk=unk, mask=mask, cls=cls, sep=sep, bos=bos, eos=eos)
         self._tokens = list(chars)
+        _check_tokens_are_str(self._tokens, "character")
         self._ids = {tok: i for i, tok in enumerate(self._tokens)}
         if len(self._ids) != len(self._tokens):
             dup = next(t for t, n in Counter(self._tokens).items() if n > 1)
@@ -330,7 +411,7 @@ class CharTokenizer(Tokenizer):
         """
         specials = SpecialTokens.coerce(specials)
         counts: Counter[str] = Counter()
-        for text in _as_text_list(texts):
+        for text in _each_checked(texts):
             counts.update(text)
         for tok in specials.tokens():
             counts.pop(tok, None)
@@ -362,7 +443,10 @@ class CharTokenizer(Tokenizer):
         return list(self._tokens)
 
     def encode_array(self, texts: str | Sequence[str]) -> np.ndarray:
-        text = texts if isinstance(texts, str) else "".join(texts)
+        return self._lookup(texts if isinstance(texts, str) else "".join(_checked_texts(texts)))
+
+    def _lookup(self, text: str) -> np.ndarray:
+        """The ids of `text` as an int64 array."""
         # UTF-32 gives one 4-byte code point per character: the whole text becomes an array at once.
         try:
             points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
@@ -392,15 +476,15 @@ class CharTokenizer(Tokenizer):
         return ids.astype(np.int64)
 
     def encode(self, text: str) -> list[int]:
-        return self.encode_array(text).tolist()
+        return self._lookup(_checked_text(text)).tolist()
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         # One lookup over all texts joined, then split: fast for many short texts.
-        texts = list(texts)
+        texts = _checked_texts(texts)
         if not texts:
             return []
         try:
-            ids = self.encode_array(texts)
+            ids = self._lookup("".join(texts))
         except DataError:
             return [self.encode(t) for t in texts]  # re-raises with the position inside the text
         ends = np.cumsum([len(t) for t in texts])[:-1]
@@ -458,6 +542,7 @@ class WordTokenizer(Tokenizer):
     ):
         self.specials = SpecialTokens.coerce(specials)
         self._tokens = list(vocab)
+        _check_tokens_are_str(self._tokens, "word")
         self._ids = {tok: i for i, tok in enumerate(self._tokens)}
         if len(self._ids) != len(self._tokens):
             raise ConfigError("word vocabulary has duplicate entries; give each word once")
@@ -484,6 +569,7 @@ class WordTokenizer(Tokenizer):
 
     def split(self, text: str) -> list[str]:
         """The words of `text`, before the vocabulary lookup."""
+        text = _checked_text(text)
         if self.lowercase:
             text = text.lower()
         if self._regex is None:
@@ -509,7 +595,7 @@ class WordTokenizer(Tokenizer):
         specials = SpecialTokens.coerce(specials)
         splitter = cls([*specials.tokens()], specials=specials, pattern=pattern, lowercase=lowercase)
         counts: Counter[str] = Counter()
-        for text in _as_text_list(texts):
+        for text in _each_checked(texts):
             counts.update(splitter.split(text))
         for tok in specials.tokens():
             counts.pop(tok, None)
@@ -582,8 +668,17 @@ class _HFTokenizer(Tokenizer):
     """A trained HF `tokenizers.Tokenizer` with our specials; no post-processor, so encode adds nothing."""
 
     def __init__(self, hf: Any, specials: SpecialTokens | Mapping[str, str | None] | None = None):
+        from tokenizers import decoders
+
         self._hf = self._deterministic(hf)
         self.specials = SpecialTokens.coerce(specials)
+        # The byte-level decoder reads every token, added ones too, as GPT-2's byte symbols: "«mask»" would come
+        # back as "�mask�". An added token (a special) matched raw text, so decode puts its string back as it is
+        # and sends only the runs of byte-level tokens between them through the decoder. WordPiece's decoder maps
+        # no characters, so its specials come back as written already, and decoding the runs between them apart
+        # would lose the spaces it puts around them ("fox ⁇ dog"): there this is None.
+        self._verbatim = ({i: tok.content for i, tok in self._hf.get_added_tokens_decoder().items()}
+                          if isinstance(self._hf.decoder, decoders.ByteLevel) else None)
         for name, tok in self.specials.items():
             if hf.token_to_id(tok) is None:
                 raise ConfigError(f"special token {name}={tok!r} is not in the {self.kind} vocabulary")
@@ -605,21 +700,29 @@ class _HFTokenizer(Tokenizer):
         return self._hf.id_to_token(token_id)
 
     def encode(self, text: str) -> list[int]:
-        return self._hf.encode(text, add_special_tokens=False).ids
+        return self._hf.encode(_checked_text(text), add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
+        return [e.ids for e in self._hf.encode_batch(_checked_texts(texts), add_special_tokens=False)]
 
     def encode_array(self, texts: str | Sequence[str]) -> np.ndarray:
-        if isinstance(texts, str):
-            texts = text_pieces(texts)  # encoded in parallel, with the ids of the whole text
+        if isinstance(texts, str):  # checked whole first, so that an error names the position in the text given
+            texts = text_pieces(_checked_text(texts))  # encoded in parallel, with the ids of the whole text
         return super().encode_array(texts)
 
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
         keep = self._ids_to_keep(ids, skip_special_tokens)
         for i in keep:
             self._check_id(i)
-        return self._hf.decode(keep, skip_special_tokens=False)
+        added = self._verbatim
+        if not added:
+            return self._hf.decode(keep, skip_special_tokens=False)
+        parts, start = [], 0
+        for end, i in enumerate(keep):
+            if i in added:  # see __init__
+                parts += [self._hf.decode(keep[start:end], skip_special_tokens=False), added[i]]
+                start = end + 1
+        return "".join([*parts, self._hf.decode(keep[start:], skip_special_tokens=False)])
 
     def to_dict(self) -> dict[str, Any]:
         return {**_base_dict(self), "hf_tokenizer": self._hf.to_str()}
@@ -668,7 +771,7 @@ class _HFTokenizer(Tokenizer):
 
     @staticmethod
     def _train_hf(hf: Any, trainer: Any, texts: str | Iterable[str]) -> None:
-        hf.train_from_iterator(iter(_as_text_list(texts)), trainer=trainer)
+        hf.train_from_iterator(_each_checked(texts), trainer=trainer)
 
 
 # A subword vocabulary's size is the user's choice: unset, the messages said "got None; raise it".
@@ -769,22 +872,28 @@ class WordPieceTokenizer(_HFTokenizer):
 
         hf = pipeline(models.WordPiece(unk_token=specials.unk, continuing_subword_prefix="##"))
         texts = [texts] if isinstance(texts, str) else texts
-        if iter(texts) is texts:  # a one-shot iterator: kept, as the alphabet pass reads the texts first
-            texts = list(texts)
+        if iter(texts) is texts:  # a one-shot iterator: kept, as the alphabet pass reads the texts first (a
+            texts = list(texts)  # re-readable corpus is read twice, not held in memory)
+
+        def words(text: str) -> list[str]:
+            return [word for word, _ in hf.pre_tokenizer.pre_tokenize_str(hf.normalizer.normalize_str(text))]
+
         # HF's trainer numbers the "##" forms of characters in hash-map order, and equal merge counts are
         # broken by those numbers, so the same text could give another vocabulary in another process
         # (huggingface/tokenizers#1794). Giving every character and its "##" form a number up front, in
         # sorted order, makes training deterministic; the "##" forms are then ordinary vocabulary entries.
-        alphabet = sorted({c for text in texts
-                           for word, _ in hf.pre_tokenizer.pre_tokenize_str(hf.normalizer.normalize_str(text))
-                           for c in word})
-        fixed = specials.tokens() + ["##" + c for c in alphabet]
-        least = len(fixed) + len(alphabet)  # every character, alone and as "##" piece, and the specials
+        alphabet = sorted({c for text in _each_checked(texts) for word in words(text) for c in word})
+        # Only characters that can follow another one inside a word get a "##" form: BERT's normalizer and
+        # pre-tokenizer make every CJK character and punctuation mark a word of its own, so "##中" or "##,"
+        # could never be encoded, and on CJK text those dead forms would take the whole vocab_size.
+        joining = [c for c in alphabet if len(words("a" + c)) == 1]
+        fixed = specials.tokens() + ["##" + c for c in joining]
+        least = len(fixed) + len(alphabet)  # every character alone, the "##" forms that can occur, the specials
         if vocab_size < least:
             warnings.warn(f"wordpiece vocab_size {vocab_size} is below the {least} tokens the text's {len(alphabet)} "
-                          f"characters need (each alone and as a '##' piece, with {len(specials.tokens())} specials); "
-                          f"the vocabulary has {least} tokens; raise vocab_size (data.vocab_size) to learn "
-                          "longer pieces", stacklevel=2)
+                          f"characters need (each alone, {len(joining)} of them also as a '##' piece, with "
+                          f"{len(specials.tokens())} specials); the vocabulary has {least} tokens; raise vocab_size "
+                          "(data.vocab_size) to learn longer pieces", stacklevel=2)
         trainer = trainers.WordPieceTrainer(
             vocab_size=max(vocab_size, least),
             min_frequency=min_frequency,
