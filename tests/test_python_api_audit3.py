@@ -51,3 +51,33 @@ def test_load_model_takes_the_device_names_load_run_takes(classifier_run, name):
 def test_load_model_refuses_a_device_name_in_one_line(classifier_run):
     with pytest.raises(ConfigError, match=r"^device: unknown device 'gpu'; choose one of"):
         load_model(classifier_run[0], "gpu")
+
+
+def _gpt():
+    from attnlab.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=11, block_size=8, d_model=16, n_heads=2, n_layers=1)).eval()
+
+
+@pytest.mark.parametrize("given, says", [
+    ({"document_ids": torch.tensor([0, 0, 1, 1, 1])}, "document_ids has shape (5,); it must be (2, 5), input_ids'"),
+    ({"document_ids": torch.zeros(2, 4, dtype=torch.long)}, "document_ids has shape (2, 4); it must be (2, 5)"),
+    ({"document_ids": torch.zeros(2, 5)}, "document_ids must be a tensor of integers; got float32"),
+    ({"positions": torch.arange(5.0)[None] / 2}, "positions must be a tensor of integers; got float32"),
+])
+def test_gpt_refuses_document_ids_and_positions_of_the_wrong_shape_or_type_in_one_line(given, says):
+    # (document ids of shape (5,) failed in an unpacking error, fractional positions were read as a table's rows)
+    with pytest.raises(ConfigError) as info:
+        _gpt()(torch.randint(0, 11, (2, 5)), **given)
+    assert str(info.value).startswith(says), info.value
+
+
+def test_bert_refuses_float_segment_ids_in_one_line():
+    from attnlab.models.bert import BertConfig, BertModel
+
+    model = BertModel(BertConfig(vocab_size=11, max_len=8, d_model=16, n_heads=2, n_layers=1)).eval()
+    with pytest.raises(ConfigError, match=r"^token_type_ids must be a tensor of integers; got float32$"):
+        model(torch.randint(0, 11, (2, 5)), token_type_ids=torch.zeros(2, 5))
+    assert model(torch.randint(0, 11, (2, 5)), token_type_ids=torch.zeros(2, 5, dtype=torch.int32)).logits.shape[:2] \
+        == (2, 5)

@@ -24,6 +24,7 @@ from attnlab.models.common import (
     check_attention_mask,
     check_given_positions,
     check_ids,
+    check_integers,
     check_length,
     check_some_tokens,
     default_positions,
@@ -276,6 +277,8 @@ class BertModel(nn.Module):
         check_length(t, self.max_len)
         check_given_positions(position_ids, self.max_len, "position_ids", shape=(b, t))
         check_attention_mask(attention_mask, b, t)
+        if token_type_ids is not None:
+            check_integers(token_type_ids, "token_type_ids")
         if token_type_ids is not None and (token_type_ids.dim() != 2 or token_type_ids.shape[1] != t
                                            or token_type_ids.shape[0] not in (1, b)):
             raise ConfigError(f"token_type_ids has shape {tuple(token_type_ids.shape)}; it must be ({b}, {t}), the "

@@ -76,6 +76,7 @@ def check_given_positions(positions: Tensor | None, max_len: int | None, what: s
     inside the embedding."""
     if positions is None:
         return
+    check_integers(positions, what)
     if shape is not None and (positions.dim() != 2 or positions.shape[1] != shape[1]
                               or positions.shape[0] not in (1, shape[0])):
         raise ConfigError(f"{what} has shape {tuple(positions.shape)}; it must be ({shape[0]}, {shape[1]}) or "
@@ -87,6 +88,18 @@ def check_given_positions(positions: Tensor | None, max_len: int | None, what: s
         bound = f"0 to {max_len - 1}" if max_len is not None else "0 and up"
         raise SequenceTooLong(f"{what} must lie in {bound} (the model's positions), got {low if low < 0 else high}; "
                               "give positions within them, or use a model with a larger max_len/block_size")
+
+
+def check_integers(values: Tensor, what: str, shape: tuple[int, int] | None = None) -> None:
+    """Refuse ids or positions that are not a tensor of integers (of `shape`, where given) in one line: float
+    positions or segment ids failed in an embedding's dtype error or as indices, document ids of another shape in
+    an unpacking or broadcasting error."""
+    if not isinstance(values, Tensor) or values.is_floating_point() or values.is_complex() \
+            or values.dtype == torch.bool:
+        got = str(values.dtype).removeprefix("torch.") if isinstance(values, Tensor) else type(values).__name__
+        raise ConfigError(f"{what} must be a tensor of integers; got {got}")
+    if shape is not None and tuple(values.shape) != shape:
+        raise ConfigError(f"{what} has shape {tuple(values.shape)}; it must be {shape}, input_ids' shape")
 
 
 def check_attention_mask(mask: Tensor | None, batch: int, new: int, *, cached: int = 0, what: str = "attention_mask",

@@ -23,6 +23,7 @@ from attnlab.models.common import (
     check_attention_mask,
     check_given_positions,
     check_ids,
+    check_integers,
     check_length,
     default_positions,
     length_limit,
@@ -166,6 +167,7 @@ class GPT(nn.Module):
             if attention_mask is not None or cache is not None:
                 raise ConfigError("document_ids (packed documents) cannot be combined with an attention_mask "
                                   "or a cache; give one document per row instead")
+            check_integers(document_ids, "document_ids", shape=(b, t))
             document_positions, mask = packed_layout(document_ids)
             positions = document_positions if positions is None else positions
         elif attention_mask is not None:
