@@ -120,7 +120,8 @@ def generate(
     top_k: int | None = typer.Option(None, "--top-k", help="Sample among the k most likely tokens."),
     top_p: float | None = typer.Option(None, "--top-p", help="Sample from the smallest set with mass p."),
     greedy: bool = typer.Option(False, "--greedy", help="Always take the most likely token."),
-    beam_size: int = typer.Option(1, "--beam-size", help="Beam search width (translation models)."),
+    beam_size: int = typer.Option(1, "--beam-size", help="Beam search width (translation models; 1: greedy); "
+                                  "beams rank finished translations with GNMT's length penalty, alpha 0.6."),
     seed: int | None = typer.Option(None, help="Seed of the sampler (same seed, same text; default 0)."),
     best: bool = typer.Option(False, "--best", help="Use the run's best/ checkpoint instead of the latest."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or mps."),
@@ -171,8 +172,9 @@ def evaluate(
     target: str | None = typer.Option(None, "--target", help="Translation: the reference sentences."),
     batch_size: int = typer.Option(32, "--batch-size", help="Examples (or text windows) scored at once; lower it "
                                    "when memory runs short."),
-    beam_size: int = typer.Option(1, "--beam-size", help="Translation: beam search width for BLEU (1: greedy); "
-                                  "each translation is at most the run's data.max_length tokens."),
+    beam_size: int = typer.Option(1, "--beam-size", help="Translation: beam search width for BLEU (1: greedy; wider "
+                                  "beams rank by GNMT's length penalty, alpha 0.6); each translation is at most the "
+                                  "run's data.max_length tokens."),
     best: bool = typer.Option(False, "--best", help="Use the run's best/ checkpoint instead of the latest."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or mps."),

@@ -1,7 +1,8 @@
 """What a run reports: a metrics log (JSON lines), a progress bar, and the loss-curve plot.
 
 ``metrics.jsonl`` holds one JSON object per line: training records (``step``, ``loss``, ``lr``,
-``tokens_per_s``, ``elapsed``, ``grad_norm``) and evaluation records (``step``, ``eval_loss``,
+``tokens_per_s``, ``elapsed``, and ``grad_norm``: the global gradient norm of the record's last step before
+clipping, absent where grad_clip is 0) and evaluation records (``step``, ``eval_loss``,
 ``eval_perplexity`` for language models, ``eval_<name>`` for each extra metric, ``elapsed``). A value that is
 not a finite number (the perplexity of a loss beyond 700 nats, the loss of an empty evaluation) is written as
 null, so that every line is standard JSON (jq and other strict readers refuse NaN and Infinity).
