@@ -154,7 +154,8 @@ class DataConfig(Config):
                                      and self.task in ("lm", "mlm") else ""))
 
     def __post_init__(self):
-        for name in ("eval_path", "eval_src_path", "eval_tgt_path"):  # --set data.eval_path="": drop a config's
+        # --set data.eval_path="": drop a config's file; the columns, back to those the header or layout gives
+        for name in ("eval_path", "eval_src_path", "eval_tgt_path", "text_column", "label_column"):
             value = getattr(self, name)
             if isinstance(value, str) and not value.strip():
                 setattr(self, name, None)

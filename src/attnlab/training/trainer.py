@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from attnlab.config import Config, check_choice, check_positive, finite_number
+from attnlab.config import Config, check_choice, check_positive, finite_number, is_unset
 from attnlab.data.sources import BatchSource, evaluation_batches
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError, Terminated, one_line
 from attnlab.training import checkpoint as ckpt
@@ -188,6 +188,8 @@ class TrainerConfig(Config):
                               f"({self.warmup_steps}): the {self.schedule} decay runs between the two")
         if self.out_dir is not None and not str(self.out_dir).strip():  # "" would be the working directory
             raise ConfigError("out_dir is empty; give the run's folder, e.g. runs/my-run")
+        if is_unset(self.best_mode):  # --set train.best_mode=none: back to the metric's own (min and max are the
+            self.best_mode = None  # only values, so "none" cannot be one)
         if self.best_mode is not None:  # None follows the metric (see `direction`), and stays None in run.json
             check_choice("best_mode", self.best_mode, ("min", "max"))
         check_choice("precision", self.precision, PRECISIONS)
