@@ -43,9 +43,10 @@ class PositionScheme(nn.Module, PositionHook):
     def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, n_heads: int) -> Tensor | None:
         return None
 
-    # Buffers computed from a formula (in float64 on the CPU) and kept in float32. `.double()` would only widen
-    # the float32 values, so a float64 model would see positions to float32's precision: such buffers are
-    # computed afresh whenever a conversion leaves them in float64.
+    # Buffers computed from a formula (in float64 on the CPU) and kept in float32. A conversion only rounds or
+    # widens the values it has: `.double()` would give a float64 model positions to float32's precision, and a
+    # model taken to bf16 and back kept bf16's rounding (the same offset then scored otherwise inside the table
+    # than beyond it, where positions are computed afresh). So every conversion computes them afresh.
     computed_buffers: tuple[str, ...] = ()
 
     def compute_buffers(self) -> dict[str, Tensor]:
@@ -61,12 +62,13 @@ class PositionScheme(nn.Module, PositionHook):
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
-        wide = [name for name in self.computed_buffers
-                if getattr(self, name).dtype == torch.float64 and getattr(self, name).device.type != "meta"]
-        if wide:
+        converted = [name for name in self.computed_buffers
+                     if getattr(self, name).is_floating_point() and getattr(self, name).device.type != "meta"]
+        if converted:
             values = self.compute_buffers()
-            for name in wide:
-                setattr(self, name, values[name].to(getattr(self, name).device))
+            for name in converted:
+                now = getattr(self, name)
+                setattr(self, name, values[name].to(device=now.device, dtype=now.dtype))
         return self
 
 
