@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from attnlab.errors import ConfigError
 from attnlab.training.recipe import load_run_config
 
 
@@ -30,3 +31,19 @@ def test_a_files_best_mode_is_unset_by_none(config, value):
     run = load_run_config(config, [f"train.best_mode={value}"])
     assert run.train.best_mode is None and run.train.direction == "min"
     assert load_run_config(config).train.best_mode == "max"
+
+
+def test_version_and_device_names_on_the_command_line(capsys):
+    from cli_helpers import run_cli
+
+    import attnlab
+
+    code, out, _ = run_cli(capsys, "--version")
+    assert (code, out.strip()) == (0, f"attnlab {attnlab.__version__}")
+    code, out, _ = run_cli(capsys, "evaluate", "--help")
+    assert code == 0 and "cuda:N" in out
+    from attnlab.training.device import select_device
+
+    with pytest.raises(ConfigError, match=r"^device: unknown device 'gpu'; choose one of: auto, cpu, cuda, mps, "
+                                          r"cuda:N$"):
+        select_device("gpu")

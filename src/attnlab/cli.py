@@ -41,8 +41,17 @@ app = typer.Typer(
 )
 
 
+def _print_version(given: bool) -> None:
+    if given:
+        from attnlab import __version__
+
+        print(f"attnlab {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print attnlab's version and exit.")) -> None:
     """Attention and Transformer models: build, train, compare and look inside them."""
 
 
@@ -124,7 +133,7 @@ def generate(
                                   "beams rank finished translations with GNMT's length penalty, alpha 0.6."),
     seed: int | None = typer.Option(None, help="Seed of the sampler (same seed, same text; default 0)."),
     best: bool = typer.Option(False, "--best", help="Use the run's best/ checkpoint instead of the latest."),
-    device: str = typer.Option("auto", help="auto, cpu, cuda or mps."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N (a GPU by number) or mps."),
     dtype: str = typer.Option("fp32", help="Weights: fp32 (as trained), bf16 or fp16 (half the memory read "
                               "per token: faster decoding of wide models; results differ by rounding; on a "
                               "CPU prefer bf16)."),
@@ -177,7 +186,7 @@ def evaluate(
                                   "run's data.max_length tokens."),
     best: bool = typer.Option(False, "--best", help="Use the run's best/ checkpoint instead of the latest."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
-    device: str = typer.Option("auto", help="auto, cpu, cuda or mps."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N (a GPU by number) or mps."),
     text_column: str | None = typer.Option(None, "--text-column", help="Classifier: the text column of --data "
                                            "(a header name or a 0-based number), if not the training file's."),
     label_column: str | None = typer.Option(None, "--label-column", help="Classifier: the label column of --data, "
@@ -268,7 +277,7 @@ def knowledge(
                                        "predictions/<variant>.predict.tsv."),
     out: str = typer.Option("runs/knowledge", "--out", "-o", help="Output folder."),
     seed: int = typer.Option(0, help="Seed of the synthetic world, the split and training."),
-    device: str = typer.Option("auto", help="auto, cpu, cuda or mps."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N (a GPU by number) or mps."),
     overrides: list[str] | None = typer.Option(None, "--set", metavar="KEY=VALUE",
                                                help=_KNOWLEDGE_SET_HELP),
     resume: bool = typer.Option(False, "--resume", help="Skip finished phases and resume an interrupted one."),

@@ -47,7 +47,7 @@ def select_device(name: str = "auto") -> torch.device:
         return torch.device("cpu")
     kind, colon, index = name.partition(":")
     if kind not in DEVICES[1:]:
-        raise ConfigError(f"device: unknown device {name!r}; choose one of: {', '.join(DEVICES)}")
+        raise ConfigError(f"device: unknown device {name!r}; choose one of: {', '.join(DEVICES)}, cuda:N")
     # Only CUDA GPUs are taken by number (cpu:1 ran on the CPU, mps:1 named a second Apple GPU no Mac has; train.device
     # takes neither, nor cpu:0), written as torch writes it (cuda:01 passed the setting's check, then failed).
     if colon and (kind != "cuda" or not (index.isascii() and index.isdigit()) or str(int(index)) != index):
