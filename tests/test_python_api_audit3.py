@@ -81,3 +81,11 @@ def test_bert_refuses_float_segment_ids_in_one_line():
         model(torch.randint(0, 11, (2, 5)), token_type_ids=torch.zeros(2, 5))
     assert model(torch.randint(0, 11, (2, 5)), token_type_ids=torch.zeros(2, 5, dtype=torch.int32)).logits.shape[:2] \
         == (2, 5)
+
+
+def test_dir_of_the_lazy_packages_lists_their_exports():
+    import attnlab.convert
+    import attnlab.data
+
+    for package in (attnlab.convert, attnlab.data):
+        assert set(package.__all__) <= set(dir(package)), package.__name__

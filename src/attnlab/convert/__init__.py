@@ -26,3 +26,7 @@ def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'attnlab.convert' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:  # the lazy names too: a notebook's tab completion and dir() list them
+    return sorted([*globals(), *__all__])
