@@ -243,7 +243,8 @@ def test_resuming_with_another_architecture_says_how_to_continue(capsys, lm_copy
                           "--set", f"train.out_dir={_q(lm_copy)}", *LM)
     assert "holds a model with other settings (position 'learned' → 'rotary'); resume with" in line  # not the
     # loader's own advice first ("load it into a model built from its config.json"; stop-39 README audit)
-    assert line.endswith("drop the model.* --set values), or train into another train.out_dir")
+    assert line.endswith("(the config it was trained from, without model.* --set values that change them), or "
+                         "train into another train.out_dir")
 
 
 @pytest.fixture(scope="module")

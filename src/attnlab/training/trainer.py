@@ -213,8 +213,9 @@ class TrainingDiverged(AttnlabError):
 _FINISHED = "training finished at step {step} (the last), interrupted before its summary; checkpoint saved in {folder}"
 
 
-_RESUME_MISMATCH = ("cannot resume: {}; resume with the model settings the run was trained with (drop the model.* "
-                    "--set values), or train into another train.out_dir")
+_RESUME_MISMATCH = ("cannot resume: {}; resume with the model settings the run was trained with (the config it was "
+                    "trained from, without model.* --set values that change them), or train into another "
+                    "train.out_dir")
 
 
 def _diverged_fix(cfg: TrainerConfig, precision: str) -> str:
