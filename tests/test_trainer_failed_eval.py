@@ -82,8 +82,19 @@ def test_early_stopping_on_the_default_best_metric_with_only_a_metrics_function_
         trainer.fit()
     said = [str(w.message) for w in caught if "early_stopping_patience" in str(w.message)]
     assert said == ["train.early_stopping_patience = 2 cannot stop this run: only metrics_fn evaluates it, and "
-                    "best_metric = 'loss' is none of its values; set best_metric to one of them (and best_mode), or "
-                    "give an eval_source"]
+                    "best_metric = 'loss' is none of its values (accuracy); set best_metric to one of them (and "
+                    "best_mode), or give an eval_source"]
+
+
+def test_early_stopping_on_a_loss_a_metrics_function_gives_is_not_warned_of_and_stops(tmp_path):
+    losses = iter([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    trainer = Trainer(tiny_model(), _config(steps=6, eval_every=1, early_stopping_patience=2), ToySource(),
+                      metrics_fn=lambda model: {"loss": next(losses)}, out_dir=tmp_path / "run")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = trainer.fit()
+    assert not [w for w in caught if "early_stopping_patience" in str(w.message)]
+    assert summary["stopped_early"] and summary["steps"] == 3
 
 
 @NOTES
@@ -102,3 +113,22 @@ def test_the_command_line_adds_what_was_kept_to_its_one_line(capsys, monkeypatch
     monkeypatch.setattr(recipe, "train_run", failing)
     assert one_line_error(capsys, "train") == "attnlab: error: the model returned no loss for an evaluation batch; " \
         "the 4 steps trained are saved in runs/x/checkpoint, with this evaluation to redo: fix it and resume"
+
+
+@NOTES
+def test_an_evaluation_out_of_memory_says_what_was_kept(capsys, monkeypatch):
+    from cli_helpers import one_line_error
+
+    from attnlab.training import recipe
+
+    def failing(run, resume=False):
+        error = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        error.add_note("the 4 steps trained are saved in runs/x/checkpoint, with this evaluation to redo: fix it and "
+                       "resume")
+        raise error
+
+    monkeypatch.setattr(recipe, "train_run", failing)
+    line = one_line_error(capsys, "train")
+    assert line.startswith("attnlab: error: out of memory;") and line.endswith(
+        "(-n when generating); the 4 steps trained are saved in runs/x/checkpoint, with this evaluation to redo: fix "
+        "it and resume")

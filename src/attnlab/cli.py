@@ -55,6 +55,12 @@ def _root(version: bool = typer.Option(False, "--version", callback=_print_versi
     """Attention and Transformer models: build, train, compare and look inside them."""
 
 
+def _notes(error: BaseException) -> str:
+    """An error's notes (Python 3.11's add_note: what was kept, as a failed evaluation's saved steps) for the end
+    of its one line."""
+    return "".join(f"; {note}" for note in getattr(error, "__notes__", ()))
+
+
 def _one_process(command: str) -> None:
     """Refuse a command that does not train under torchrun: every process would do the whole of it and print it."""
     from attnlab.training.distributed import env_world
@@ -508,13 +514,13 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
             sys.exit(143)
         # A refused setting is refused by every process alike; data and file errors, and a folder this process
         # cannot make or write (PathError), may be one process's own.
-        said = "; ".join([str(e), *getattr(e, "__notes__", ())])  # notes: what was kept (a failed evaluation's steps)
-        _report(f"attnlab: {'' if code == 130 else 'error: '}{said}",
+        _report(f"attnlab: {'' if code == 130 else 'error: '}{e}{_notes(e)}",
                 same_in_every_process=code == 130 or (isinstance(e, ConfigError) and not isinstance(e, PathError)))
         sys.exit(code)
     except (MemoryError, RuntimeError, ValueError) as e:  # ValueError: numpy's "array is too big" alone
         if isinstance(e, ValueError) and not _out_of_memory(e):
             raise
+        kept = _notes(e)
         from attnlab.training.distributed import peer_gone
 
         if peer_gone(e) and not _out_of_memory(e):
@@ -522,13 +528,13 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
             # setup error) looks the same from here, so its first line is kept.
             here = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)[:200]
             _report("attnlab: error: another process of this distributed run stopped (its own message says why), "
-                    f"or this one could not reach it; this one stops too (here: {here})")
+                    f"or this one could not reach it; this one stops too (here: {here}){kept}")
             sys.exit(2)
         if not _out_of_memory(e):
             raise
         _report("attnlab: error: out of memory; use a smaller model (model.d_model, model.n_layers...) or smaller "
                 "batches (train.batch_size or train.micro_batch_size; --batch-size when evaluating), or fewer new "
-                "tokens (-n when generating)")
+                f"tokens (-n when generating){kept}")
         sys.exit(2)
     except OSError as e:  # the system refused a file operation (a folder that cannot be made, a full disk...)
         where = f": {e.filename}" if e.filename else ""

@@ -582,6 +582,7 @@ class Trainer:
         # Between a step and the end of its evaluation: what best/ and early stopping stood at before it. A run
         # stopped there saves that, marked pending, and its resumption evaluates the step again.
         self._eval_pending: tuple | None = None
+        self._said_no_best = False  # the warning that early stopping has no best_metric to follow, given once
         self._window = _Window()  # the training statistics since the last log record (saved with checkpoints)
         self._resume_eval = False  # the checkpoint resumed from was saved inside an evaluation
         self._totals = _Totals()
@@ -755,7 +756,14 @@ class Trainer:
                 self._best_eval_loss = metrics["loss"]
         if cfg.best_metric not in metrics:
             if cfg.best_metric == "loss" and self.eval_source is None:
-                return False  # only a metrics function and the default best_metric: no best/ to track
+                # only a metrics function, none of whose values is the default best_metric: no best/ to track
+                if cfg.early_stopping_patience and not self._said_no_best:
+                    self._said_no_best = True
+                    warnings.warn(f"train.early_stopping_patience = {cfg.early_stopping_patience} cannot stop this "
+                                  "run: only metrics_fn evaluates it, and best_metric = 'loss' is none of its values "
+                                  f"({', '.join(metrics)}); set best_metric to one of them (and best_mode), or give "
+                                  "an eval_source", stacklevel=2)
+                return False
             raise ConfigError(f"best_metric {cfg.best_metric!r} is not an evaluation metric; "
                               f"choose one of: {', '.join(metrics) or 'none (give an eval source)'}")
         value = metrics[cfg.best_metric]
@@ -1073,10 +1081,6 @@ class Trainer:
                 f"train.eval_every = {cfg.eval_every} evaluates only at the end of {cfg.steps} steps"
             warnings.warn(f"train.early_stopping_patience = {cfg.early_stopping_patience} cannot stop this run: "
                           f"{why}", stacklevel=4)
-        if cfg.early_stopping_patience and has_eval and self.eval_source is None and cfg.best_metric == "loss":
-            warnings.warn(f"train.early_stopping_patience = {cfg.early_stopping_patience} cannot stop this run: only "
-                          "metrics_fn evaluates it, and best_metric = 'loss' is none of its values; set best_metric "
-                          "to one of them (and best_mode), or give an eval_source", stacklevel=4)
         inert = [f"train.{name} = {getattr(cfg, name)}" for name in ("eval_every", "eval_batches")
                  if getattr(cfg, name) != getattr(TrainerConfig, name)]
         if not has_eval and inert:  # (a config's eval_every, with its evaluation file dropped)
