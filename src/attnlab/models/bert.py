@@ -279,10 +279,9 @@ class BertModel(nn.Module):
         check_attention_mask(attention_mask, b, t)
         if token_type_ids is not None:
             check_integers(token_type_ids, "token_type_ids")
-        if token_type_ids is not None and (token_type_ids.dim() != 2 or token_type_ids.shape[1] != t
-                                           or token_type_ids.shape[0] not in (1, b)):
-            raise ConfigError(f"token_type_ids has shape {tuple(token_type_ids.shape)}; it must be ({b}, {t}), the "
-                              "segment id of each token of input_ids")
+            if token_type_ids.dim() != 2 or token_type_ids.shape[1] != t or token_type_ids.shape[0] not in (1, b):
+                raise ConfigError(f"token_type_ids has shape {tuple(token_type_ids.shape)}; it must be ({b}, {t}), "
+                                  "the segment id of each token of input_ids")
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask) if attention_mask is not None \
                 else default_positions(t, 0, input_ids.device)
