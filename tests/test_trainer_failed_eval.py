@@ -12,7 +12,7 @@ import pytest
 import torch
 from training_helpers import ToySource, tiny_model
 
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, DataError
 from attnlab.training import Trainer, TrainerConfig
 from attnlab.training.checkpoint import load_model
 
@@ -97,38 +97,24 @@ def test_early_stopping_on_a_loss_a_metrics_function_gives_is_not_warned_of_and_
     assert summary["stopped_early"] and summary["steps"] == 3
 
 
-@NOTES
-def test_the_command_line_adds_what_was_kept_to_its_one_line(capsys, monkeypatch):
-    from cli_helpers import one_line_error
-
-    from attnlab.errors import DataError
-    from attnlab.training import recipe
-
-    def failing(run, resume=False):
-        error = DataError("the model returned no loss for an evaluation batch")
-        error.add_note("the 4 steps trained are saved in runs/x/checkpoint, with this evaluation to redo: fix it and "
-                       "resume")
-        raise error
-
-    monkeypatch.setattr(recipe, "train_run", failing)
-    assert one_line_error(capsys, "train") == "attnlab: error: the model returned no loss for an evaluation batch; " \
-        "the 4 steps trained are saved in runs/x/checkpoint, with this evaluation to redo: fix it and resume"
+KEPT = "the 4 steps trained are saved in runs/x/checkpoint, with this evaluation to redo: fix it and resume"
 
 
 @NOTES
-def test_an_evaluation_out_of_memory_says_what_was_kept(capsys, monkeypatch):
+@pytest.mark.parametrize("error, begins", [
+    (DataError("the model returned no loss for an evaluation batch"),
+     "attnlab: error: the model returned no loss for an evaluation batch; "),
+    (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), "attnlab: error: out of memory; "),
+], ids=["attnlab-error", "out-of-memory"])
+def test_the_command_line_adds_what_was_kept_to_its_one_line(capsys, monkeypatch, error, begins):
     from cli_helpers import one_line_error
 
     from attnlab.training import recipe
 
     def failing(run, resume=False):
-        error = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        error.add_note("the 4 steps trained are saved in runs/x/checkpoint, with this evaluation to redo: fix it and "
-                       "resume")
+        error.add_note(KEPT)
         raise error
 
     monkeypatch.setattr(recipe, "train_run", failing)
     line = one_line_error(capsys, "train")
-    assert line.startswith("attnlab: error: out of memory;") and line.endswith(
-        "(-n when generating); the 4 steps trained are saved in runs/x/checkpoint, with this evaluation to redo: fix "
-        "it and resume")
+    assert line.startswith(begins) and line.endswith(f"; {KEPT}"), line
