@@ -595,6 +595,7 @@ def model_config(model: dict[str, Any], **derived: Any) -> Config:
     way to the table's."""
     from attnlab.models.registry import FAMILIES, get_preset
 
+    imposed = dict(derived)  # every value the data decides, checked against [model] (init_from sets fewer)
     table = dict(model)
     preset = table.pop("preset", None)
     init_from = table.pop("init_from", None)
@@ -619,11 +620,9 @@ def model_config(model: dict[str, Any], **derived: Any) -> Config:
             # Keep the mask the encoder was trained with (its features differ without it), as with_head does: its
             # config's causal, or where that was left unset, its head's (a causal classifier became bidirectional).
             values["causal"] = _trained_causal(saved)
-        for key in ("pad_id", "bos_id", "eos_id"):  # the pretrained run's tokenizer decides them (its config may
-            if key in table and key in derived and table[key] != derived[key]:  # leave them unset: an LM's)
-                raise ConfigError(f"model.{key} = {table[key]!r}, but {_IMPOSED[key].format(derived[key])}; "
-                                  f"drop model.{key}")
-        # The pretrained weights fix the architecture: only what the task decides (the head) may change.
+        # The pretrained weights fix the architecture: only what the task decides (the head) may change. The rest
+        # is still checked against a value given in [model] (the special ids of the pretrained run's tokenizer,
+        # which its config may leave unset: an LM's).
         derived = {k: v for k, v in derived.items() if k in INIT_FROM_DERIVED}
     elif preset is not None:
         family, base = get_preset(preset)
@@ -634,13 +633,10 @@ def model_config(model: dict[str, Any], **derived: Any) -> Config:
         values = dict(table)
     cls = FAMILIES.get(family).config_cls
     names = set(cls.field_names())
-    for key, value in derived.items():
-        if key not in names:
-            continue
-        if key in model and key in _IMPOSED and model[key] != value:
+    for key, value in imposed.items():
+        if key in names and key in model and key in _IMPOSED and model[key] != value:
             raise ConfigError(f"model.{key} = {model[key]!r}, but {_IMPOSED[key].format(value)}; drop model.{key}")
-        if key not in model:
-            values[key] = value
+    values.update({key: value for key, value in derived.items() if key in names and key not in model})
     return cls.from_dict(values, where="model")
 
 
