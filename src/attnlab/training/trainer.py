@@ -1032,7 +1032,7 @@ class Trainer:
         if self._in_step and self._rng_at_step_start is not None:
             _set_raw_rng(self._rng_at_step_start)  # the unfinished step will be redone from its start
         if self._eval_pending is not None:  # stopped inside an evaluation: saved as before it, to be redone
-            self.best, self._best_eval_loss, self._bad_evals, self._totals.last_eval = self._eval_pending
+            self._undo_pending_eval()
         folder = self.out_dir / CHECKPOINT_DIR
         if terminated and self.world.distributed and (self._stale_checkpoint or self._stale_best):
             # torchrun stops every process with SIGTERM when one of them fails: this run's first save would have
@@ -1121,10 +1121,15 @@ class Trainer:
         progress.write(f"step {self.step}: {shown}")
         return stopped_early
 
+    def _undo_pending_eval(self) -> None:
+        """Back to the records from before the evaluation under way (`_eval_pending`), which is then redone on
+        resume: best/, the best loss, the patience count, the last evaluation."""
+        self.best, self._best_eval_loss, self._bad_evals, self._totals.last_eval = self._eval_pending
+
     def _save_before_failed_eval(self, error: Exception) -> None:
         """Save the checkpoint as before the evaluation that raised `error` (rank 0 alone: the other processes
         may not have failed), and say so in the error's notes."""
-        self.best, self._best_eval_loss, self._bad_evals, self._totals.last_eval = self._eval_pending
+        self._undo_pending_eval()
         folder = self.out_dir / CHECKPOINT_DIR
         try:
             self._save(folder, gather=False)
