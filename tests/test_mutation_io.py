@@ -545,21 +545,6 @@ def test_explicit_bf16_on_mps_is_refused_where_torch_cannot_autocast_it(monkeypa
     assert message.endswith('use precision = "auto" or "fp32"')
 
 
-@pytest.mark.parametrize("flags, expected", [("fpu avx2 avx512f", False), ("fpu avx512_bf16 avx2", True),
-                                             ("fpu amx_bf16 amx_tile", True)])
-def test_cpu_bf16_is_read_from_the_cpu_flags(monkeypatch, flags, expected):
-    import io
-
-    from attnlab.training import device
-
-    cpuinfo = f"processor\t: 0\nvendor_id\t: X\nflags\t\t: {flags}\n"
-    monkeypatch.setattr(device.sys, "platform", "linux")
-    monkeypatch.setattr(device, "open", lambda *a, **k: io.StringIO(cpuinfo), raising=False)
-    assert device.cpu_has_bf16.__wrapped__() is expected
-    monkeypatch.setattr(device.sys, "platform", "darwin")
-    assert device.cpu_has_bf16.__wrapped__() is False
-
-
 @pytest.mark.parametrize("capability, amd, wanted", [("AVX512", True, True), ("AVX2", True, False),
                                                      ("DEFAULT", True, False), ("AVX512", False, False)])
 def test_onednn_switch_only_for_wide_models_on_avx512_cpus(monkeypatch, capability, amd, wanted):

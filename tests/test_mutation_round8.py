@@ -1,6 +1,7 @@
 """Round-8 mutation tests (stop 43): changes to stop 42's code that the suite did not catch. Each test names the
-mutant it kills: evaluate's column hint, knowledge's Ctrl-C and resume warnings, the short training text beside an
-evaluation file, the classification tables' renaming and quoting hints, and the precision names."""
+mutant it kills: knowledge's Ctrl-C and resume warnings, the short training text beside an evaluation file, the
+classification tables' renaming and quoting hints, and the precision names. (Evaluate's column hint with the flags
+given is tested in test_table_files_audit5.py, beside the run it trains.)"""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ import warnings
 
 import pytest
 import torch
-from cli_helpers import one_line_error, run_cli
-from cli_helpers import toml_str as _q
+from cli_helpers import run_cli
 
 import attnlab.experiments.knowledge as knowledge
 from attnlab.data.knowledge import qa_prompt
@@ -36,24 +36,6 @@ def test_a_short_training_text_beside_an_eval_file_is_the_training_texts_fault(t
     with pytest.raises(DataError, match=r"^the training text has 21 tokens, fewer than one window of 33; give a "
                                         r"longer text or a smaller data.block_size$"):
         prepare(run)
-
-
-def test_the_runs_columns_are_not_named_where_the_flags_give_this_files(capsys, tmp_path):
-    (tmp_path / "train.tsv").write_text("great movie\t1\nbad film\t0\nfine film\t1\nawful movie\t0\n")
-    out = tmp_path / "run"
-    code, _, err = run_cli(capsys, "train", "--set", "model.family=encoder", "--set", "model.d_model=16",
-                           "--set", "model.n_heads=2", "--set", "model.d_ff=16", "--set", "model.n_layers=1",
-                           "--set", "data.task=classification", "--set", "data.tokenizer=word",
-                           "--set", f"data.path={_q(tmp_path / 'train.tsv')}", "--set", "data.text_column=0",
-                           "--set", "data.label_column=1", "--set", "train.steps=1", "--set", "train.batch_size=4",
-                           "--set", "train.warmup_steps=1", "--set", "train.progress=false",
-                           "--set", "train.precision=fp32", "--set", "train.device=cpu",
-                           "--set", f"train.out_dir={_q(out)}")
-    assert code == 0, err
-    (tmp_path / "dev.csv").write_text("label,text\n7,great movie\n")
-    line = one_line_error(capsys, "evaluate", str(out), "--data", str(tmp_path / "dev.csv"), "--device", "cpu",
-                          "--text-column", "text", "--label-column", "label")
-    assert "were not in the training data" in line and "the run's" not in line, line
 
 
 def test_ctrl_c_with_only_an_empty_phase_folder_says_nothing_was_kept(capsys, tmp_path, monkeypatch):

@@ -119,6 +119,12 @@ def test_evaluate_names_the_runs_numbered_columns_where_a_file_does_not_fit_them
     code, _, err = run_cli(capsys, "evaluate", str(out), "--data", str(tmp_path / "dev.csv"), "--device", "cpu",
                            "--text-column", "text", "--label-column", "label")
     assert code == 0, err
+    # where the flags give this file's columns, the run's are not named (round-8 mutation: they were, in the same
+    # words, to a user who had given both)
+    (tmp_path / "dev7.csv").write_text("label,text\n7,great movie\n")
+    line = one_line_error(capsys, "evaluate", str(out), "--data", str(tmp_path / "dev7.csv"), "--device", "cpu",
+                          "--text-column", "text", "--label-column", "label")
+    assert "were not in the training data" in line and "the run's" not in line, line
     (tmp_path / "bad.csv").write_text('label,text\n1,"great movie\n')  # a quote left open: no column's fault
     line = one_line_error(capsys, "evaluate", str(out), "--data", str(tmp_path / "bad.csv"), "--device", "cpu")
     assert "malformed CSV" in line and "the run's" not in line, line
