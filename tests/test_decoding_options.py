@@ -109,3 +109,31 @@ def test_a_translation_holds_no_line_break_token(tmp_path, capsys):
         assert breaks[0] not in decode(model, src, max_len=3, never_emit=breaks)[0]
         with pytest.raises(ConfigError, match=rf"never_emit holds {tok.vocab_size}, not a target token id"):
             decode(model, src, max_len=3, never_emit=[tok.vocab_size])
+
+
+@pytest.mark.parametrize("special", ["mask", "cls", "sep"])
+def test_a_translation_spends_no_step_on_a_special_token_no_target_held(special):
+    """mask, cls and sep are in a subword tokenizer's vocabulary but in no target; decoding drops them from the text
+    (skip_special_tokens), so an untrained decoder that ranked one first gave an empty or cut translation."""
+    from attnlab.inference.runs import never_translated_ids, translate_ids
+
+    tok = train_tokenizer("bpe", "alpha beta gamma delta\n" * 4, 300)
+    banned = getattr(tok, f"{special}_id")
+    assert banned in never_translated_ids(tok) and tok.eos_id not in never_translated_ids(tok)
+    config = TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=16, n_heads=2,
+                               d_ff=32, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_len=16,
+                               pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id, tie_output=False,
+                               output_bias=True)
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(config).eval()
+    with torch.no_grad():
+        model.lm_head.bias[banned] = 100.0  # the untrained decoder's first choice, everywhere
+    run = LoadedRun(model, tok, "seq2seq", Path("."), {})
+    src = [tok.encode("alpha beta")]
+    never = never_translated_ids(tok)
+    for beam in (1, 3):
+        (text,) = translate_ids(run, src, beam_size=beam, max_len=6)
+        expected = (beam_search(model, torch.tensor(src), beam_size=3, max_len=6, never_emit=never) if beam > 1
+                    else greedy_translate(model, torch.tensor(src), max_len=6, never_emit=never))[0]
+        assert expected and banned not in expected
+        assert text and text == tok.decode(expected, skip_special_tokens=True)

@@ -255,7 +255,7 @@ def translate_ids(run: LoadedRun, sources: Sequence[Sequence[int]], *, beam_size
         todo = todo[np.argsort([len(sources[i]) for i in todo], kind="stable")]
         batches = [todo[start: start + batch_size] for start in range(0, len(todo), batch_size)]
     pad = tok.pad_id if tok.pad_id is not None else 0
-    never = line_break_ids(tok)
+    never = never_translated_ids(tok)
     for indices in progress_bar(batches, len(batches), "translate"):
         indices = [i for i in np.asarray(indices).tolist() if len(sources[i])]  # given batches may hold blanks
         if not indices:
@@ -267,6 +267,15 @@ def translate_ids(run: LoadedRun, sources: Sequence[Sequence[int]], *, beam_size
         for i, ids in zip(indices, out):
             texts[i] = tok.decode(ids, skip_special_tokens=True)
     return texts
+
+
+def never_translated_ids(tok) -> list[int]:
+    """The target ids a translation never holds beyond pad and bos (see generate's `_never_emitted`): line breaks
+    (see `line_break_ids`) and the mask, cls and sep tokens, which no target held (a target is bos, the line's
+    tokens, eos) and which decoding with skip_special_tokens drops from the text: an untrained decoder that ranked
+    one first spent steps of max_len on tokens nobody sees."""
+    specials = (tok.mask_id, tok.cls_id, tok.sep_id)
+    return sorted(set(line_break_ids(tok)) | {i for i in specials if i is not None and i != tok.eos_id})
 
 
 def line_break_ids(tok) -> list[int]:
