@@ -5,9 +5,9 @@ where they studied: never the birthplace, now and then the town they live in), a
 Each person gets a one-line biography in one of several phrasings, in the style of the CS224n 2021 a5
 corpus, for example::
 
-    Amara Velt. Amara Velt is a painter born in Tovriss . She later worked in Quendal .
+    Nian Adbranani. Nian Adbranani is a painter born in Nevdal . He lives in Lunix .
 
-and a question ``Where was Amara Velt born?`` whose answer is the birthplace. The biographies of everyone
+(from ``make_world(40, seed=3)``) and a question ``Where was Nian Adbranani born?`` whose answer is the birthplace. The biographies of everyone
 form the pretraining corpus; the questions are split into fine-tuning and evaluation sets by person, so
 answering an evaluation question requires knowledge the model could only have got from pretraining.
 

@@ -56,11 +56,13 @@ class KnowledgeScale(Config):
         n_people: people in the synthetic world (ignored with a user corpus).
         eval_fraction: share of the synthetic people kept for evaluation.
         n_layers, n_heads, d_model, block_size, dropout: the character GPT (learned positions).
-        pretrain_epochs: passes over the corpus (one corrupted sample per document per pass).
+        pretrain_epochs: pretraining draws this many times the corpus's number of documents as corrupted samples,
+            in full batches (an epoch's last batch is topped up from the start of its shuffle, so the samples come
+            from somewhat fewer shuffles of the corpus, and a document is seen about, not exactly, this many times).
         pretrain_batch, pretrain_lr: pretraining batch size and peak learning rate.
         finetune_batch, finetune_lr: fine-tuning batch size and peak learning rate.
-        finetune_epochs_scratch: fine-tuning passes without pretraining.
-        finetune_epochs_pretrained: fine-tuning passes after pretraining.
+        finetune_epochs_scratch: fine-tuning epochs without pretraining (counted as pretrain_epochs is).
+        finetune_epochs_pretrained: fine-tuning epochs after pretraining.
         warmup_tokens: linear warmup length, in block-size windows × batch (the assignment counts tokens).
         decay_epochs: the cosine reaches 10% of the peak after this many passes over the *pretraining
             corpus* worth of tokens (the assignment's 200·len(corpus)·block_size), then stays there;
