@@ -7,9 +7,10 @@ corpus, for example::
 
     Nian Adbranani. Nian Adbranani is a painter born in Nevdal . He lives in Lunix .
 
-(from ``make_world(40, seed=3)``) and a question ``Where was Nian Adbranani born?`` whose answer is the birthplace. The biographies of everyone
-form the pretraining corpus; the questions are split into fine-tuning and evaluation sets by person, so
-answering an evaluation question requires knowledge the model could only have got from pretraining.
+(from ``make_world(40, seed=3)``) and a question ``Where was Nian Adbranani born?`` whose answer is the
+birthplace. The biographies of everyone form the pretraining corpus; the questions are split into fine-tuning
+and evaluation sets by person, so answering an evaluation question requires knowledge the model could only
+have got from pretraining.
 
 Everything is drawn from `random.Random` generators seeded with integers and strings, whose streams Python
 keeps stable across versions and machines; nothing depends on `hash()` or set order.
