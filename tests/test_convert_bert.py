@@ -112,6 +112,14 @@ def test_converter_errors(tmp_path):
         bert_from_hf({k: v for k, v in state.items() if "layer.1.output.dense" not in k}, config)
     with pytest.raises(CheckpointError, match="position_embedding_type"):
         bert_from_hf(state, {**config, "position_embedding_type": "relative_key"})
+    # With the weights such checkpoints carry, the setting is still named, not the weights as unknown keys
+    # (stop-44 BERT audit).
+    relative = {**state, "encoder.layer.0.attention.self.distance_embedding.weight": torch.zeros(63, 32)}
+    with pytest.raises(CheckpointError, match="position_embedding_type 'relative_key' is not supported"):
+        bert_from_hf(relative, {**config, "position_embedding_type": "relative_key"})
+    decoder = {**state, "encoder.layer.0.crossattention.output.LayerNorm.bias": torch.zeros(32)}
+    with pytest.raises(CheckpointError, match="configured as a decoder"):
+        bert_from_hf(decoder, {**config, "is_decoder": True, "add_cross_attention": True})
     with pytest.raises(CheckpointError, match="model.safetensors"):
         (tmp_path / "config.json").write_text("{}")
         load_hf_bert(tmp_path)

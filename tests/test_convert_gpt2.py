@@ -88,6 +88,19 @@ def test_load_hf_gpt2_from_a_saved_folder(tmp_path, tied):
         torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("activation", ["gelu_fast", "silu", "swish", "relu"])
+def test_every_activation_the_bert_converter_maps_converts_gpt2_too(activation):
+    # The GPT-2 converter had a table of its own without gelu_fast, silu and swish (stop-44 BERT audit).
+    torch.manual_seed(2)
+    cfg = transformers.GPT2Config(vocab_size=61, n_positions=16, n_embd=24, n_layer=1, n_head=3,
+                                  activation_function=activation)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    ours = gpt_from_hf(hf.state_dict(), cfg.to_dict()).eval()
+    ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-4, rtol=1e-4)
+
+
 def test_converter_errors(tmp_path, pair):
     hf, _ = pair
     state, config = hf.state_dict(), hf.config.to_dict()
@@ -100,8 +113,8 @@ def test_converter_errors(tmp_path, pair):
         gpt2_from_hf({k: v for k, v in state.items() if k != "lm_head.weight"}, untied)
     with pytest.raises(CheckpointError, match="scale_attn_by_inverse_layer_idx"):
         gpt2_from_hf(state, {**config, "scale_attn_by_inverse_layer_idx": True})
-    with pytest.raises(CheckpointError, match="activation 'swish'"):
-        gpt2_from_hf(state, {**config, "activation_function": "swish"})
+    with pytest.raises(CheckpointError, match="activation 'quick_gelu' is not supported; known: gelu, gelu_new"):
+        gpt2_from_hf(state, {**config, "activation_function": "quick_gelu"})
     with pytest.raises(CheckpointError, match="lacks n_embd"):
         gpt2_from_hf(state, {k: v for k, v in config.items() if k != "n_embd"})
     with pytest.raises(CheckpointError, match="not 'gpt2'"):

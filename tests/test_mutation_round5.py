@@ -109,21 +109,12 @@ def _same_as_hf(table: dict[str, str]) -> None:
                                                                   float((got - expected).abs().max()))
 
 
-def test_gpt2_activation_names_compute_what_hf_computes():
-    # P1: every HF activation name the GPT-2 converter maps (gelu_pytorch_tanh: tanh GELU) gives HF's function
-    # (stop-40 mutation audit)
-    from attnlab.convert.gpt2 import _ACTIVATIONS
+def test_hf_activation_names_compute_what_hf_computes():
+    # P1/B1: every HF activation name the converters map (gelu_pytorch_tanh and gelu_fast: tanh GELU) gives HF's
+    # function (stop-40 mutation audit; one table for GPT-2 and BERT since stop 44)
+    from attnlab.convert.hf_folder import HF_ACTIVATIONS
 
-    assert "gelu_pytorch_tanh" in _ACTIVATIONS
-    _same_as_hf(_ACTIVATIONS)
-
-
-def test_bert_activation_names_compute_what_hf_computes():
-    # B1: every HF activation name the BERT converter maps (gelu_fast: tanh GELU) gives HF's function
-    # (stop-40 mutation audit)
-    from attnlab.convert.bert import HF_ACTIVATIONS
-
-    assert "gelu_fast" in HF_ACTIVATIONS
+    assert "gelu_pytorch_tanh" in HF_ACTIVATIONS and "gelu_fast" in HF_ACTIVATIONS
     _same_as_hf(HF_ACTIVATIONS)
 
 

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from attnlab.convert.hf_folder import (
+    HF_ACTIVATIONS,
     REQUIRED,
     check_model_type,
     config_bool,
@@ -38,17 +39,6 @@ from attnlab.convert.hf_folder import (
 )
 from attnlab.errors import CheckpointError, ConfigError
 from attnlab.models.bert import BertConfig, BertModel
-
-# HF `hidden_act` → attnlab activation name.
-HF_ACTIVATIONS = {
-    "gelu": "gelu",
-    "gelu_new": "gelu-tanh",
-    "gelu_pytorch_tanh": "gelu-tanh",
-    "gelu_fast": "gelu-tanh",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-}
 
 # Per-layer renames: HF suffix after `encoder.layer.{i}.` → ours after `encoder.layers.{i}.`.
 _LAYER_KEYS = {
@@ -102,6 +92,23 @@ def _check_architectures(hf_config: dict[str, Any], head_keys: list[str], source
                               f"have ({head_keys[0]}, ...); supported: {_SUPPORTED}")
 
 
+def _check_computes_as_ours(hf_config: dict[str, Any], source: str) -> str:
+    """Refuse the settings our BERT does not compute (relative position embeddings, a decoder, an unknown
+    activation), naming them; the hidden activation's HF name back. Checked before the weights' names, which such
+    a checkpoint's extra weights (distance_embedding, crossattention) would only report as unknown keys."""
+    kind = config_str(hf_config, "position_embedding_type", source, "absolute")
+    if kind != "absolute":
+        raise CheckpointError(f"position_embedding_type {kind!r} is not supported; only 'absolute' is")
+    if config_bool(hf_config, "is_decoder", source, False) or \
+            config_bool(hf_config, "add_cross_attention", source, False):
+        raise CheckpointError("BERT checkpoints configured as a decoder (is_decoder, add_cross_attention) "
+                          "are not supported")
+    act = config_str(hf_config, "hidden_act", source, "gelu")
+    if act not in HF_ACTIVATIONS:
+        raise CheckpointError(f"hidden_act {act!r} is not supported; known: {', '.join(HF_ACTIVATIONS)}")
+    return act
+
+
 def bert_config_from_hf(hf_config: dict[str, Any], *, heads: str = "none", nsp: bool = True,
                    pooler: bool | None = None, n_classes: int = 2, source: str = "config.json") -> BertConfig:
     """An attnlab BertConfig from the dict of a HF BERT `config.json`; `source` names it in messages.
@@ -113,16 +120,7 @@ def bert_config_from_hf(hf_config: dict[str, Any], *, heads: str = "none", nsp: 
     """
     check_model_type(hf_config, "bert", source, "BERT")
     require_keys(hf_config, _REQUIRED_KEYS, source, "BERT")
-    kind = config_str(hf_config, "position_embedding_type", source, "absolute")
-    if kind != "absolute":
-        raise CheckpointError(f"position_embedding_type {kind!r} is not supported; only 'absolute' is")
-    if config_bool(hf_config, "is_decoder", source, False) or \
-            config_bool(hf_config, "add_cross_attention", source, False):
-        raise CheckpointError("BERT checkpoints configured as a decoder (is_decoder, add_cross_attention) "
-                          "are not supported")
-    act = config_str(hf_config, "hidden_act", source, "gelu")
-    if act not in HF_ACTIVATIONS:
-        raise CheckpointError(f"hidden_act {act!r} is not supported; known: {', '.join(HF_ACTIVATIONS)}")
+    act = _check_computes_as_ours(hf_config, source)
 
     def integer(key: str, default: Any = REQUIRED, minimum: int = 1) -> Any:
         return config_int(hf_config, key, source, default, minimum=minimum)
@@ -186,6 +184,7 @@ def bert_from_hf(state_dict: dict[str, Tensor], hf_config: dict[str, Any], *,
             not convert, a regression head, or a config whose values are malformed or do not fit the weights.
     """
     check_model_type(hf_config, "bert", source, "BERT")
+    _check_computes_as_ours(hf_config, source)
     prefixed = any(k.startswith("bert.") for k in state_dict)
     ours: dict[str, Tensor] = {}
     origin: dict[str, str] = {}  # our name -> the checkpoint's, for messages

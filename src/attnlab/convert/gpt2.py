@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from attnlab.convert.hf_folder import (
+    HF_ACTIVATIONS,
     check_model_type,
     config_bool,
     config_float,
@@ -25,9 +26,6 @@ from attnlab.convert.hf_folder import (
 )
 from attnlab.errors import CheckpointError, ConfigError
 from attnlab.models.gpt import GPT, GPTConfig
-
-_ACTIVATIONS = {"gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu": "gelu", "relu": "relu"}
-
 
 _LAYER_KEYS = ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
                "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
@@ -46,8 +44,8 @@ def gpt2_config(hf_config: dict, *, source: str = "config.json") -> GPTConfig:
     check_model_type(hf_config, "gpt2", source, "GPT-2")
     require_keys(hf_config, ("vocab_size", "n_positions", "n_embd", "n_head", "n_layer"), source, "GPT-2")
     act = config_str(hf_config, "activation_function", source, "gelu_new")
-    if act not in _ACTIVATIONS:
-        raise CheckpointError(f"GPT-2 activation {act!r} is not supported; known: {', '.join(_ACTIVATIONS)}")
+    if act not in HF_ACTIVATIONS:
+        raise CheckpointError(f"GPT-2 activation {act!r} is not supported; known: {', '.join(HF_ACTIVATIONS)}")
     # Attention-score scalings other than 1/sqrt(head_dim) would give other numbers without an error.
     if not config_bool(hf_config, "scale_attn_weights", source, True) or \
             config_bool(hf_config, "scale_attn_by_inverse_layer_idx", source, False):
@@ -73,7 +71,7 @@ def gpt2_config(hf_config: dict, *, source: str = "config.json") -> GPTConfig:
             vocab_size=config_int(hf_config, "vocab_size", source),
             block_size=config_int(hf_config, "n_positions", source), d_model=d, n_heads=n_heads,
             n_layers=config_int(hf_config, "n_layer", source), d_ff=4 * d if n_inner is None else n_inner,
-            activation=_ACTIVATIONS[act], layer_norm_eps=config_float(hf_config, "layer_norm_epsilon", source, 1e-5),
+            activation=HF_ACTIVATIONS[act], layer_norm_eps=config_float(hf_config, "layer_norm_epsilon", source, 1e-5),
             dropout=resid, attention_dropout=config_float(hf_config, "attn_pdrop", source, 0.1, below=1),
             position="learned", norm="pre",
             tie_embeddings=config_bool(hf_config, "tie_word_embeddings", source, True),

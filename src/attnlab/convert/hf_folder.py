@@ -93,6 +93,18 @@ def _shown(value: Any) -> str:
         return repr(value)
 
 
+# HF's activation names (`hidden_act`, `activation_function`) → attnlab's, for BERT and GPT-2 alike.
+HF_ACTIVATIONS = {
+    "gelu": "gelu",
+    "gelu_new": "gelu-tanh",
+    "gelu_pytorch_tanh": "gelu-tanh",
+    "gelu_fast": "gelu-tanh",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+
+
 def require_keys(hf_config: dict[str, Any], keys: tuple[str, ...], source: str, what: str) -> None:
     """CheckpointError naming every one of `keys` that the config lacks (all at once, not one per run)."""
     missing = [k for k in keys if k not in hf_config]
