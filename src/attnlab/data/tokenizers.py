@@ -324,7 +324,8 @@ def _as_ids(ids: Any) -> list[int]:
             raise DataError(f"decode takes one sequence of ids, not a batch (item {pos} is a {type(i).__name__}); "
                             "decode each row of generate's output")
         try:
-            if isinstance(i, (bool, np.bool_)):  # a mask passed by mistake: True is no token id
+            # A mask passed by mistake: True is no token id (a 0-d bool tensor's operator.index gives 1).
+            if isinstance(i, (bool, np.bool_)) or str(getattr(i, "dtype", "")) in ("bool", "torch.bool"):
                 raise TypeError
             out.append(operator.index(i))  # numpy integers and 0-d integer tensors, not floats
         except TypeError:

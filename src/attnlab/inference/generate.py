@@ -2,7 +2,8 @@
 KV cache; greedy and beam search for the encoder-decoder Transformer.
 
 Batched prompts of different lengths are left-padded; the attention mask hides the padding and
-positions count real tokens only, so every row produces what it would produce alone.
+positions count real tokens only, so every row decoded greedily (in fp32) produces what it would produce alone;
+sampled rows share one random generator (see `generate`'s `seed`), so their draws depend on the batch.
 """
 
 from __future__ import annotations
