@@ -911,3 +911,39 @@ def test_knowledge_warns_when_evaluation_questions_repeat_fine_tuning_ones(tmp_p
         _knowledge_files(tmp_path)
         load_data(tmp_path / "out", SCALES["quick"], corpus=files["corpus"], train=files["train"],
                   eval_path=files["eval_path"], predict=None, seed=0)
+
+
+def test_a_folder_given_as_classification_data_is_named_as_a_folder(tmp_path, capsys, cls_run):
+    # It was blamed on its extension ("name it .tsv, .csv or .jsonl"), which renaming would not fix (stop-44 data
+    # audit).
+    folder = tmp_path / "SST-2"
+    folder.mkdir()
+    expected = f"attnlab: error: data file '{folder}' is a directory; pass a file inside it"
+    assert one_line_error(capsys, "evaluate", str(cls_run), "--data", str(folder)) == expected
+    assert one_line_error(capsys, "train", "configs/encoder-classify.toml", "--set", f"data.path={_q(folder)}",
+                          "--set", 'data.eval_path=""', "--set", f"train.out_dir={_q(tmp_path / 'run')}") == expected
+
+
+def test_json_labels_and_texts_are_read_exactly_and_named_in_json(tmp_path):
+    from attnlab.data.text_files import read_classification_file
+    from attnlab.errors import DataError
+
+    def read(*lines: str):
+        path = tmp_path / "x.jsonl"
+        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        return read_classification_file(path)
+
+    # As floats the two were one class, 9007199254740992 (stop-44 data audit).
+    assert read('{"text": "a", "label": 9007199254740993.0}', '{"text": "b", "label": 9007199254740992}',
+                '{"text": "c", "label": 2e0}').labels == ["9007199254740993", "9007199254740992", "2"]
+    for value, shown in (("null", "null"), ("true", "true")):
+        with pytest.raises(DataError, match=f"line 1: label {shown} is not a string or integer; fix the line$"):
+            read(f'{{"text": "a", "label": {value}}}')
+    for value in ("NaN", "1.5", "Infinity"):
+        with pytest.raises(DataError, match=f"line 1: label {value} is not an integer; fix the line$"):
+            read(f'{{"text": "a", "label": {value}}}')
+    # Half of an emoji's UTF-16 pair: valid JSON, no character; it was refused later as "text 0" with a fix about
+    # errors='surrogateescape' that attnlab's own reading had not used.
+    with pytest.raises(DataError, match=r"^data file '.*x\.jsonl' line 2: the text holds '\\ud83d' at character 14, "
+                                        r"half of a UTF-16 surrogate pair"):
+        read('{"text": "fine", "label": 1}', '{"text": "broken emoji \\ud83d", "label": 0}')

@@ -358,13 +358,15 @@ def _is_int(s: str) -> bool:
 
 def _label_string(value: object, path: Path, line: int) -> str:
     if isinstance(value, bool) or value is None or isinstance(value, (dict, list)):
+        shown = json.dumps(value) if isinstance(value, bool) or value is None else repr(value)  # true, null
         raise DataError(
-            f"data file '{path}' line {line}: label {value!r} is not a string or integer; fix the line"
+            f"data file '{path}' line {line}: label {shown} is not a string or integer; fix the line"
         )
-    if isinstance(value, float):
-        if not value.is_integer():
+    if isinstance(value, (float, decimal.Decimal)):  # a JSON number with a point or exponent (1.0, 1e2), NaN
+        if not decimal.Decimal(value).is_finite() or value != decimal.Decimal(value).to_integral_value():
             raise DataError(
-                f"data file '{path}' line {line}: label {value!r} is not an integer; fix the line"
+                f"data file '{path}' line {line}: label {json.dumps(value) if isinstance(value, float) else value} is "
+                "not an integer; fix the line"
             )
         value = int(value)
     text = str(value).strip()
@@ -411,7 +413,7 @@ def read_classification_file(
         DataError: missing, empty or non-UTF-8 file, a malformed line (with its line number), a
             missing column, an empty label, or no text that is not empty.
     """
-    path = Path(path)
+    path = check_file(path)  # first: a folder or a pipe is named as such, not blamed on its extension
     fmt = detect_format(path, format)
     # read_text drops the file's byte-order mark; files saved with one and joined by `cat` hold more, each at the
     # start of a line, where it would stick to a label ("\ufeff1", a class of its own) or break a JSON line.
@@ -465,8 +467,21 @@ def _warn_same_number(data: ClassificationData) -> None:
 _SETTING = {"text": "set data.text_column (evaluate: --text-column)",
             "label": "set data.label_column (evaluate: --label-column)"}
 # What a JSON value that is not a string is, in JSON's words.
-_JSON_TYPES = {dict: "an object", list: "an array", int: "a number", float: "a number", bool: "true or false",
-               type(None): "null"}
+_JSON_TYPES = {dict: "an object", list: "an array", int: "a number", float: "a number", decimal.Decimal: "a number",
+               bool: "true or false", type(None): "null"}
+
+
+def _check_no_surrogate(text: str, path: Path, line: int) -> None:
+    """Refuse a JSON text holding half of a UTF-16 pair (a \\ud83d escape, as a string cut inside an emoji leaves),
+    which is no character: UTF-8 files cannot hold one, JSON's escapes can."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataError(f"data file '{path}' line {line}: the text holds {text[e.start]!r} at character "
+                        f"{e.start + 1}, half of a UTF-16 surrogate pair (a string cut inside a character), which is "
+                        "no character; fix the line") from None
 
 
 def _read_jsonl(path, text, text_column, label_column, require_labels) -> ClassificationData:
@@ -479,7 +494,7 @@ def _read_jsonl(path, text, text_column, label_column, require_labels) -> Classi
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, parse_float=decimal.Decimal)  # exact: 9007199254740993.0 is no other label
         except RecursionError:
             raise DataError(f"data file '{path}' line {number}: JSON nested too deeply to read; fix the line") from None
         except json.JSONDecodeError as e:
@@ -522,6 +537,7 @@ def _read_jsonl(path, text, text_column, label_column, require_labels) -> Classi
                    "line") if first else "fix the line"
             raise DataError(f"data file '{path}' line {number}: no string field {text_key!r}: it holds {kind}, not "
                             f"a string; {fix}")
+        _check_no_surrogate(obj[text_key], path, number)
         texts.append(obj[text_key].strip())  # as a TSV or CSV cell is: one example reads alike in every format
         lines.append(number)
         if label_key is not None:

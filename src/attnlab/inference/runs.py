@@ -573,10 +573,11 @@ def _evaluate_pretraining(run: LoadedRun, data: str | Path, batch_size: int) -> 
 def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, text_column: str | None = None,
                              label_column: str | None = None) -> dict[str, float]:
     from attnlab.data.sources import ClassificationSource, classification_ends, cut_advice
-    from attnlab.data.text_files import FORMATS, read_classification_file, same_number_hint
+    from attnlab.data.text_files import FORMATS, check_file, read_classification_file, same_number_hint
     from attnlab.training.recipe import classification_counts, parse_column
 
     d, tok, model = run.data, run.tokenizer, run.model
+    check_file(data)  # first: a folder or a pipe is named as such, not blamed on its extension
     if Path(data).suffix.lower() not in FORMATS:
         raise DataError(f"{data}: this run is a classifier, which scores a labelled .tsv, .csv or .jsonl file (the "
                         "extension names the format); give such a file")
