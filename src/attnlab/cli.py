@@ -84,6 +84,22 @@ def params(
 
 
 @app.command()
+def convert(
+    hf_folder: str = typer.Argument(..., help="A Hugging Face BERT or GPT-2 folder as save_pretrained writes it: "
+                                    "config.json, model.safetensors (or its shards), tokenizer.json."),
+    run_folder: str = typer.Argument(..., help="The attnlab run folder to write (new or empty)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the attnlab run already in RUN_FOLDER."),
+) -> None:
+    """Turn a Hugging Face BERT or GPT-2 model into an attnlab run folder, for generate, evaluate, params and
+    model.init_from (safetensors only: nothing is unpickled)."""
+    _one_process("convert")
+    from attnlab.convert.to_run import save_hf_as_run
+
+    folder = save_hf_as_run(hf_folder, run_folder, overwrite=overwrite)
+    print(f"run folder: {run_folder} (checkpoint: {folder})")
+
+
+@app.command()
 def train(
     config: str | None = typer.Argument(None, help="A TOML or YAML run config (see configs/); omitted: a small char "
                                         "GPT on the embedded pydoc corpus."),

@@ -17,6 +17,7 @@ _EXPORTS = {
     "gpt2_from_hf": "attnlab.convert.gpt2",
     "gpt_from_hf": "attnlab.convert.gpt2",
     "load_hf_gpt2": "attnlab.convert.gpt2",
+    "save_hf_as_run": "attnlab.convert.to_run",
 }
 
 __all__ = sorted(_EXPORTS)

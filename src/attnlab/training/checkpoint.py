@@ -638,6 +638,10 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The model config dict (``{"family": ...}``) of the checkpoint at `path` (run or checkpoint folder)."""
     folder = find_checkpoint(path)
     config = _read_json(folder / CONFIG_FILE)
+    if isinstance(config, dict) and "family" not in config and isinstance(config.get("model_type"), str):
+        raise CheckpointError(f"{folder / CONFIG_FILE} is a Hugging Face model's (model_type "
+                              f"{config['model_type']!r}), not an attnlab run's; make a run folder of a BERT or GPT-2 "
+                              "one with `attnlab convert HF_FOLDER RUN_FOLDER` and give that")
     if not isinstance(config, dict) or "family" not in config:
         raise CheckpointError(f"{folder / CONFIG_FILE} has no model family; use another checkpoint")
     return config

@@ -1,0 +1,346 @@
+"""A HF transformers BERT or GPT-2 folder (what `save_pretrained` writes) as an attnlab run folder.
+
+`load_hf_bert` / `load_hf_gpt2` give a model; the command line (`attnlab generate`, `evaluate`, `params`) and
+`model.init_from` want a run folder: ``checkpoint/`` holding ``model.safetensors``, ``config.json`` (naming the
+model family) and ``tokenizer.json`` (attnlab's). `save_hf_as_run` writes one, and nothing else: no ``run.json``,
+which only `attnlab train` writes and nothing requires: `find_checkpoint` takes the folder by its ``checkpoint/``,
+and a converted run has no data settings to record (`evaluate` then reads a classifier's texts as HF encodes them,
+[CLS] text [SEP], cut to 128 tokens, data.max_length's default, or to the model's positions where fewer).
+
+The tokenizer is the folder's own ``tokenizer.json`` (the fast-tokenizer file; for BERT, a folder with only
+``vocab.txt`` gets the WordPiece that HF builds from it), wrapped in attnlab's `WordPieceTokenizer` (BERT) or
+`BPETokenizer` (GPT-2) unchanged: the same normalizer, pre-tokenizer and vocabulary, so it gives HF's ids without
+the special tokens HF's post-processor adds. The special tokens are HF's (``tokenizer_config.json`` and
+``special_tokens_map.json`` when present, else the family's usual ones), mapped to attnlab's names. attnlab gives
+each token one part, so a token HF names for several parts keeps the first of the family's order:
+
+- BERT: pad, unk, cls, sep, mask, bos, eos ([PAD] [UNK] [CLS] [SEP] [MASK] by default).
+- GPT-2: eos, pad, unk, bos, ... GPT-2's one special, ``<|endoftext|>`` (HF's bos, eos and unk alike), is attnlab's
+  eos: generation stops at it, as HF's does, and a language model's corpus separates its documents with it. There
+  is no pad and none is added (it would change the vocabulary the weights were trained with): attnlab's language
+  models train and evaluate on windows without padding, and `generate` pads a batch of prompts with id 0 under an
+  attention mask. Byte-level BPE needs no unk.
+
+Nothing is unpickled: the weights are read from safetensors by the converters, which refuse a folder with only
+``pytorch_model.bin``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from attnlab.errors import AttnlabError, CheckpointError, one_line
+from attnlab.files import check_readable
+
+SUPPORTED_TYPES = ("bert", "gpt2")
+
+# HF's name of each special token (a tokenizer_config.json / special_tokens_map.json key) -> attnlab's.
+HF_SPECIAL_KEYS = {"pad_token": "pad", "unk_token": "unk", "mask_token": "mask", "cls_token": "cls",
+                   "sep_token": "sep", "bos_token": "bos", "eos_token": "eos"}
+
+# Per model_type: its name in messages, the HF tokenizers model its tokenizer.json must hold, the
+# special tokens HF's tokenizer class uses when the folder names none, and the order in which the parts take a token
+# named for several (attnlab's specials are distinct strings).
+_FAMILIES: dict[str, dict[str, Any]] = {
+    "bert": {"what": "BERT", "model": "WordPiece",
+             "defaults": {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"},
+             "order": ("pad", "unk", "cls", "sep", "mask", "bos", "eos")},
+    "gpt2": {"what": "GPT-2", "model": "BPE",
+             "defaults": {"eos": "<|endoftext|>", "bos": "<|endoftext|>", "unk": "<|endoftext|>"},
+             "order": ("eos", "pad", "unk", "bos", "mask", "cls", "sep")},
+}
+
+CHECKPOINT_DIR = "checkpoint"  # the trainer's name for a run's latest checkpoint (`find_checkpoint` looks there)
+
+
+def save_hf_as_run(hf_folder: str | os.PathLike[str], run_folder: str | os.PathLike[str], *,
+                   overwrite: bool = False) -> Path:
+    """Convert the HF BERT or GPT-2 folder `hf_folder` (config.json, model.safetensors or its shards, tokenizer.json)
+    into the attnlab run folder `run_folder`, which `attnlab generate`, `evaluate`, `params` and `model.init_from`
+    take; returns its checkpoint folder (``run_folder/checkpoint``).
+
+    The run folder is written whole or not at all (in a hidden sibling folder, renamed into place). A BERT sequence
+    classifier whose config.json names its classes (id2label, other than HF's LABEL_0, LABEL_1...) keeps those names
+    as a classifier trained by attnlab does; otherwise label i of a file is scored as output i.
+
+    Args:
+        overwrite: replace `run_folder` where it is not empty; only an attnlab run folder (one holding a
+            checkpoint/ or best/, or a run.json) is replaced, and then everything in it goes.
+
+    Raises:
+        CheckpointError: a model_type other than bert and gpt2; a folder the converters refuse (no
+            model.safetensors, weights that do not fit config.json...); no tokenizer.json (nor, for BERT, vocab.txt);
+            a tokenizer of another vocabulary size than the model's, or whose special tokens do not fit it; a
+            `run_folder` that is not empty (without `overwrite`, or holding something other than a run).
+    """
+    from attnlab.training.checkpoint import save_checkpoint
+
+    hf, run = Path(hf_folder), Path(run_folder)
+    target = Path(os.path.abspath(run))  # "runs/x/.." is runs, whether or not runs/x exists
+    target = target.resolve() if target.is_symlink() else target  # written where the link points; the link stays
+    replacing = _check_run_folder(target, hf, overwrite, run)  # before the conversion: a refusal costs nothing
+    model_type = _model_type(hf)
+    family = _FAMILIES[model_type]
+    model = _load_model(hf, model_type)
+    tokenizer = hf_tokenizer(hf, model_type)
+    _check_fits(model.config, tokenizer, hf, family["what"])
+    labels = _class_names(hf, model.config)
+    state = {"extra_state": {"labels": labels}} if labels else None
+
+    tmp, old = target.parent / f".{target.name}.tmp", target.parent / f".{target.name}.old"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in (tmp, old):  # an interrupted conversion's
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    tmp.mkdir()
+    try:
+        save_checkpoint(tmp / CHECKPOINT_DIR, model, tokenizer=tokenizer, trainer_state=state)
+        if target.exists():  # an empty folder, or the run `overwrite` replaces
+            if not replacing and any(target.iterdir()):  # filled while the model was converted
+                raise CheckpointError(f"{run} is not empty (it was written to during the conversion); give a new "
+                                      "or empty folder")
+            os.rename(target, old)
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return run / CHECKPOINT_DIR
+
+
+def _check_run_folder(folder: Path, hf: Path, overwrite: bool, run: Path) -> bool:
+    """Refuse a run folder (`folder`, absolute; `run` as given, for messages) that is a file, holds the HF folder,
+    or is not empty (without `overwrite`, or holding something other than an attnlab run); whether it holds a run
+    that will be replaced."""
+    from attnlab.training.checkpoint import read_config
+
+    if not folder.exists():
+        return False
+    if not folder.is_dir():
+        raise CheckpointError(f"{run} is a file; give a new or empty folder for the run")
+    if hf.exists() and (hf.resolve() == folder.resolve() or folder.resolve() in hf.resolve().parents):
+        raise CheckpointError(f"the run folder {run} holds the HF folder {hf}; give another folder for the run")
+    entries = sorted(entry.name for entry in folder.iterdir())
+    if not entries:
+        return False
+    if not overwrite:
+        raise CheckpointError(f"run folder {run} is not empty; give a new or empty folder, or overwrite=True "
+                              "(attnlab convert --overwrite) to replace the run in it")
+    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():  # a run's checkpoint/, a HF one
+        raise CheckpointError(f"{run} is a checkpoint folder (a model's config.json and weights), not a run folder; "
+                              "give the run folder that holds it, or a new one")
+    try:
+        read_config(folder)  # an attnlab run: its checkpoint/ (or best/)
+    except (AttnlabError, OSError):
+        if not (folder / "run.json").is_file():  # a run stopped before its first save
+            raise CheckpointError(f"run folder {run} holds files that are not an attnlab run (e.g. {entries[0]!r}), "
+                                  "which overwrite does not delete; give a new or empty folder") from None
+    return True
+
+
+def _model_type(folder: Path) -> str:
+    """config.json's model_type, refused in one line unless it is one of SUPPORTED_TYPES."""
+    if folder.is_file():
+        raise CheckpointError(f"{folder} is a file; give the HF model's folder (the one holding config.json)")
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder} does not exist; give a HF model folder (as save_pretrained writes it)")
+    path = folder / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{folder}: no config.json; give a HF model folder (as save_pretrained writes it)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise CheckpointError(f"cannot read {path}: {one_line(e)}") from None
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if kind in SUPPORTED_TYPES:
+        return kind
+    if isinstance(config, dict) and "family" in config:
+        raise CheckpointError(f"{path} is an attnlab model config (family {config['family']!r}), not a HF one: "
+                              "the folder is an attnlab checkpoint already")
+    said = "missing" if kind is None else repr(kind)
+    raise CheckpointError(f"{path}: model_type is {said}; save_hf_as_run converts {' and '.join(SUPPORTED_TYPES)} "
+                          "models")
+
+
+def _load_model(folder: Path, model_type: str):
+    """The converted model (the existing converters: every check of the weights is theirs)."""
+    if model_type == "bert":
+        from attnlab.convert.bert import load_hf_bert
+
+        return load_hf_bert(folder)
+    from attnlab.convert.gpt2 import load_hf_gpt2
+
+    return load_hf_gpt2(folder)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The tokenizer
+
+
+def hf_tokenizer(hf_folder: str | os.PathLike[str], model_type: str):
+    """attnlab's tokenizer for the HF folder of a `model_type` ("bert" or "gpt2") model: its tokenizer.json (or,
+    for BERT, vocab.txt) in a `WordPieceTokenizer` or `BPETokenizer`, with HF's special tokens (see the module
+    docstring). Its `encode` gives the ids of HF's fast tokenizer called with add_special_tokens=False.
+
+    Raises:
+        CheckpointError: no tokenizer file, one that cannot be read, of another kind than the family's, or naming a
+            special token its vocabulary lacks.
+    """
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from attnlab.data.tokenizers import BPETokenizer, WordPieceTokenizer, tokenizer_from_dict
+
+    if model_type not in _FAMILIES:
+        raise CheckpointError(f"model_type {model_type!r} has no tokenizer here; give one of: "
+                              f"{', '.join(SUPPORTED_TYPES)}")
+    folder, family = Path(hf_folder), _FAMILIES[model_type]
+    settings = _tokenizer_settings(folder)
+    file = folder / "tokenizer.json"
+    if file.is_file():
+        try:
+            check_readable(file)
+            hf = HFTokenizer.from_file(str(file))
+        except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+            raise CheckpointError(f"cannot read {file} as a HF tokenizers file: {one_line(e)}") from None
+        source = file
+    elif model_type == "bert" and (folder / "vocab.txt").is_file():
+        hf, source = _wordpiece_from_vocab(folder / "vocab.txt", settings), folder / "vocab.txt"
+    else:
+        also = " (nor vocab.txt, from which a BERT WordPiece is built)" if model_type == "bert" else \
+            " (vocab.json and merges.txt are not read)"
+        raise CheckpointError(f"{folder}: no tokenizer.json{also}; only the fast-tokenizer file is read: save it "
+                              "there with transformers' AutoTokenizer.from_pretrained(...).save_pretrained(folder)")
+    held = type(hf.model).__name__
+    if held != family["model"]:
+        raise CheckpointError(f"{source} holds a {held} tokenizer; a {family['what']} run reads a {family['model']} "
+                              "one")
+    specials = _specials(settings, family, hf)
+    if source.name == "vocab.txt":  # as HF's fast tokenizer adds them: matched whole, before the normalizer
+        hf.add_special_tokens(specials.tokens())
+    cls = WordPieceTokenizer if model_type == "bert" else BPETokenizer
+    try:
+        tokenizer = cls(hf, specials)
+        tokenizer_from_dict(tokenizer.to_dict())  # every check `load_tokenizer` makes of the saved file
+    except AttnlabError as e:
+        raise CheckpointError(f"{source}: {e}") from None
+    return tokenizer
+
+
+def _tokenizer_settings(folder: Path) -> dict[str, Any]:
+    """tokenizer_config.json's settings, with special_tokens_map.json's special tokens over them (as HF reads
+    them): each special (its HF key) as (its string or None, the file that names it). {} where neither file is
+    there."""
+    settings: dict[str, Any] = {}
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as e:
+            raise CheckpointError(f"cannot read {path}: {one_line(e)}") from None
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{path} is not a JSON object")
+        for key, value in data.items():
+            if key in HF_SPECIAL_KEYS:
+                token = value.get("content") if isinstance(value, dict) else value  # an AddedToken's fields
+                if token is not None and (not isinstance(token, str) or not token):
+                    raise CheckpointError(f"{path}: {key} is {json.dumps(value)}; it must be a token (a string)")
+                settings[key] = (token, path)
+            elif name == "tokenizer_config.json":
+                settings[key] = value
+    return settings
+
+
+def _specials(settings: dict[str, Any], family: dict[str, Any], hf: Any):
+    """The SpecialTokens of a HF tokenizer: the files' (else the family's defaults that its vocabulary has), each
+    token in one part (the first of the family's order)."""
+    from attnlab.data.tokenizers import SPECIAL_NAMES, SpecialTokens
+
+    named: dict[str, tuple[str | None, Path | None]] = {role: (token, None) for role, token in
+                                                        family["defaults"].items()}
+    for key, role in HF_SPECIAL_KEYS.items():
+        if key in settings:
+            named[role] = settings[key]
+    chosen: dict[str, str] = {}
+    for role in family["order"]:
+        token, file = named.get(role, (None, None))
+        if token is None or token in chosen.values():
+            continue
+        if hf.token_to_id(token) is None:
+            if file is None:  # a usual token this vocabulary does without
+                continue
+            raise CheckpointError(f"{file} names {token!r} as the {role} token, and the tokenizer's vocabulary "
+                                  "lacks it")
+        chosen[role] = token
+    return SpecialTokens(**{name: chosen.get(name) for name in SPECIAL_NAMES})
+
+
+def _wordpiece_from_vocab(vocab: Path, settings: dict[str, Any]):
+    """The WordPiece HF's BertTokenizerFast builds from a vocab.txt (its converter's pipeline), with the casing and
+    accent settings of tokenizer_config.json (HF's defaults where it has none: lowercase)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+    def setting(key: str, default: Any, allowed: tuple) -> Any:
+        value = settings.get(key, default)
+        if not any(value is a for a in allowed):  # true, false, null: 1 and "true" are not HF's
+            raise CheckpointError(f"tokenizer_config.json: {key} is {json.dumps(value)}; it must be "
+                                  + " or ".join(json.dumps(a) for a in allowed))
+        return value
+
+    if setting("do_basic_tokenize", True, (True, False)) is False:
+        raise CheckpointError("tokenizer_config.json: do_basic_tokenize false (WordPiece on whitespace-split text "
+                              "alone) is not read; save a tokenizer.json with the folder instead")
+    unk = settings.get("unk_token", (None,))[0] or "[UNK]"
+    try:
+        check_readable(vocab)
+        hf = HFTokenizer(models.WordPiece.from_file(str(vocab), unk_token=unk))
+    except Exception as e:  # tokenizers' own error type, or an OSError
+        raise CheckpointError(f"cannot read {vocab}: {one_line(e)}") from None
+    hf.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=setting("tokenize_chinese_chars", True, (True, False)),
+        strip_accents=setting("strip_accents", None, (None, True, False)),
+        lowercase=setting("do_lower_case", True, (True, False)))
+    hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    hf.decoder = decoders.WordPiece(prefix="##")
+    return hf
+
+
+# ----------------------------------------------------------------------------------------------------
+# The model and its tokenizer together
+
+
+def _check_fits(config: Any, tokenizer: Any, hf: Path, what: str) -> None:
+    """Refuse a tokenizer that does not belong to the weights: another vocabulary size, or another pad token than
+    config.json's pad_token_id (BERT: its embedding row is the padding one)."""
+    if tokenizer.vocab_size != config.vocab_size:
+        raise CheckpointError(f"{hf}: the tokenizer has {tokenizer.vocab_size} tokens and the {what} model "
+                              f"{config.vocab_size} (vocab_size in config.json): they are not of one model")
+    want, have = getattr(config, "pad_id", None), tokenizer.pad_id
+    if want is not None and have is not None and want != have:
+        raise CheckpointError(f"{hf}: the tokenizer's pad token {tokenizer.specials.pad!r} is id {have}, config.json's "
+                              f"pad_token_id is {want}: they are not of one model")
+
+
+def _class_names(hf: Path, config: Any) -> list[str] | None:
+    """A sequence classifier's class names from config.json's id2label, in output order; None for another head, or
+    where they are HF's placeholders (LABEL_0, LABEL_1...), which no data file uses."""
+    if getattr(config, "heads", None) != "classification":
+        return None
+    try:
+        id2label = json.loads((hf / "config.json").read_text(encoding="utf-8")).get("id2label")
+    except (OSError, ValueError, AttributeError):
+        return None
+    n = config.n_classes
+    if not isinstance(id2label, dict) or sorted(id2label) != sorted(str(i) for i in range(n)):
+        return None
+    names = [id2label[str(i)] for i in range(n)]
+    if not all(isinstance(name, str) and name for name in names) or len(set(names)) != n or \
+            names == [f"LABEL_{i}" for i in range(n)]:
+        return None
+    return names
