@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=count, default=5,
                    help="timed calls per measurement (workloads: the median; bare products and reads: the best)")
-    p.add_argument("--shapes", default="A,B")
+    p.add_argument("--shapes", default="A,B", help="comma-separated: A, B (issue 5's shapes, the only ones with "
+                   "targets and bounds here)")
     p.add_argument("--no-attention", action="store_true", help="skip the attention rows")
     p.add_argument("--decode-tokens", type=count, default=200)
     p.add_argument("--json", type=json_file, help="also write the results to this JSON file")
@@ -152,8 +153,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     device = device_or_exit(p, args.device)
     shapes = args.shapes.split(",")
-    if not set(shapes) <= set(SHAPES):
-        p.error(f"--shapes: choose among {', '.join(SHAPES)}")
+    if not set(shapes) <= {"A", "B"}:  # bench_gpt's other shapes have no target and no bound written here
+        p.error("--shapes: choose among A, B")
     require_transformers("bench_ceiling")  # the reference of every training and decoding row (options first)
     default = resolve_precision("auto", device)  # attnlab's default training dtype there (None: fp32)
     r = args.repeats

@@ -189,6 +189,14 @@ def test_bench_ceiling_runs(tmp_path, capsys):
     assert rows["train A default"]["bound_s"] == pytest.approx(x.get("low_s", x["fp32_s"]) + attention)
 
 
+def test_bench_ceiling_takes_only_the_shapes_it_has_targets_and_bounds_for(capsys):
+    # --shapes C ran, with a "nanx" target, the attention note on its training rows and NaN in the JSON file
+    # (stop-44 README audit).
+    with pytest.raises(SystemExit) as exited:
+        load("bench_ceiling").main(["--shapes", "A,C"])
+    assert exited.value.code == 2 and "--shapes: choose among A, B" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("script", ["bench_gpt", "bench_attention", "bench_ceiling", "bench_dropout", "bench_loss"])
 def test_bad_options_are_one_line_errors(script, capsys):
     # --repeats 0 failed with "no median for empty data" (bench_gpt after starting and warming every row's
@@ -284,7 +292,7 @@ def test_the_step_tables_say_where_they_leave_bf16_out(capsys, monkeypatch):
     steps = load("steps")
     monkeypatch.setattr(steps, "resolve_precision", lambda precision, device: None)
     assert steps.step_dtypes(torch.device("cpu")) == [torch.float32]
-    assert "bf16 is not native on this cpu: the bf16 training-step rows are left out" in capsys.readouterr().out
+    assert "bf16 is not native on this cpu: the bf16 rows are left out" in capsys.readouterr().out
     monkeypatch.setattr(steps, "resolve_precision", lambda precision, device: torch.bfloat16)
     assert steps.step_dtypes(torch.device("cpu")) == [torch.bfloat16, torch.float32]
     assert capsys.readouterr().out == ""
