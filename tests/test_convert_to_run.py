@@ -335,6 +335,8 @@ def test_a_hf_folder_given_as_a_run_points_to_attnlab_convert(bert_folders, tmp_
     line = one_line_error(capsys, "train", "--set", f"model.init_from={_q(folder)}", "--set", "data.task=mlm",
                           "--set", f"train.out_dir={_q(tmp_path / 'ft')}")
     assert line.endswith(expected)
+    assert one_line_error(capsys, "params", str(folder)).endswith(
+        expected.replace("and give that", "and count that"))
 
 
 def test_a_weights_file_that_is_not_safetensors_is_never_read(gpt2_folder, tmp_path):

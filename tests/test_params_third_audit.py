@@ -270,6 +270,9 @@ def test_a_run_folder_named_as_a_preset_is_reached_as_dot_slash_and_the_preset_w
     code, out, _ = run_cli(capsys, "params", "./transformer-base", "--json")
     assert code == 0
     assert json.loads(out)["total"] == n_params(build_model(tiny_gpt()))
+    assert json.loads(out)["model"] == "./transformer-base"  # as typed: "transformer-base" read as the preset's
+    code, out, _ = run_cli(capsys, "params", "./transformer-base")
+    assert code == 0 and out.startswith("./transformer-base (gpt)\n"), out  # (stop-44 README audit)
 
 
 def test_list_lists_the_presets_and_dot_slash_list_counts_a_folder_named_list(tmp_path, monkeypatch, capsys):

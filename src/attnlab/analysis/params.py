@@ -913,6 +913,10 @@ def _load(name: str) -> tuple[str, Config, Path | None]:
                 raise ConfigError(f"{file} describes a run, not a model; give its run folder "
                                   f"({str(file.parent)!r}): the checkpoint's config.json is the trained model's")
             data = data["model"]
+        if isinstance(data, dict) and "family" not in data and isinstance(data.get("model_type"), str):
+            raise ConfigError(f"{file} is a Hugging Face model's (model_type {data['model_type']!r}), not an attnlab "
+                              "run's; make a run folder of a BERT or GPT-2 one with `attnlab convert HF_FOLDER "
+                              "RUN_FOLDER` and count that")
         if not isinstance(data, dict) or "family" not in data:  # e.g. a tokenizer.json or trainer_state.json
             raise ConfigError(f"{file} is not a model config (a JSON object with a 'family' key, as a checkpoint's "
                               "config.json); give a run or checkpoint folder written by attnlab, or a preset name "
@@ -926,7 +930,7 @@ def _load(name: str) -> tuple[str, Config, Path | None]:
 
             # the count is of the weights the folder holds: a config.json of another run is refused, not counted
             check_weights_fit_config(file.parent)
-        return str(path), config, file
+        return name, config, file  # as typed: ./gpt-char-tiny, a folder, not the preset of that name
     try:
         return name, get_preset(name)[1], None
     except ConfigError as e:
