@@ -339,6 +339,18 @@ def test_a_hf_folder_given_as_a_run_points_to_attnlab_convert(bert_folders, tmp_
         expected.replace("and give that", "and count that"))
 
 
+def test_a_run_that_is_training_is_not_replaced(gpt2_folder, tmp_path):
+    from attnlab.files import folder_lock
+
+    run = tmp_path / "run"
+    save_hf_as_run(gpt2_folder[0], run)
+    with folder_lock(run, "train.out_dir"):  # as `attnlab train` holds its run folder
+        _refused("another attnlab run is writing into .*run; wait for it to finish", gpt2_folder[0], run,
+                 overwrite=True)
+    assert read_config(run)["family"] == "gpt"
+    save_hf_as_run(gpt2_folder[0], run, overwrite=True)  # released: replaced
+
+
 def test_a_weights_file_that_is_not_safetensors_is_never_read(gpt2_folder, tmp_path):
     folder = tmp_path / "hf"
     shutil.copytree(gpt2_folder[0], folder)

@@ -116,6 +116,7 @@ def _check_run_folder(folder: Path, hf: Path, overwrite: bool, run: Path) -> boo
     """Refuse a run folder (`folder`, absolute; `run` as given, for messages) that is a file, holds the HF folder,
     or is not empty (without `overwrite`, or holding something other than an attnlab run); whether it holds a run
     that will be replaced."""
+    from attnlab.files import lock_held
     from attnlab.training.checkpoint import read_config
 
     if not folder.exists():
@@ -127,6 +128,9 @@ def _check_run_folder(folder: Path, hf: Path, overwrite: bool, run: Path) -> boo
     entries = sorted(entry.name for entry in folder.iterdir())
     if not entries:
         return False
+    if lock_held(folder):  # a training or knowledge run writing there: replacing it would lose its work
+        raise CheckpointError(f"another attnlab run is writing into {run}; wait for it to finish, or give another "
+                              "folder")
     if not overwrite:
         raise CheckpointError(f"run folder {run} is not empty; give a new or empty folder, or overwrite=True "
                               "(attnlab convert --overwrite) to replace the run in it")
