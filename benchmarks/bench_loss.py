@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} thread(s)")
     if device.type != "cpu":
         print(f"on a {device.type} token_loss takes every row: the columns time the same computation")
-    dtypes = step_dtypes(device)
+    dtypes = step_dtypes(device, "loss, head and training-step rows")
     results = {"device": str(device), "loss": loss_rows(device, dtypes, args.repeats)}
     print_rows("token loss, forward + backward (torch: every row; attnlab: the labelled rows)", results["loss"],
                "case")

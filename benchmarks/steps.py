@@ -31,11 +31,11 @@ def arguments(doc: str, argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def step_dtypes(device: torch.device) -> list[torch.dtype]:
-    """fp32, and before it bf16 where the default training precision is bf16 autocast (said where it is not: the
-    bf16 rows were left out without a word)."""
+def step_dtypes(device: torch.device, rows: str = "training-step rows") -> list[torch.dtype]:
+    """fp32, and before it bf16 where the default training precision is bf16 autocast (said where it is not, naming
+    the caller's `rows` those dtypes time: the bf16 rows were left out without a word)."""
     if resolve_precision("auto", device) is None:
-        print(f"bf16 is not native on this {device.type}: the bf16 rows are left out")  # loss, head and step rows
+        print(f"bf16 is not native on this {device.type}: the bf16 {rows} are left out")
         return [torch.float32]
     return [torch.bfloat16, torch.float32]
 

@@ -292,7 +292,9 @@ def test_the_step_tables_say_where_they_leave_bf16_out(capsys, monkeypatch):
     steps = load("steps")
     monkeypatch.setattr(steps, "resolve_precision", lambda precision, device: None)
     assert steps.step_dtypes(torch.device("cpu")) == [torch.float32]
-    assert "bf16 is not native on this cpu: the bf16 rows are left out" in capsys.readouterr().out
+    assert "bf16 is not native on this cpu: the bf16 training-step rows are left out" in capsys.readouterr().out
+    steps.step_dtypes(torch.device("cpu"), "loss, head and training-step rows")  # bench_loss drops all three
+    assert "the bf16 loss, head and training-step rows are left out" in capsys.readouterr().out
     monkeypatch.setattr(steps, "resolve_precision", lambda precision, device: torch.bfloat16)
     assert steps.step_dtypes(torch.device("cpu")) == [torch.bfloat16, torch.float32]
     assert capsys.readouterr().out == ""

@@ -942,6 +942,15 @@ def test_json_labels_and_texts_are_read_exactly_and_named_in_json(tmp_path):
     for value in ("NaN", "1.5", "Infinity"):
         with pytest.raises(DataError, match=f"line 1: label {value} is not an integer; fix the line$"):
             read(f'{{"text": "a", "label": {value}}}')
+    # Read exactly, a number's exponent was taken at its word: 1e5000 failed in int() with a traceback, 1e99999999
+    # ran for minutes, and one beyond Decimal's exponents failed the line in any field (review of stop 44).
+    for value in ("1e5000", "-1E+4300", "1e99999999", "1e999999999999999999"):
+        with pytest.raises(DataError, match=r"line 1: label .* is a number of more than 4,300 digits; fix the line$"):
+            read(f'{{"text": "a", "label": {value}}}')
+    assert read('{"text": "a", "label": 0, "score": 1e9999999999999999999}').labels == ["0"]
+    for value, shown in (("[0.5, 1]", r"\[0.5, 1\]"), ('{"score": 0.9}', '{"score": 0.9}')):
+        with pytest.raises(DataError, match=f"line 1: label {shown} is not a string or integer; fix the line$"):
+            read(f'{{"text": "a", "label": {value}}}')
     # Half of an emoji's UTF-16 pair: valid JSON, no character; it was refused later as "text 0" with a fix about
     # errors='surrogateescape' that attnlab's own reading had not used.
     with pytest.raises(DataError, match=r"^data file '.*x\.jsonl' line 2: the text holds '\\ud83d' at character 14, "

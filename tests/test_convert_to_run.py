@@ -351,6 +351,32 @@ def test_a_run_that_is_training_is_not_replaced(gpt2_folder, tmp_path):
     save_hf_as_run(gpt2_folder[0], run, overwrite=True)  # released: replaced
 
 
+def test_a_run_replaced_by_an_interrupted_overwrite_comes_back(gpt2_folder, bert_folders, tmp_path, monkeypatch):
+    # Stopped between its two renames, --overwrite left the old run hidden as .run.old, and the next convert deleted
+    # it without a word (review of stop 44).
+    import attnlab.convert.to_run as to_run
+
+    run = tmp_path / "run"
+    save_hf_as_run(gpt2_folder[0], run)
+    renames = []
+
+    def rename_then_stop(src, dst):
+        renames.append(src)
+        if len(renames) == 2:  # the new run into place
+            raise KeyboardInterrupt
+        return real(src, dst)
+
+    real = to_run.os.rename
+    monkeypatch.setattr(to_run.os, "rename", rename_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        save_hf_as_run(bert_folders[0]["classifier"][0], run, overwrite=True)
+    monkeypatch.setattr(to_run.os, "rename", real)
+    assert read_config(run)["family"] == "gpt"  # the old run, back in place
+    run.rename(tmp_path / ".run.old")  # as a kill between the renames leaves it
+    _refused("run folder .*run is not empty", gpt2_folder[0], run)  # found again, not deleted
+    assert read_config(run)["family"] == "gpt"
+
+
 def test_a_weights_file_that_is_not_safetensors_is_never_read(gpt2_folder, tmp_path):
     folder = tmp_path / "hf"
     shutil.copytree(gpt2_folder[0], folder)

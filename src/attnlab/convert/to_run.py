@@ -82,6 +82,9 @@ def save_hf_as_run(hf_folder: str | os.PathLike[str], run_folder: str | os.PathL
     hf, run = Path(hf_folder), Path(run_folder)
     target = Path(os.path.abspath(run))  # "runs/x/.." is runs, whether or not runs/x exists
     target = target.resolve() if target.is_symlink() else target  # written where the link points; the link stays
+    tmp, old = target.parent / f".{target.name}.tmp", target.parent / f".{target.name}.old"
+    if old.is_dir() and not target.exists() and not target.is_symlink():  # a replaced run, interrupted: back
+        os.rename(old, target)
     replacing = _check_run_folder(target, hf, overwrite, run)  # before the conversion: a refusal costs nothing
     model_type = _model_type(hf)
     family = _FAMILIES[model_type]
@@ -91,9 +94,8 @@ def save_hf_as_run(hf_folder: str | os.PathLike[str], run_folder: str | os.PathL
     labels = _class_names(hf, model.config)
     state = {"extra_state": {"labels": labels}} if labels else None
 
-    tmp, old = target.parent / f".{target.name}.tmp", target.parent / f".{target.name}.old"
     target.parent.mkdir(parents=True, exist_ok=True)
-    for leftover in (tmp, old):  # an interrupted conversion's
+    for leftover in (tmp, old):  # an interrupted conversion's (an .old beside its run is the replaced one)
         if leftover.exists():
             shutil.rmtree(leftover)
     tmp.mkdir()
@@ -107,6 +109,8 @@ def save_hf_as_run(hf_folder: str | os.PathLike[str], run_folder: str | os.PathL
         os.rename(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old.is_dir() and not target.exists():  # stopped between the two renames: the old run goes back
+            os.rename(old, target)
         raise
     shutil.rmtree(old, ignore_errors=True)
     return run / CHECKPOINT_DIR

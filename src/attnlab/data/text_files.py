@@ -358,17 +358,19 @@ def _is_int(s: str) -> bool:
 
 def _label_string(value: object, path: Path, line: int) -> str:
     if isinstance(value, bool) or value is None or isinstance(value, (dict, list)):
-        shown = json.dumps(value) if isinstance(value, bool) or value is None else repr(value)  # true, null
+        shown = json.dumps(value, ensure_ascii=False, default=float)  # as JSON spells it: true, null, [0.5, 1]
         raise DataError(
             f"data file '{path}' line {line}: label {shown} is not a string or integer; fix the line"
         )
     if isinstance(value, (float, decimal.Decimal)):  # a JSON number with a point or exponent (1.0, 1e2), NaN
-        if not decimal.Decimal(value).is_finite() or value != decimal.Decimal(value).to_integral_value():
-            raise DataError(
-                f"data file '{path}' line {line}: label {json.dumps(value) if isinstance(value, float) else value} is "
-                "not an integer; fix the line"
-            )
-        value = int(value)
+        number = decimal.Decimal(value)
+        if not number.is_finite() or number != number.to_integral_value():
+            shown = number if isinstance(value, decimal.Decimal) else json.dumps(value)  # NaN, as JSON spells it
+            raise DataError(f"data file '{path}' line {line}: label {shown} is not an integer; fix the line")
+        if number.adjusted() >= _MAX_DIGITS:  # 1e5000: as an integer of 5,000 digits is refused (not computed)
+            raise DataError(f"data file '{path}' line {line}: label {value} is a number of more than "
+                            f"{_MAX_DIGITS:,} digits; fix the line")
+        value = int(number)
     text = str(value).strip()
     if not text:
         raise DataError(f"data file '{path}' line {line}: the label is empty; fix the line or drop it")
@@ -471,6 +473,18 @@ _JSON_TYPES = {dict: "an object", list: "an array", int: "a number", float: "a n
                bool: "true or false", type(None): "null"}
 
 
+_MAX_DIGITS = 4300  # Python's limit on the digits of an integer read from text (sys.get_int_max_str_digits)
+
+
+def _json_number(text: str) -> decimal.Decimal | float:
+    """A JSON number with a point or an exponent, exactly (a float read 9007199254740993.0 as ...992); one whose
+    exponent is beyond Decimal's is the float it always was (inf, or 0.0)."""
+    try:
+        return decimal.Decimal(text)
+    except decimal.InvalidOperation:
+        return float(text)
+
+
 def _check_no_surrogate(text: str, path: Path, line: int) -> None:
     """Refuse a JSON text holding half of a UTF-16 pair (a \\ud83d escape, as a string cut inside an emoji leaves),
     which is no character: UTF-8 files cannot hold one, JSON's escapes can."""
@@ -494,7 +508,7 @@ def _read_jsonl(path, text, text_column, label_column, require_labels) -> Classi
         if not line.strip():
             continue
         try:
-            obj = json.loads(line, parse_float=decimal.Decimal)  # exact: 9007199254740993.0 is no other label
+            obj = json.loads(line, parse_float=_json_number)
         except RecursionError:
             raise DataError(f"data file '{path}' line {number}: JSON nested too deeply to read; fix the line") from None
         except json.JSONDecodeError as e:
