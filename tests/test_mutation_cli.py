@@ -484,3 +484,32 @@ def test_small_presets_have_no_dropout(name):
     config = get_preset(name)[1]
     assert getattr(config, "dropout", 0.0) == 0.0
     assert getattr(config, "attention_dropout", 0.0) in (0.0, None)
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_quiet_rank_waits_for_rank_0_to_say_a_refusal(capsys, monkeypatch, rank):
+    """Under torchrun only rank 0 prints a refusal every process meets; the others had exited at once, and torchrun
+    then stopped rank 0 (SIGTERM) before its line: the user read "terminated" and no reason (stop-44 DDP audit). A
+    quiet rank now waits until torchrun's SIGTERM (sent once rank 0 has exited) or a few seconds have passed."""
+    import signal
+
+    import attnlab.cli as cli
+
+    waits = []
+
+    def sleep(seconds):
+        waits.append(seconds)
+        signal.raise_signal(signal.SIGTERM)  # torchrun, rank 0 having exited
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(cli.time, "sleep", sleep)
+    code, _, err = run_cli(capsys, "train", "--set", "train.stepz=3")
+    assert code == 2 and "Traceback" not in err
+    if rank == "0":
+        assert waits == [] and err.startswith("attnlab: error: unknown setting train.stepz")
+    else:
+        assert waits == [cli.QUIET_RANK_WAIT_S] and err == ""
+    waits.clear()
+    code, _, err = run_cli(capsys, "train", "--no-such-option")  # a usage error, refused by click
+    assert code == 2 and waits == ([] if rank == "0" else [cli.QUIET_RANK_WAIT_S])

@@ -8,6 +8,7 @@ import errno
 import os
 import signal
 import sys
+import time
 import warnings
 
 import typer
@@ -473,6 +474,22 @@ def _report(message: str, *, same_in_every_process: bool = False) -> None:
     print(message, file=sys.stderr)
 
 
+QUIET_RANK_WAIT_S = 5.0
+
+
+def _quiet_rank_waits() -> None:
+    """Under torchrun, a process other than rank 0 that kept quiet about an error every process meets (see
+    `_report`) waits, before it exits, for rank 0 to say it: exiting at once, it had torchrun stop rank 0 (SIGTERM)
+    before rank 0's line, which then said only "terminated", giving no reason at all. torchrun's SIGTERM, sent once
+    rank 0 has exited, ends the wait."""
+    if _other_rank() is None:
+        return
+    try:
+        time.sleep(QUIET_RANK_WAIT_S)
+    except KeyboardInterrupt:  # Terminated (torchrun's SIGTERM) or Ctrl-C: rank 0 is done or stopping
+        pass
+
+
 def _report_terminated(what: str) -> None:
     """Say that SIGTERM stopped the command. Under torchrun a process may be sent it alone (`kill PID`): each says
     so itself, the others without rank 0's account of the run (`what`, which they did not save); torchrun also
@@ -522,6 +539,7 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
                 _report(help_text, same_in_every_process=True)
         else:
             _report(f"attnlab: error: {_usage_line(e)}", same_in_every_process=True)
+        _quiet_rank_waits()
         sys.exit(2)
     except AttnlabError as e:
         code = getattr(e, "exit_code", 2)
@@ -530,8 +548,10 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
             sys.exit(143)
         # A refused setting is refused by every process alike; data and file errors, and a folder this process
         # cannot make or write (PathError), may be one process's own.
-        _report(f"attnlab: {'' if code == 130 else 'error: '}{e}{_notes(e)}",
-                same_in_every_process=code == 130 or (isinstance(e, ConfigError) and not isinstance(e, PathError)))
+        same = isinstance(e, ConfigError) and not isinstance(e, PathError)
+        _report(f"attnlab: {'' if code == 130 else 'error: '}{e}{_notes(e)}", same_in_every_process=code == 130 or same)
+        if same and code != 130:
+            _quiet_rank_waits()
         sys.exit(code)
     except (MemoryError, RuntimeError, ValueError) as e:  # ValueError: numpy's "array is too big" alone
         if isinstance(e, ValueError) and not _out_of_memory(e):
