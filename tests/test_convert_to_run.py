@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,7 +105,7 @@ def test_generate_gives_hf_greedy_text(gpt2_folder, tmp_path, capsys):
     run = tmp_path / "run"
     code, out, err = run_cli(capsys, "convert", str(folder), str(run))  # the command line's way to save_hf_as_run
     assert (code, out) == (0, f"run folder: {run} (checkpoint: {run / 'checkpoint'})\n"), err
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoint"]  # no run.json: nothing needs one
+    assert sorted(p.name for p in run.iterdir()) == [".attnlab.lock", "checkpoint"]  # no run.json: nothing needs one
     line = one_line_error(capsys, "convert", str(folder), str(run))
     assert line == (f"attnlab: error: run folder {run} is not empty; give a new or empty folder, or overwrite=True "
                     "(attnlab convert --overwrite) to replace the run in it")
@@ -296,6 +297,21 @@ def test_a_tokenizer_of_another_vocabulary_size_is_refused(gpt2_folder, tmp_path
     assert not (tmp_path / "run").exists()
 
 
+def test_embeddings_padded_beyond_the_tokenizer_are_named_as_such(gpt2_folder, tmp_path):
+    # They were said to be "not of one model" (stop-44 convert audit).
+    folder = tmp_path / "hf"
+    hf = transformers.GPT2LMHeadModel.from_pretrained(gpt2_folder[0])
+    size = hf.config.vocab_size
+    hf.resize_token_embeddings(size, pad_to_multiple_of=128)
+    hf.save_pretrained(folder)
+    shutil.copy(gpt2_folder[0] / "tokenizer.json", folder / "tokenizer.json")
+    padded = hf.config.vocab_size
+    assert padded > size
+    _refused(f"the tokenizer has {size} tokens and the GPT-2 model {padded} .*: another model's tokenizer, or "
+             r"embeddings padded beyond its vocabulary \(resize_token_embeddings with pad_to_multiple_of\), which are "
+             "not converted", folder, tmp_path / "run")
+
+
 def test_special_tokens_that_do_not_fit_the_model_are_refused(bert_folders, tmp_path):
     folder = tmp_path / "hf"
     shutil.copytree(bert_folders[0]["pretraining"][0], folder)
@@ -322,7 +338,8 @@ def test_a_non_empty_run_folder_is_refused_unless_overwrite(gpt2_folder, bert_fo
     _refused("is not empty", bert_folders[0]["classifier"][0], run)
     _refused("checkpoint is a checkpoint folder .*not a run folder", gpt2_folder[0], run / "checkpoint", overwrite=True)
     save_hf_as_run(bert_folders[0]["classifier"][0], run, overwrite=True)  # a run: replaced whole
-    assert read_config(run)["family"] == "bert" and sorted(p.name for p in run.iterdir()) == ["checkpoint"]
+    assert read_config(run)["family"] == "bert"
+    assert sorted(p.name for p in run.iterdir()) == [".attnlab.lock", "checkpoint"]
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temporary folder left
 
 
@@ -340,40 +357,43 @@ def test_a_hf_folder_given_as_a_run_points_to_attnlab_convert(bert_folders, tmp_
 
 
 def test_a_run_that_is_training_is_not_replaced(gpt2_folder, tmp_path):
+    # --overwrite replaced a folder a training was writing into (its run.json, best/ and data/ deleted under it, and
+    # its next save over the converted model); two converts into one new folder removed each other's files (stop-44
+    # convert audit).
+    from attnlab.errors import PathError
     from attnlab.files import folder_lock
 
+    for run in (tmp_path / "run", tmp_path / "new"):
+        if run.name == "run":
+            save_hf_as_run(gpt2_folder[0], run)
+        with folder_lock(run, "train.out_dir"):  # as `attnlab train` (or another convert) holds its run folder
+            with pytest.raises(PathError, match="another attnlab run is writing into .*; wait for it to finish"):
+                save_hf_as_run(gpt2_folder[0], run, overwrite=True)
+    assert read_config(tmp_path / "run")["family"] == "gpt"
+    save_hf_as_run(gpt2_folder[0], tmp_path / "run", overwrite=True)  # released: replaced
+
+
+def test_an_existing_empty_folder_is_written_into_not_replaced(gpt2_folder, bert_folders, tmp_path, monkeypatch):
+    # It was renamed away and a new folder put in its place: its permissions lost, a shell standing in it (`attnlab
+    # convert HF .`) left in a deleted folder (stop-44 convert audit).
     run = tmp_path / "run"
-    save_hf_as_run(gpt2_folder[0], run)
-    with folder_lock(run, "train.out_dir"):  # as `attnlab train` holds its run folder
-        _refused("another attnlab run is writing into .*run; wait for it to finish", gpt2_folder[0], run,
-                 overwrite=True)
+    run.mkdir()
+    run.chmod(0o2775)
+    inode = run.stat().st_ino
+    monkeypatch.chdir(run)
+    assert save_hf_as_run(gpt2_folder[0], ".") == Path("checkpoint")
+    assert run.stat().st_ino == inode and run.stat().st_mode & 0o7777 == 0o2775
     assert read_config(run)["family"] == "gpt"
-    save_hf_as_run(gpt2_folder[0], run, overwrite=True)  # released: replaced
+    # A replacement stopped while the new checkpoint is written leaves the old one whole (save_checkpoint's writes).
+    import attnlab.training.checkpoint as ckpt
 
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
 
-def test_a_run_replaced_by_an_interrupted_overwrite_comes_back(gpt2_folder, bert_folders, tmp_path, monkeypatch):
-    # Stopped between its two renames, --overwrite left the old run hidden as .run.old, and the next convert deleted
-    # it without a word (review of stop 44).
-    import attnlab.convert.to_run as to_run
-
-    run = tmp_path / "run"
-    save_hf_as_run(gpt2_folder[0], run)
-    renames = []
-
-    def rename_then_stop(src, dst):
-        renames.append(src)
-        if len(renames) == 2:  # the new run into place
-            raise KeyboardInterrupt
-        return real(src, dst)
-
-    real = to_run.os.rename
-    monkeypatch.setattr(to_run.os, "rename", rename_then_stop)
+    monkeypatch.setattr(ckpt, "save_checkpoint", stopped)
     with pytest.raises(KeyboardInterrupt):
-        save_hf_as_run(bert_folders[0]["classifier"][0], run, overwrite=True)
-    monkeypatch.setattr(to_run.os, "rename", real)
-    assert read_config(run)["family"] == "gpt"  # the old run, back in place
-    run.rename(tmp_path / ".run.old")  # as a kill between the renames leaves it
-    _refused("run folder .*run is not empty", gpt2_folder[0], run)  # found again, not deleted
+        save_hf_as_run(bert_folders[0]["classifier"][0], ".", overwrite=True)
+    monkeypatch.undo()
     assert read_config(run)["family"] == "gpt"
 
 

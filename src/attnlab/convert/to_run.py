@@ -63,7 +63,8 @@ def save_hf_as_run(hf_folder: str | os.PathLike[str], run_folder: str | os.PathL
     into the attnlab run folder `run_folder`, which `attnlab generate`, `evaluate`, `params` and `model.init_from`
     take; returns its checkpoint folder (``run_folder/checkpoint``).
 
-    The run folder is written whole or not at all (in a hidden sibling folder, renamed into place). A BERT sequence
+    The run folder is held as a training run holds its own (`attnlab.files.folder_lock`), and its checkpoint is
+    written whole or not at all, as every checkpoint is (`save_checkpoint`). A BERT sequence
     classifier whose config.json names its classes (id2label, other than HF's LABEL_0, LABEL_1...) keeps those names
     as a classifier trained by attnlab does; otherwise label i of a file is scored as output i.
 
@@ -76,43 +77,37 @@ def save_hf_as_run(hf_folder: str | os.PathLike[str], run_folder: str | os.PathL
             model.safetensors, weights that do not fit config.json...); no tokenizer.json (nor, for BERT, vocab.txt);
             a tokenizer of another vocabulary size than the model's, or whose special tokens do not fit it; a
             `run_folder` that is not empty (without `overwrite`, or holding something other than a run).
+        PathError: a `run_folder` that another attnlab run (a training, another conversion) is writing into, or
+            that cannot be made.
     """
+    from attnlab.files import LOCK_FILE, folder_lock
     from attnlab.training.checkpoint import save_checkpoint
 
     hf, run = Path(hf_folder), Path(run_folder)
-    target = Path(os.path.abspath(run))  # "runs/x/.." is runs, whether or not runs/x exists
-    target = target.resolve() if target.is_symlink() else target  # written where the link points; the link stays
-    tmp, old = target.parent / f".{target.name}.tmp", target.parent / f".{target.name}.old"
-    if old.is_dir() and not target.exists() and not target.is_symlink():  # a replaced run, interrupted: back
-        os.rename(old, target)
-    replacing = _check_run_folder(target, hf, overwrite, run)  # before the conversion: a refusal costs nothing
-    model_type = _model_type(hf)
-    family = _FAMILIES[model_type]
-    model = _load_model(hf, model_type)
-    tokenizer = hf_tokenizer(hf, model_type)
-    _check_fits(model.config, tokenizer, hf, family["what"])
-    labels = _class_names(hf, model.config)
-    state = {"extra_state": {"labels": labels}} if labels else None
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    for leftover in (tmp, old):  # an interrupted conversion's (an .old beside its run is the replaced one)
-        if leftover.exists():
-            shutil.rmtree(leftover)
-    tmp.mkdir()
-    try:
-        save_checkpoint(tmp / CHECKPOINT_DIR, model, tokenizer=tokenizer, trainer_state=state)
-        if target.exists():  # an empty folder, or the run `overwrite` replaces
-            if not replacing and any(target.iterdir()):  # filled while the model was converted
-                raise CheckpointError(f"{run} is not empty (it was written to during the conversion); give a new "
-                                      "or empty folder")
-            os.rename(target, old)
-        os.rename(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old.is_dir() and not target.exists():  # stopped between the two renames: the old run goes back
-            os.rename(old, target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+    if run.exists() and not run.is_dir():
+        raise CheckpointError(f"{run} is a file; give a new or empty folder for the run")
+    # Held as `attnlab train` holds its run folder: a run writing there (or a second convert) is refused in one
+    # line, and a folder this call made and left empty goes again.
+    with folder_lock(run, "run folder") as folder:
+        replacing = _check_run_folder(folder, hf, overwrite, run)  # before the conversion: a refusal costs nothing
+        model_type = _model_type(hf)
+        family = _FAMILIES[model_type]
+        model = _load_model(hf, model_type)
+        tokenizer = hf_tokenizer(hf, model_type)
+        _check_fits(model.config, tokenizer, hf, family["what"])
+        labels = _class_names(hf, model.config)
+        state = {"extra_state": {"labels": labels}} if labels else None
+        if replacing:  # the run's records and other checkpoints go first: an interruption leaves a checkpoint alone
+            for entry in folder.iterdir():
+                if entry.name in (CHECKPOINT_DIR, LOCK_FILE):
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+        # Into the folder itself (its permissions, and a shell standing in it, are kept), written whole or not at
+        # all as every checkpoint is.
+        save_checkpoint(folder / CHECKPOINT_DIR, model, tokenizer=tokenizer, trainer_state=state)
     return run / CHECKPOINT_DIR
 
 
@@ -120,21 +115,14 @@ def _check_run_folder(folder: Path, hf: Path, overwrite: bool, run: Path) -> boo
     """Refuse a run folder (`folder`, absolute; `run` as given, for messages) that is a file, holds the HF folder,
     or is not empty (without `overwrite`, or holding something other than an attnlab run); whether it holds a run
     that will be replaced."""
-    from attnlab.files import lock_held
+    from attnlab.files import LOCK_FILE
     from attnlab.training.checkpoint import read_config
 
-    if not folder.exists():
-        return False
-    if not folder.is_dir():
-        raise CheckpointError(f"{run} is a file; give a new or empty folder for the run")
     if hf.exists() and (hf.resolve() == folder.resolve() or folder.resolve() in hf.resolve().parents):
         raise CheckpointError(f"the run folder {run} holds the HF folder {hf}; give another folder for the run")
-    entries = sorted(entry.name for entry in folder.iterdir())
+    entries = sorted(entry.name for entry in folder.iterdir() if entry.name != LOCK_FILE)  # the lock: this call's
     if not entries:
         return False
-    if lock_held(folder):  # a training or knowledge run writing there: replacing it would lose its work
-        raise CheckpointError(f"another attnlab run is writing into {run}; wait for it to finish, or give another "
-                              "folder")
     if not overwrite:
         raise CheckpointError(f"run folder {run} is not empty; give a new or empty folder, or overwrite=True "
                               "(attnlab convert --overwrite) to replace the run in it")
@@ -328,7 +316,10 @@ def _check_fits(config: Any, tokenizer: Any, hf: Path, what: str) -> None:
     config.json's pad_token_id (BERT: its embedding row is the padding one)."""
     if tokenizer.vocab_size != config.vocab_size:
         raise CheckpointError(f"{hf}: the tokenizer has {tokenizer.vocab_size} tokens and the {what} model "
-                              f"{config.vocab_size} (vocab_size in config.json): they are not of one model")
+                              f"{config.vocab_size} (vocab_size in config.json): another model's tokenizer, or "
+                              "embeddings padded beyond its vocabulary (resize_token_embeddings with "
+                              "pad_to_multiple_of), which are not converted; give the model's own tokenizer.json, and "
+                              "embeddings of its size")
     want, have = getattr(config, "pad_id", None), tokenizer.pad_id
     if want is not None and have is not None and want != have:
         raise CheckpointError(f"{hf}: the tokenizer's pad token {tokenizer.specials.pad!r} is id {have}, config.json's "
