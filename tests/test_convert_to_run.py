@@ -206,6 +206,38 @@ def test_a_converted_bert_fine_tunes_with_init_from_and_evaluates(bert_folders, 
 # The tokenizer: HF's ids, without the special tokens HF's post-processor adds (add_special_tokens=False)
 
 
+def test_a_converted_classifier_keeps_its_head_for_its_classes_in_its_own_order(bert_folders, tmp_path, capsys):
+    # id2label {0: pos, 1: neg}: fine-tuned on pos/neg data its head started afresh without a word, the data's classes
+    # being sorted (stop-44 convert audit). Its order is kept instead, through training, resume and evaluate.
+    folder = tmp_path / "hf"
+    shutil.copytree(bert_folders[0]["classifier"][0], folder)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config.update(id2label={"0": "pos", "1": "neg"}, label2id={"pos": 0, "neg": 1})
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    pretrained = tmp_path / "pretrained"
+    save_hf_as_run(folder, pretrained)
+    rows = ["text\tlabel"] + [f"story {n} is {'good' if i % 2 else 'bad'}\t{'pos' if i % 2 else 'neg'}"
+                              for i, n in enumerate(("one", "two", "three", "four", "five", "six", "seven", "eight"))]
+    data = tmp_path / "cls.tsv"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    sets = [f"model.init_from={_q(pretrained)}", "data.task=classification", f"data.path={_q(data)}",
+            "data.max_length=16", f"train.out_dir={_q(tmp_path / 'cls')}", "train.batch_size=4",
+            "train.warmup_steps=0", "train.progress=false", "train.precision=fp32", "train.device=cpu"]
+    from attnlab.training.recipe import load_run_config, prepare
+
+    prep = prepare(load_run_config(None, [*sets, "train.steps=2"]))
+    assert prep.train_source.label_names == ["pos", "neg"]
+    saved = load_model(pretrained).state_dict()
+    assert torch.equal(prep.model.state_dict()["classifier.weight"], saved["classifier.weight"])  # the head, kept
+    args = [arg for s in sets for arg in ("--set", s)]
+    assert run_cli(capsys, "train", *args, "--set", "train.steps=1")[0] == 0
+    code, _, err = run_cli(capsys, "train", *args, "--set", "train.steps=2", "--resume")  # the run's order again
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "evaluate", str(tmp_path / "cls"), "-d", str(data), "--json", "--device", "cpu")
+    assert code == 0, err
+    assert json.loads(out)["examples"] == 8
+
+
 def test_gpt2_tokenizer_gives_hf_ids_and_text_back(gpt2_folder, tmp_path):
     folder, _, tok = gpt2_folder
     ours = load_tokenizer(save_hf_as_run(folder, tmp_path / "run"))

@@ -1174,6 +1174,8 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
                       "data.text_column) to be sure", stacklevel=2)
     if saved is not None:  # resuming: the classifier's outputs stand for the checkpoint's classes, in its order
         _check_resumed_labels(saved, train_data.label_names, d.path)
+    order = _pretrained_class_order(saved if saved is not None else run.model.get("init_from"),
+                                    train_data.label_names)
     tokenizer = _tokenizer(run, train_data.texts, saved)
     _warn_special_text(train_data.texts, tokenizer, d.path, effect=_SPECIAL_IN_TEXT, numbers=train_data.line_numbers)
     # [CLS] text [SEP], as BERT was pre-trained and HF encodes one text; a resumed run keeps its checkpoint's layout.
@@ -1181,7 +1183,7 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
     prefix, suffix = classification_ends(tokenizer, sep=sep)
     with _naming_unknown_tokens(run, saved, tokenizer, d.path):
         train_source = ClassificationSource(train_data, tokenizer, t.batch_size, max_length=d.max_length,
-                                            seed=t.seed, prefix_ids=prefix, suffix_ids=suffix,
+                                            seed=t.seed, label_names=order, prefix_ids=prefix, suffix_ids=suffix,
                                             bucket_by_length=d.batches_by_length)
     eval_source = None
     if d.eval_path:
@@ -1214,11 +1216,23 @@ def _saved_classification_sep(checkpoint: Path) -> bool:
     return extra.get("classification_sep") is True
 
 
+def _pretrained_class_order(pretrained: str | Path | None, labels: list[str]) -> list[str] | None:
+    """The class order of the classifier in `pretrained` (the run resumed, or model.init_from's) where it holds the
+    data's classes in another order: its outputs keep standing for its classes (a converted HF classifier lists
+    them as its id2label does: entailment, neutral, contradiction), so its head is kept, not started afresh. None:
+    the data's own order (sorted)."""
+    from attnlab.training.checkpoint import class_names
+
+    names = class_names(pretrained) if pretrained is not None else None
+    same = names is not None and len(names) == len(labels) and set(names) == set(labels)
+    return names if same and names != list(labels) else None
+
+
 def _check_resumed_labels(checkpoint: Path, labels: list[str], path: str | None) -> None:
     from attnlab.training.checkpoint import class_names
 
     saved = class_names(checkpoint)
-    if saved is not None and saved != list(labels):
+    if saved is not None and (len(saved) != len(labels) or set(saved) != set(labels)):  # its order: kept
         raise ConfigError(f"--resume: {path} has the classes {list(labels)[:8]}, the run was trained on "
                           f"{saved[:8]}; resume with the run's data file, or start without --resume "
                           "(or in another train.out_dir)")
