@@ -175,17 +175,23 @@ def test_a_converted_classifier_is_scored_as_hf_scores_it(bert_folders, tmp_path
     assert metrics["loss"] == pytest.approx(sum(losses) / len(losses), abs=1e-4)
 
 
-def test_a_converted_bert_fine_tunes_with_init_from_and_evaluates(bert_folders, tmp_path, capsys):
-    folder, _ = bert_folders[0]["pretraining"]
-    pretrained = tmp_path / "pretrained"
-    save_hf_as_run(folder, pretrained)
+def _fine_tune(pretrained, tmp_path):
+    """A tiny pos/neg TSV (cls.tsv) and the --set values of a classifier fine-tuned on it from `pretrained`."""
     rows = ["text\tlabel"] + [f"story {n} is {'good' if i % 2 else 'bad'}\t{'pos' if i % 2 else 'neg'}"
                               for i, n in enumerate(("one", "two", "three", "four", "five", "six", "seven", "eight"))]
     data = tmp_path / "cls.tsv"
     data.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    sets = [f"model.init_from={_q(pretrained)}", "data.task=classification", f"data.path={_q(data)}",
-            "data.max_length=16", f"train.out_dir={_q(tmp_path / 'cls')}", "train.steps=2", "train.batch_size=4",
-            "train.warmup_steps=0", "train.progress=false", "train.precision=fp32", "train.device=cpu"]
+    return data, [f"model.init_from={_q(pretrained)}", "data.task=classification", f"data.path={_q(data)}",
+                  "data.max_length=16", f"train.out_dir={_q(tmp_path / 'cls')}", "train.batch_size=4",
+                  "train.warmup_steps=0", "train.progress=false", "train.precision=fp32", "train.device=cpu"]
+
+
+def test_a_converted_bert_fine_tunes_with_init_from_and_evaluates(bert_folders, tmp_path, capsys):
+    folder, _ = bert_folders[0]["pretraining"]
+    pretrained = tmp_path / "pretrained"
+    save_hf_as_run(folder, pretrained)
+    data, sets = _fine_tune(pretrained, tmp_path)
+    sets.append("train.steps=2")
     from attnlab.training.recipe import load_run_config, prepare
 
     prep = prepare(load_run_config(None, sets))  # the body is the converted one, exactly
@@ -216,13 +222,7 @@ def test_a_converted_classifier_keeps_its_head_for_its_classes_in_its_own_order(
     (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
     pretrained = tmp_path / "pretrained"
     save_hf_as_run(folder, pretrained)
-    rows = ["text\tlabel"] + [f"story {n} is {'good' if i % 2 else 'bad'}\t{'pos' if i % 2 else 'neg'}"
-                              for i, n in enumerate(("one", "two", "three", "four", "five", "six", "seven", "eight"))]
-    data = tmp_path / "cls.tsv"
-    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    sets = [f"model.init_from={_q(pretrained)}", "data.task=classification", f"data.path={_q(data)}",
-            "data.max_length=16", f"train.out_dir={_q(tmp_path / 'cls')}", "train.batch_size=4",
-            "train.warmup_steps=0", "train.progress=false", "train.precision=fp32", "train.device=cpu"]
+    data, sets = _fine_tune(pretrained, tmp_path)
     from attnlab.training.recipe import load_run_config, prepare
 
     prep = prepare(load_run_config(None, [*sets, "train.steps=2"]))

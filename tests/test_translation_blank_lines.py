@@ -38,7 +38,7 @@ def test_a_whitespace_line_has_no_source_tokens_in_parallel_text():
 def test_evaluate_scores_the_translations_generate_prints(tmp_path, monkeypatch):
     import sacrebleu
 
-    from attnlab.inference.runs import evaluate_file, translate_file
+    from attnlab.inference.runs import _scoring_length, evaluate_file, translate_file
 
     run, _ = _run()
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
@@ -49,7 +49,9 @@ def test_evaluate_scores_the_translations_generate_prints(tmp_path, monkeypatch)
     monkeypatch.setattr(sacrebleu, "corpus_bleu", lambda hyps, refs: scored.append(list(hyps)) or bleu(hyps, refs))
     with pytest.warns(UserWarning, match="blank on both sides"):
         evaluate_file(run, src, target=ref)
-    printed = translate_file(run, src, max_len=64)
+    # evaluate decodes at most what training's targets held (data.max_length, here what the positions hold less bos
+    # and eos), generate --input at most -n tokens (README): compared at evaluate's length.
+    printed = translate_file(run, src, max_len=_scoring_length(run, specials=2)[0])
     assert printed[1] == "" and scored == [printed]
 
 

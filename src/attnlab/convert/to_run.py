@@ -35,6 +35,7 @@ from typing import Any
 
 from attnlab.errors import AttnlabError, CheckpointError, one_line
 from attnlab.files import check_readable
+from attnlab.training.trainer import CHECKPOINT_DIR  # a run's latest checkpoint, where `find_checkpoint` looks
 
 SUPPORTED_TYPES = ("bert", "gpt2")
 
@@ -54,7 +55,6 @@ _FAMILIES: dict[str, dict[str, Any]] = {
              "order": ("eos", "pad", "unk", "bos", "mask", "cls", "sep")},
 }
 
-CHECKPOINT_DIR = "checkpoint"  # the trainer's name for a run's latest checkpoint (`find_checkpoint` looks there)
 
 
 def save_hf_as_run(hf_folder: str | os.PathLike[str], run_folder: str | os.PathLike[str], *,
