@@ -1172,10 +1172,9 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
         warnings.warn(f"data file '{d.path}' has {n_labels} different labels in {n_examples} examples (e.g. "
                       f"{train_data.label_names[0]!r}): is data.label_column the column of the labels? Name it (and "
                       "data.text_column) to be sure", stacklevel=2)
-    if saved is not None:  # resuming: the classifier's outputs stand for the checkpoint's classes, in its order
-        _check_resumed_labels(saved, train_data.label_names, d.path)
+    # Resuming, the classifier's outputs stand for the checkpoint's classes, in its order; from init_from, for its.
     order = _pretrained_class_order(saved if saved is not None else run.model.get("init_from"),
-                                    train_data.label_names)
+                                    train_data.label_names, resumed_with=d.path if saved is not None else None)
     tokenizer = _tokenizer(run, train_data.texts, saved)
     _warn_special_text(train_data.texts, tokenizer, d.path, effect=_SPECIAL_IN_TEXT, numbers=train_data.line_numbers)
     # [CLS] text [SEP], as BERT was pre-trained and HF encodes one text; a resumed run keeps its checkpoint's layout.
@@ -1216,26 +1215,25 @@ def _saved_classification_sep(checkpoint: Path) -> bool:
     return extra.get("classification_sep") is True
 
 
-def _pretrained_class_order(pretrained: str | Path | None, labels: list[str]) -> list[str] | None:
+def _pretrained_class_order(pretrained: str | Path | None, labels: list[str], *,
+                            resumed_with: str | None = None) -> list[str] | None:
     """The class order of the classifier in `pretrained` (the run resumed, or model.init_from's) where it holds the
     data's classes in another order: its outputs keep standing for its classes (a converted HF classifier lists
     them as its id2label does: entailment, neutral, contradiction), so its head is kept, not started afresh. None:
-    the data's own order (sorted)."""
+    the data's own order (sorted).
+
+    Raises:
+        ConfigError: resuming (`resumed_with`, the data file) a checkpoint trained on other classes.
+    """
     from attnlab.training.checkpoint import class_names
 
     names = class_names(pretrained) if pretrained is not None else None
     same = names is not None and len(names) == len(labels) and set(names) == set(labels)
-    return names if same and names != list(labels) else None
-
-
-def _check_resumed_labels(checkpoint: Path, labels: list[str], path: str | None) -> None:
-    from attnlab.training.checkpoint import class_names
-
-    saved = class_names(checkpoint)
-    if saved is not None and (len(saved) != len(labels) or set(saved) != set(labels)):  # its order: kept
-        raise ConfigError(f"--resume: {path} has the classes {list(labels)[:8]}, the run was trained on "
-                          f"{saved[:8]}; resume with the run's data file, or start without --resume "
+    if resumed_with is not None and names is not None and not same:
+        raise ConfigError(f"--resume: {resumed_with} has the classes {list(labels)[:8]}, the run was trained on "
+                          f"{names[:8]}; resume with the run's data file, or start without --resume "
                           "(or in another train.out_dir)")
+    return names if same and names != list(labels) else None
 
 
 def _prepare_translation(run: RunConfig, saved: Path | None) -> Prepared:
