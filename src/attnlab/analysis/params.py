@@ -871,7 +871,7 @@ def load_config(name: str) -> tuple[str, Config]:
 def _load(name: str) -> tuple[str, Config, Path | None]:
     """`load_config`, and the file the config came from (None for a preset)."""
     from attnlab.models.registry import config_from_dict, get_preset, preset_names
-    from attnlab.training.checkpoint import runs_inside
+    from attnlab.training.checkpoint import hf_config_message, runs_inside
 
     presets = ", ".join(preset_names())
     if not name.strip():  # Path("") is the working directory
@@ -913,10 +913,9 @@ def _load(name: str) -> tuple[str, Config, Path | None]:
                 raise ConfigError(f"{file} describes a run, not a model; give its run folder "
                                   f"({str(file.parent)!r}): the checkpoint's config.json is the trained model's")
             data = data["model"]
-        if isinstance(data, dict) and "family" not in data and isinstance(data.get("model_type"), str):
-            raise ConfigError(f"{file} is a Hugging Face model's (model_type {data['model_type']!r}), not an attnlab "
-                              "run's; make a run folder of a BERT or GPT-2 one with `attnlab convert HF_FOLDER "
-                              "RUN_FOLDER` and count that")
+        hf = hf_config_message(file, data, "count that")
+        if hf is not None:
+            raise ConfigError(hf)
         if not isinstance(data, dict) or "family" not in data:  # e.g. a tokenizer.json or trainer_state.json
             raise ConfigError(f"{file} is not a model config (a JSON object with a 'family' key, as a checkpoint's "
                               "config.json); give a run or checkpoint folder written by attnlab, or a preset name "

@@ -634,14 +634,22 @@ def _as_os_error(e: BaseException, folder: Path) -> OSError | None:
     return OSError(code, os.strerror(code), str(folder))
 
 
+def hf_config_message(file: Path, config: Any, then: str) -> str | None:
+    """What to say of a config.json (`file`, read as `config`) that is a Hugging Face transformers model's, given
+    where an attnlab run's belongs (`then`: what to do with the converted run); None for any other config."""
+    if not isinstance(config, dict) or "family" in config or not isinstance(config.get("model_type"), str):
+        return None
+    return (f"{file} is a Hugging Face model's (model_type {config['model_type']!r}), not an attnlab run's; make a run "
+            f"folder of a BERT or GPT-2 one with `attnlab convert HF_FOLDER RUN_FOLDER` and {then}")
+
+
 def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The model config dict (``{"family": ...}``) of the checkpoint at `path` (run or checkpoint folder)."""
     folder = find_checkpoint(path)
     config = _read_json(folder / CONFIG_FILE)
-    if isinstance(config, dict) and "family" not in config and isinstance(config.get("model_type"), str):
-        raise CheckpointError(f"{folder / CONFIG_FILE} is a Hugging Face model's (model_type "
-                              f"{config['model_type']!r}), not an attnlab run's; make a run folder of a BERT or GPT-2 "
-                              "one with `attnlab convert HF_FOLDER RUN_FOLDER` and give that")
+    hf = hf_config_message(folder / CONFIG_FILE, config, "give that")
+    if hf is not None:
+        raise CheckpointError(hf)
     if not isinstance(config, dict) or "family" not in config:
         raise CheckpointError(f"{folder / CONFIG_FILE} has no model family; use another checkpoint")
     return config
