@@ -90,12 +90,12 @@ def save_hf_as_run(hf_folder: str | os.PathLike[str], run_folder: str | os.PathL
     # line, and a folder this call made and left empty goes again.
     with folder_lock(run, "run folder") as folder:
         replacing = _check_run_folder(folder, hf, overwrite, run)  # before the conversion: a refusal costs nothing
-        model_type = _model_type(hf)
+        model_type, hf_config = _model_type(hf)
         family = _FAMILIES[model_type]
         model = _load_model(hf, model_type)
         tokenizer = hf_tokenizer(hf, model_type)
         _check_fits(model.config, tokenizer, hf, family["what"])
-        labels = _class_names(hf, model.config)
+        labels = _class_names(hf_config, model.config)
         state = {"extra_state": {"labels": labels}} if labels else None
         if replacing:  # the run's records and other checkpoints go first: an interruption leaves a checkpoint alone
             for entry in folder.iterdir():
@@ -112,9 +112,9 @@ def save_hf_as_run(hf_folder: str | os.PathLike[str], run_folder: str | os.PathL
 
 
 def _check_run_folder(folder: Path, hf: Path, overwrite: bool, run: Path) -> bool:
-    """Refuse a run folder (`folder`, absolute; `run` as given, for messages) that is a file, holds the HF folder,
-    or is not empty (without `overwrite`, or holding something other than an attnlab run); whether it holds a run
-    that will be replaced."""
+    """Refuse a run folder (`folder`, held by this call; `run` as given, for messages) that holds the HF folder, or
+    is not empty (without `overwrite`, or holding something other than an attnlab run); whether it holds a run that
+    will be replaced."""
     from attnlab.files import LOCK_FILE
     from attnlab.training.checkpoint import read_config
 
@@ -138,8 +138,8 @@ def _check_run_folder(folder: Path, hf: Path, overwrite: bool, run: Path) -> boo
     return True
 
 
-def _model_type(folder: Path) -> str:
-    """config.json's model_type, refused in one line unless it is one of SUPPORTED_TYPES."""
+def _model_type(folder: Path) -> tuple[str, dict[str, Any]]:
+    """config.json's model_type, refused in one line unless it is one of SUPPORTED_TYPES, and the config read."""
     if folder.is_file():
         raise CheckpointError(f"{folder} is a file; give the HF model's folder (the one holding config.json)")
     if not folder.is_dir():
@@ -153,7 +153,7 @@ def _model_type(folder: Path) -> str:
         raise CheckpointError(f"cannot read {path}: {one_line(e)}") from None
     kind = config.get("model_type") if isinstance(config, dict) else None
     if kind in SUPPORTED_TYPES:
-        return kind
+        return kind, config
     if isinstance(config, dict) and "family" in config:
         raise CheckpointError(f"{path} is an attnlab model config (family {config['family']!r}), not a HF one: "
                               "the folder is an attnlab checkpoint already")
@@ -326,15 +326,13 @@ def _check_fits(config: Any, tokenizer: Any, hf: Path, what: str) -> None:
                               f"pad_token_id is {want}: they are not of one model")
 
 
-def _class_names(hf: Path, config: Any) -> list[str] | None:
-    """A sequence classifier's class names from config.json's id2label, in output order; None for another head, or
-    where they are HF's placeholders (LABEL_0, LABEL_1...), which no data file uses."""
+def _class_names(hf_config: dict[str, Any], config: Any) -> list[str] | None:
+    """A sequence classifier's class names from config.json's id2label (`hf_config`, read by `_model_type`), in
+    output order; None for another head, or where they are HF's placeholders (LABEL_0, LABEL_1...), which no data
+    file uses."""
     if getattr(config, "heads", None) != "classification":
         return None
-    try:
-        id2label = json.loads((hf / "config.json").read_text(encoding="utf-8")).get("id2label")
-    except (OSError, ValueError, AttributeError):
-        return None
+    id2label = hf_config.get("id2label")
     n = config.n_classes
     if not isinstance(id2label, dict) or sorted(id2label) != sorted(str(i) for i in range(n)):
         return None
