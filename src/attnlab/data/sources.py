@@ -781,6 +781,17 @@ class ClassificationSource(_ExampleSource):
 # ------------------------------------------------------------------------------------------------
 # Parallel text (translation)
 # ------------------------------------------------------------------------------------------------
+def check_aligned(src_lines: Sequence[str], tgt_lines: Sequence[str], src_path: Any, tgt_path: Any) -> None:
+    """Refuse parallel text whose two sides (the lines of `src_path` and `tgt_path`, files or lists) differ in
+    length, in one line naming the files."""
+    if len(src_lines) != len(tgt_lines):
+        raise DataError(
+            f"parallel files differ in length: '{_name(src_path)}' has {len(src_lines)} lines and "
+            f"'{_name(tgt_path)}' has {len(tgt_lines)}; "
+            "each line must translate the same line of the other"
+        )
+
+
 class ParallelTextSource(_ExampleSource):
     """Sentence pairs from two aligned files (line i of one translates line i of the other).
 
@@ -818,12 +829,7 @@ class ParallelTextSource(_ExampleSource):
             )
         src_lines = _lines(src_path)
         tgt_lines = _lines(tgt_path)
-        if len(src_lines) != len(tgt_lines):
-            raise DataError(
-                f"parallel files differ in length: '{_name(src_path)}' has {len(src_lines)} lines and "
-                f"'{_name(tgt_path)}' has {len(tgt_lines)}; "
-                "each line must translate the same line of the other"
-            )
+        check_aligned(src_lines, tgt_lines, src_path, tgt_path)
         if not src_lines:
             raise DataError("parallel text has no sentence pairs; give non-empty files")
         self.batch_size, self.seed = batch_size, seed

@@ -39,6 +39,7 @@ from attnlab.registry import Registry
 FORMAT_VERSION = 1
 TOKENIZER_FILE = "tokenizer.json"
 SPECIAL_NAMES = ("pad", "unk", "mask", "cls", "sep", "bos", "eos")
+ENCODE_CHUNK = 4096  # texts per call of HF's encode_batch (see _HFTokenizer.encode_batch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -704,7 +705,11 @@ class _HFTokenizer(Tokenizer):
         return self._hf.encode(_checked_text(text), add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self._hf.encode_batch(_checked_texts(texts), add_special_tokens=False)]
+        # In chunks: HF's Encoding of a text (offsets, token strings, masks) weighs ~100 times its ids, so one call
+        # over a whole parallel or classification file held gigabytes for a moment (and the process kept them).
+        texts = _checked_texts(texts)
+        return [e.ids for start in range(0, len(texts), ENCODE_CHUNK)
+                for e in self._hf.encode_batch(texts[start:start + ENCODE_CHUNK], add_special_tokens=False)]
 
     def encode_array(self, texts: str | Sequence[str]) -> np.ndarray:
         if isinstance(texts, str):  # checked whole first, so that an error names the position in the text given

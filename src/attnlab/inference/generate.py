@@ -426,7 +426,8 @@ def _beam_search(model: nn.Module, src_ids: Tensor, src_mask: Tensor | None, bea
     b = src_ids.shape[0]
     memory, _, _ = model.encode(src_ids, src_mask)
     memory = memory.repeat_interleave(k, dim=0)  # (B·k, S, D): beam j of source i is row i·k + j
-    mask = None if src_mask is None else src_mask.repeat_interleave(k, dim=0)
+    # A (1, S) mask (the models take one for every source) stands for each source's row before the beams repeat it.
+    mask = None if src_mask is None else src_mask.expand(b, -1).repeat_interleave(k, dim=0)
     cache = model.new_cache()
     tokens = torch.full((b * k, 1), c.bos_id, dtype=torch.long, device=device)
     scores = torch.full((b, k), -math.inf, device=device)  # log-probabilities of the live beams; -inf: none

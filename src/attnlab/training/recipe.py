@@ -1237,11 +1237,15 @@ def _pretrained_class_order(pretrained: str | Path | None, labels: list[str], *,
 
 
 def _prepare_translation(run: RunConfig, saved: Path | None) -> Prepared:
-    from attnlab.data.sources import ParallelTextSource
+    from attnlab.data.sources import ParallelTextSource, check_aligned
     from attnlab.data.text_files import read_lines
 
     d, t = run.data, run.train
     src_lines, tgt_lines = read_lines(d.src_path), read_lines(d.tgt_path)
+    # Files of different lengths are refused before the tokenizer is trained on them (minutes on a large corpus).
+    check_aligned(src_lines, tgt_lines, d.src_path, d.tgt_path)
+    if d.eval_src_path:
+        check_aligned(read_lines(d.eval_src_path), read_lines(d.eval_tgt_path), d.eval_src_path, d.eval_tgt_path)
     # One tokenizer for both sides, so the paper's shared embeddings apply.
     tokenizer = _tokenizer(run, src_lines + tgt_lines, saved)
     for lines, path in ((src_lines, d.src_path), (tgt_lines, d.tgt_path)):
