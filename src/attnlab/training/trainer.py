@@ -211,6 +211,9 @@ class TrainingDiverged(AttnlabError):
 
 # A Ctrl-C once the last step is done: nothing is left to resume.
 _FINISHED = "training finished at step {step} (the last), interrupted before its summary; checkpoint saved in {folder}"
+_STOPPED_EARLY = ("training stopped early at step {step} of {steps} (no better evaluation in "
+                  "train.early_stopping_patience evaluations), interrupted before its summary; checkpoint saved in "
+                  "{folder}")
 
 
 _RESUME_MISMATCH = ("cannot resume: {}; resume with the model settings the run was trained with (the config it was "
@@ -1034,10 +1037,11 @@ class Trainer:
         if self._eval_pending is not None:  # stopped inside an evaluation: saved as before it, to be redone
             self._undo_pending_eval()
         folder = self.out_dir / CHECKPOINT_DIR
-        if terminated and self.world.distributed and (self._stale_checkpoint or self._stale_best):
-            # torchrun stops every process with SIGTERM when one of them fails: this run's first save would have
-            # replaced the run in the folder for a crash, where a one-process run's crash keeps it. (Ctrl-C, which
-            # reaches every process, saves as in one process.)
+        if (self._stale_checkpoint or self._stale_best) and (self.step == 0 or terminated and self.world.distributed):
+            # This run's first save would replace the run in the folder: not for nothing (stopped before its first
+            # step, where a user stopping a run that "replaces" one meant to keep it), nor for a crash: torchrun
+            # stops every process with SIGTERM when one of them fails, where a one-process run's crash keeps it.
+            # (Ctrl-C after a step, which reaches every process, saves as in one process.)
             raise TrainingInterrupted(
                 f"training interrupted at step {self.step} of {self.config.steps}, before this run's first save: "
                 f"nothing of it was saved, and the run it was replacing in {self.out_dir} is kept; run the command "
@@ -1046,12 +1050,19 @@ class Trainer:
         self._save(folder, gather=False)
         if self.world.is_main:
             self._plot()
-        if self.step >= self.config.steps and self._eval_pending is None and not self._in_step:
-            raise TrainingInterrupted(_FINISHED.format(step=self.step, folder=folder)) from None
+        if self._eval_pending is None and not self._in_step and self.finished:  # only the summary was left
+            raise TrainingInterrupted(self._finished_message(folder)) from None
         raise TrainingInterrupted(
             f"training interrupted at step {self.step} of {self.config.steps}; checkpoint saved in {folder}; "
             "to continue, run the same command with --resume"
         ) from None
+
+    def _finished_message(self, folder: Path) -> str:
+        """What an interrupt says once no step is left: the run reached train.steps, or stopped early (a resume has
+        nothing to train)."""
+        if self.step < self.config.steps:
+            return _STOPPED_EARLY.format(step=self.step, steps=self.config.steps, folder=folder)
+        return _FINISHED.format(step=self.step, folder=folder)
 
     # ------------------------------------------------------------------------------------------------
     # The loop
@@ -1327,7 +1338,7 @@ class Trainer:
                 if self.world.is_main:
                     self._plot()
         except KeyboardInterrupt:
-            raise TrainingInterrupted(_FINISHED.format(step=self.step, folder=self.out_dir / CHECKPOINT_DIR)) from None
+            raise TrainingInterrupted(self._finished_message(self.out_dir / CHECKPOINT_DIR)) from None
         # Every process leaves together, once the main one has written the checkpoint and the plot: a process
         # that exits while another still works can make gloo abort that one ("Connection closed by peer").
         barrier()
