@@ -14,6 +14,7 @@ import warnings
 import typer
 
 from attnlab.errors import AttnlabError, ConfigError, PathError, Terminated
+from attnlab.files import expand_home
 
 
 def _flags_show_no_type() -> None:
@@ -73,7 +74,7 @@ def _one_process(command: str) -> None:
 @app.command()
 def params(
     name: str | None = typer.Argument(None, help="A preset name (see `--list`), or a run folder (`./NAME` for "
-                                       "one named like a preset)."),
+                                       "one named like a preset).", callback=expand_home),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON instead of a table."),
     list_all: bool = typer.Option(False, "--list", help="List every preset with its parameter count."),
 ) -> None:
@@ -87,8 +88,9 @@ def params(
 @app.command()
 def convert(
     hf_folder: str = typer.Argument(..., help="A Hugging Face BERT or GPT-2 folder as save_pretrained writes it: "
-                                    "config.json, model.safetensors (or its shards), tokenizer.json."),
-    run_folder: str = typer.Argument(..., help="The attnlab run folder to write (new or empty)."),
+                                    "config.json, model.safetensors (or its shards), tokenizer.json.",
+                                    callback=expand_home),
+    run_folder: str = typer.Argument(..., help="The attnlab run folder to write (new or empty).", callback=expand_home),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the attnlab run already in RUN_FOLDER."),
 ) -> None:
     """Turn a Hugging Face BERT or GPT-2 model into an attnlab run folder, for generate, evaluate, params and
@@ -103,7 +105,7 @@ def convert(
 @app.command()
 def train(
     config: str | None = typer.Argument(None, help="A TOML or YAML run config (see configs/); omitted: a small char "
-                                        "GPT on the embedded pydoc corpus."),
+                                        "GPT on the embedded pydoc corpus.", callback=expand_home),
     overrides: list[str] | None = typer.Option(None, "--set", help="Override one setting: section.key=value "
                                         "(e.g. --set train.steps=200 --set model.position=rotary).",
                                         metavar="SECTION.KEY=VALUE"),
@@ -139,13 +141,15 @@ def train(
 
 @app.command()
 def generate(
-    run_dir: str = typer.Argument(..., help="A run folder written by `attnlab train` (or a checkpoint folder)."),
+    run_dir: str = typer.Argument(..., help="A run folder written by `attnlab train` (or a checkpoint folder).",
+                                  callback=expand_home),
     prompt: list[str] | None = typer.Option(None, "--prompt", "-p", metavar="TEXT", help="The text to continue (or to "
                                             "translate); repeat for several, decoded as one batch and printed in "
                                             "order."),
     input_file: str | None = typer.Option(None, "--input", "-i", help="Translation models: a file of source "
                                           "sentences, one per line, translated in batches; the translations are "
-                                          "printed one per line, in order (an empty line for a blank one)."),
+                                          "printed one per line, in order (an empty line for a blank one).",
+                                          callback=expand_home),
     max_new_tokens: int = typer.Option(200, "--max-new-tokens", "-n", help="How many tokens to add (for a "
                                        "translation: the longest output, in tokens)."),
     temperature: float | None = typer.Option(None, help="Sampling temperature (default 0.8)."),
@@ -198,10 +202,12 @@ def generate(
 
 @app.command()
 def evaluate(
-    run_dir: str = typer.Argument(..., help="A run folder written by `attnlab train` (or a checkpoint folder)."),
+    run_dir: str = typer.Argument(..., help="A run folder written by `attnlab train` (or a checkpoint folder).",
+                                  callback=expand_home),
     data: str = typer.Option(..., "--data", "-d", help="LM: a text file; classifier: a TSV/CSV/JSONL file "
-                             "with the training columns; translation: source sentences."),
-    target: str | None = typer.Option(None, "--target", help="Translation: the reference sentences."),
+                             "with the training columns; translation: source sentences.", callback=expand_home),
+    target: str | None = typer.Option(None, "--target", help="Translation: the reference sentences.",
+                                      callback=expand_home),
     batch_size: int = typer.Option(32, "--batch-size", help="Examples (or text windows) scored at once; lower it "
                                    "when memory runs short."),
     beam_size: int = typer.Option(1, "--beam-size", help="Translation: beam search width for BLEU (1: greedy; wider "
@@ -293,12 +299,14 @@ def knowledge(
                               "fp32) or full (the assignment's settings)."),
     variants: str = typer.Option("none,dot,synthesizer-dense", help="Comma-separated rows: none (no "
                                  "pretraining), attention variants, position schemes, or attention+position."),
-    corpus: str | None = typer.Option(None, help="Pretraining corpus, one biography per line (e.g. wiki.txt)."),
-    train: str | None = typer.Option(None, help="Fine-tuning pairs: question<TAB>answer lines."),
-    eval_path: str | None = typer.Option(None, "--eval", help="Evaluation pairs: question<TAB>answer lines."),
+    corpus: str | None = typer.Option(None, help="Pretraining corpus, one biography per line (e.g. wiki.txt).",
+                                      callback=expand_home),
+    train: str | None = typer.Option(None, help="Fine-tuning pairs: question<TAB>answer lines.", callback=expand_home),
+    eval_path: str | None = typer.Option(None, "--eval", help="Evaluation pairs: question<TAB>answer lines.",
+                                         callback=expand_home),
     predict: str | None = typer.Option(None, help="Questions to answer (answers optional): writes "
-                                       "predictions/<variant>.predict.tsv."),
-    out: str = typer.Option("runs/knowledge", "--out", "-o", help="Output folder."),
+                                       "predictions/<variant>.predict.tsv.", callback=expand_home),
+    out: str = typer.Option("runs/knowledge", "--out", "-o", help="Output folder.", callback=expand_home),
     seed: int = typer.Option(0, help="Seed of the synthetic world, the split and training."),
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N (a GPU by number) or mps."),
     overrides: list[str] | None = typer.Option(None, "--set", metavar="KEY=VALUE",

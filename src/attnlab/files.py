@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from attnlab.errors import PathError
 
@@ -61,6 +62,12 @@ def ordinary_permissions(path: str | os.PathLike[str]) -> None:
     os.umask(umask)
     os.chmod(path, 0o666 & ~umask)
 
+
+
+def expand_home(value: Any) -> Any:
+    """A path with a leading ~ (~/runs, ~user/runs) as the home folder's path; any other value as it is. For paths
+    a shell leaves alone: after `--out=`, in quotes, in a config file or a --set value."""
+    return os.path.expanduser(value) if isinstance(value, str) and value.startswith("~") else value
 
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:

@@ -41,7 +41,7 @@ from typing import Any
 
 from attnlab.config import Config, check_choice, check_positive, is_unset
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError, DataError, UnknownToken, a_name, one_line
-from attnlab.files import LOCK_FILE, folder_lock, make_folder, write_text_atomic
+from attnlab.files import LOCK_FILE, expand_home, folder_lock, make_folder, write_text_atomic
 from attnlab.training.logging import RUN_FILE
 
 if sys.version_info >= (3, 11):
@@ -451,7 +451,7 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     # not a folder named '~' in the working one.
     train_table = dict(raw.get("train", {}))
     for table, keys in ((data_table, DATA_FILE_SETTINGS), (model, ("init_from",)), (train_table, ("out_dir",))):
-        table.update({key: _home(table[key]) for key in keys if key in table})
+        table.update({key: expand_home(table[key]) for key in keys if key in table})
     data = DataConfig.from_dict(data_table, where="data")
     data.check_task_reads()  # here, not in __post_init__: a saved run's [data] is read back by `evaluate` as it was
     train = TrainerConfig.from_dict(train_table, where="train")
@@ -471,11 +471,6 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
         raise ConfigError(f"data.task {data.task!r} needs a model of family {families}, not {family!r}; {fix}")
     return RunConfig(model=model, data=data, train=train,
                      default_eval_every=path is None and not any(key == ["train", "eval_every"] for key, _ in parsed))
-
-
-def _home(value: Any) -> Any:
-    """A path setting with a leading ~ (~/runs, ~user/runs) made the home folder's path; any other value as it is."""
-    return os.path.expanduser(value) if isinstance(value, str) and value.startswith("~") else value
 
 
 def _check_attention_with_position(model: dict[str, Any], family: str) -> None:
