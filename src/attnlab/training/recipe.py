@@ -942,6 +942,8 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     done = False
     try:
         n_train, n_val = _encode_lm_parts(run, saved, tokenizer, texts, train_part, eval_part, block, staging)
+        if saved is None:  # a resumed run was told at its start
+            _warn_special_tokens_in_lm_text(staging, tokenizer, d)
         for name in TOKEN_FILES:
             for path in (staging / name, sidecar_path(staging / name)):
                 if path.exists():
@@ -960,6 +962,36 @@ def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
     eval_source = CausalLMSource(TokenFile(data_dir / "val.bin"), block, t.batch_size, seed=t.seed) \
         if n_val is not None else None
     return Prepared(model, tokenizer, train_source, eval_source, info={"train_tokens": n_train, "block_size": block})
+
+
+def _warn_special_tokens_in_lm_text(folder: Path, tokenizer, d: DataConfig) -> None:
+    """Say which special tokens a language model's text spells ("<eos>", "<pad>": prose about NLP, markup, code),
+    which the tokenizer reads as those tokens: generation stops at an eos and leaves the others out of what it
+    prints, so the model's text is not the text it learnt. Counted in the token files `folder` holds, in chunks
+    (a corpus larger than memory stays so); unk is left out (the word tokenizer's unknown words)."""
+    import numpy as np
+
+    from attnlab.data.corpus import TokenFile
+
+    specials = np.array(sorted(set(tokenizer.special_ids) - {tokenizer.unk_id}), dtype=np.int64)
+    if not len(specials):
+        return
+    counts = np.zeros(len(specials), dtype=np.int64)
+    for name in TOKEN_FILES:
+        if not (folder / name).exists():
+            continue
+        ids = TokenFile(folder / name).ids
+        for start in range(0, len(ids), 1 << 24):
+            chunk = np.asarray(ids[start:start + (1 << 24)], dtype=np.int64)
+            found = chunk[np.isin(chunk, specials)]
+            counts += (found[:, None] == specials[None, :]).sum(axis=0)
+    if counts.any():
+        spelt = ", ".join(f"{tokenizer.id_to_token(int(i))!r} {n:,} time{'s' if n > 1 else ''}"
+                          for i, n in zip(specials, counts) if n)
+        files = " and ".join(dict.fromkeys(str(p) for p in (d.path, d.eval_path) if p)) or "the pydoc texts"
+        warnings.warn(f"the text of {files} spells special tokens, which the {tokenizer.kind} tokenizer reads as "
+                      f"those tokens ({spelt}): generation stops at an end-of-sentence token and leaves the others "
+                      "out of the text it prints; respell them where they are text", stacklevel=3)
 
 
 # This machine's name in the staging folders: the ranks of a run over several machines can share a run folder on
