@@ -8,9 +8,11 @@ and a converted run has no data settings to record (`evaluate` then reads a clas
 [CLS] text [SEP], cut to 128 tokens, data.max_length's default, or to the model's positions where fewer).
 
 The tokenizer is the folder's own ``tokenizer.json`` (the fast-tokenizer file; for BERT, a folder with only
-``vocab.txt`` gets the WordPiece that HF builds from it), wrapped in attnlab's `WordPieceTokenizer` (BERT) or
-`BPETokenizer` (GPT-2) unchanged: the same normalizer, pre-tokenizer and vocabulary, so it gives HF's ids without
-the special tokens HF's post-processor adds. The special tokens are HF's (``tokenizer_config.json`` and
+``vocab.txt`` gets the WordPiece that HF builds from it, with the tokens of its ``added_tokens.json``), wrapped in
+attnlab's `WordPieceTokenizer` (BERT) or `BPETokenizer` (GPT-2): the same normalizer, pre-tokenizer and vocabulary,
+so it gives HF's ids without the special tokens HF's post-processor adds. As HF reads the folder, a BertTokenizer's
+casing, accent and Chinese character settings in ``tokenizer_config.json`` replace those of its tokenizer.json, and
+the additional_special_tokens the files name are matched whole. The special tokens are HF's (``tokenizer_config.json`` and
 ``special_tokens_map.json`` when present, else the family's usual ones), mapped to attnlab's names. attnlab gives
 each token one part, so a token HF names for several parts keeps the first of the family's order:
 
@@ -214,9 +216,19 @@ def hf_tokenizer(hf_folder: str | os.PathLike[str], model_type: str):
     if held != family["model"]:
         raise CheckpointError(f"{source} holds a {held} tokenizer; a {family['what']} run reads a {family['model']} "
                               "one")
+    if source.name == "vocab.txt":
+        _add_added_tokens(folder / "added_tokens.json", hf)
+    elif model_type == "bert" and settings.get("tokenizer_class") in ("BertTokenizer", "BertTokenizerFast"):
+        _bert_settings_over_normalizer(hf, settings)
     specials = _specials(settings, family, hf)
-    if source.name == "vocab.txt":  # as HF's fast tokenizer adds them: matched whole, before the normalizer
-        hf.add_special_tokens(specials.tokens())
+    extra, named_in = settings.get("additional_special_tokens", ([], None))
+    for token in extra:
+        if hf.token_to_id(token) is None:
+            raise CheckpointError(f"{named_in} names {token!r} among additional_special_tokens, and the tokenizer's "
+                                  "vocabulary lacks it")
+    # As HF's fast tokenizer adds them (vocab.txt) or reads them (a special the files name beside tokenizer.json):
+    # matched whole, before the normalizer.
+    hf.add_special_tokens([*(specials.tokens() if source.name == "vocab.txt" else ()), *extra])
     cls = WordPieceTokenizer if model_type == "bert" else BPETokenizer
     try:
         tokenizer = cls(hf, specials)
@@ -242,7 +254,9 @@ def _tokenizer_settings(folder: Path) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise CheckpointError(f"{path} is not a JSON object")
         for key, value in data.items():
-            if key in HF_SPECIAL_KEYS:
+            if key == "additional_special_tokens":  # special_tokens_map.json's over tokenizer_config.json's
+                settings[key] = (_additional_specials(value, path), path)
+            elif key in HF_SPECIAL_KEYS:
                 token = value.get("content") if isinstance(value, dict) else value  # an AddedToken's fields
                 if token is not None and (not isinstance(token, str) or not token):
                     raise CheckpointError(f"{path}: {key} is {json.dumps(value)}; it must be a token (a string)")
@@ -250,6 +264,71 @@ def _tokenizer_settings(folder: Path) -> dict[str, Any]:
             elif name == "tokenizer_config.json":
                 settings[key] = value
     return settings
+
+
+def _additional_specials(value: Any, path: Path) -> list[str]:
+    """The strings of an additional_special_tokens list (strings, or AddedToken fields with their "content")."""
+    if value is None:
+        return []
+    tokens = [item.get("content") if isinstance(item, dict) else item for item in value] \
+        if isinstance(value, list) else None
+    if tokens is None or not all(isinstance(token, str) and token for token in tokens):
+        raise CheckpointError(f"{path}: additional_special_tokens is {json.dumps(value)[:80]}; it must be a list of "
+                              "tokens (strings)")
+    return tokens
+
+
+def _add_added_tokens(path: Path, hf: Any) -> None:
+    """The tokens of a vocab.txt folder's added_tokens.json ({token: id}, the ids after vocab.txt's, where
+    `resize_token_embeddings` made room for them), added to `hf` as HF's tokenizer adds them: matched after the
+    normalizer (its lowercasing included), before the rest of the pipeline."""
+    from tokenizers import AddedToken
+
+    if not path.is_file():
+        return
+    try:
+        check_readable(path)
+        added = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError, AttnlabError) as e:
+        raise CheckpointError(f"cannot read {path}: {one_line(e)}") from None
+    if not isinstance(added, dict) or not all(isinstance(t, str) and t and type(i) is int for t, i in added.items()):
+        raise CheckpointError(f"{path} is not a JSON object of tokens and their ids ({{\"[E1]\": 30522, ...}})")
+    new = [token for token, _ in sorted(added.items(), key=lambda item: item[1]) if hf.token_to_id(token) is None]
+    size = hf.get_vocab_size(with_added_tokens=True)
+    if [added[token] for token in new] != list(range(size, size + len(new))):
+        raise CheckpointError(f"{path}: the ids of its tokens ({', '.join(f'{t!r} {added[t]}' for t in new[:4])}) do "
+                              f"not follow the vocabulary's {size} tokens; give the model's own files, or save its "
+                              "tokenizer.json there")
+    hf.add_tokens([AddedToken(token, normalized=True) for token in new])
+
+
+def _bert_normalizer(settings: dict[str, Any], clean_text: bool = True):
+    """BERT's normalizer as HF's BertTokenizer makes it from tokenizer_config.json's casing, accent and Chinese
+    character settings (HF's defaults where it has none: lowercase, accents stripped where lowercased)."""
+    from tokenizers import normalizers
+
+    return normalizers.BertNormalizer(
+        clean_text=clean_text, handle_chinese_chars=_setting(settings, "tokenize_chinese_chars", True, (True, False)),
+        strip_accents=_setting(settings, "strip_accents", None, (None, True, False)),
+        lowercase=_setting(settings, "do_lower_case", True, (True, False)))
+
+
+def _setting(settings: dict[str, Any], key: str, default: Any, allowed: tuple) -> Any:
+    """tokenizer_config.json's `key` (`default` where it has none), one of `allowed` or refused in one line."""
+    value = settings.get(key, default)
+    if not any(value is a for a in allowed):  # true, false, null: 1 and "true" are not HF's
+        raise CheckpointError(f"tokenizer_config.json: {key} is {json.dumps(value)}; it must be "
+                              + " or ".join(json.dumps(a) for a in allowed))
+    return value
+
+
+def _bert_settings_over_normalizer(hf: Any, settings: dict[str, Any]) -> None:
+    """A BertTokenizer folder's tokenizer.json with tokenizer_config.json's casing, accent and Chinese character
+    settings over its BertNormalizer's, as HF's BertTokenizer loads it (the two files can disagree: the config is
+    what HF reads)."""
+    normalizer = json.loads(hf.to_str()).get("normalizer")
+    if isinstance(normalizer, dict) and normalizer.get("type") == "BertNormalizer":
+        hf.normalizer = _bert_normalizer(settings, clean_text=normalizer.get("clean_text", True) is not False)
 
 
 def _specials(settings: dict[str, Any], family: dict[str, Any], hf: Any):
@@ -280,16 +359,9 @@ def _wordpiece_from_vocab(vocab: Path, settings: dict[str, Any]):
     """The WordPiece HF's BertTokenizerFast builds from a vocab.txt (its converter's pipeline), with the casing and
     accent settings of tokenizer_config.json (HF's defaults where it has none: lowercase)."""
     from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, normalizers, pre_tokenizers
+    from tokenizers import decoders, models, pre_tokenizers
 
-    def setting(key: str, default: Any, allowed: tuple) -> Any:
-        value = settings.get(key, default)
-        if not any(value is a for a in allowed):  # true, false, null: 1 and "true" are not HF's
-            raise CheckpointError(f"tokenizer_config.json: {key} is {json.dumps(value)}; it must be "
-                                  + " or ".join(json.dumps(a) for a in allowed))
-        return value
-
-    if setting("do_basic_tokenize", True, (True, False)) is False:
+    if _setting(settings, "do_basic_tokenize", True, (True, False)) is False:
         raise CheckpointError("tokenizer_config.json: do_basic_tokenize false (WordPiece on whitespace-split text "
                               "alone) is not read; save a tokenizer.json with the folder instead")
     unk = settings.get("unk_token", (None,))[0] or "[UNK]"
@@ -298,10 +370,7 @@ def _wordpiece_from_vocab(vocab: Path, settings: dict[str, Any]):
         hf = HFTokenizer(models.WordPiece.from_file(str(vocab), unk_token=unk))
     except Exception as e:  # tokenizers' own error type, or an OSError
         raise CheckpointError(f"cannot read {vocab}: {one_line(e)}") from None
-    hf.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=setting("tokenize_chinese_chars", True, (True, False)),
-        strip_accents=setting("strip_accents", None, (None, True, False)),
-        lowercase=setting("do_lower_case", True, (True, False)))
+    hf.normalizer = _bert_normalizer(settings)
     hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     hf.decoder = decoders.WordPiece(prefix="##")
     return hf
