@@ -12,9 +12,11 @@ The tokenizer is the folder's own ``tokenizer.json`` (the fast-tokenizer file; f
 attnlab's `WordPieceTokenizer` (BERT) or `BPETokenizer` (GPT-2): the same normalizer, pre-tokenizer and vocabulary,
 so it gives HF's ids without the special tokens HF's post-processor adds. As HF reads the folder, a BertTokenizer's
 casing, accent and Chinese character settings in ``tokenizer_config.json`` replace those of its tokenizer.json, and
-the additional_special_tokens the files name are matched whole. The special tokens are HF's (``tokenizer_config.json`` and
-``special_tokens_map.json`` when present, else the family's usual ones), mapped to attnlab's names. attnlab gives
-each token one part, so a token HF names for several parts keeps the first of the family's order:
+the additional_special_tokens the files name are matched whole.
+
+The special tokens are HF's (``tokenizer_config.json`` and ``special_tokens_map.json`` when present, else the
+family's usual ones), mapped to attnlab's names. attnlab gives each token one part, so a token HF names for
+several parts keeps the first of the family's order:
 
 - BERT: pad, unk, cls, sep, mask, bos, eos ([PAD] [UNK] [CLS] [SEP] [MASK] by default).
 - GPT-2: eos, pad, unk, bos, ... GPT-2's one special, ``<|endoftext|>`` (HF's bos, eos and unk alike), is attnlab's
