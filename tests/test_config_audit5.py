@@ -5,6 +5,7 @@ folder named '~' in the working one, then said it wrote into the home folder's x
 from __future__ import annotations
 
 import click
+import pytest
 from cli_helpers import run_cli
 
 from attnlab.cli import app
@@ -62,3 +63,37 @@ def test_a_run_named_with_a_tilde_on_the_command_line(capsys, tmp_path, monkeypa
     code, out, err = run_cli(capsys, "params", "~/run")
     assert code == 0 and "total" in out.lower(), err
     assert not (work / "~").exists()
+
+
+def test_one_entry_of_an_options_table_keeps_the_files_others(tmp_path):
+    # The refusal of `--set model.position_options.num_buckets=8` advised an inline table, which replaced the file's
+    # table: max_distance = 64 went back to the scheme's default without a word (fifth config audit).
+    from attnlab.errors import ConfigError
+    from attnlab.training.recipe import load_run_config, model_config
+
+    config = tmp_path / "t5.toml"
+    config.write_text('[model]\nfamily = "gpt"\nposition = "t5-bias"\n[model.position_options]\nnum_buckets = 16\n'
+                      'max_distance = 64\n', encoding="utf-8")
+
+    def options(*sets, path=config):
+        run = load_run_config(path, list(sets))
+        return model_config(run.model, vocab_size=50, head="lm").position_options
+
+    assert options() == {"num_buckets": 16, "max_distance": 64}
+    assert options("model.position_options.num_buckets=8") == {"num_buckets": 8, "max_distance": 64}
+    assert options("model.position_options={num_buckets = 8}") == {"num_buckets": 8}  # a whole table replaces
+    assert options("model.position_options={num_buckets = 8}", "model.position_options.max_distance=32") == \
+        {"num_buckets": 8, "max_distance": 32}
+    # without a file: the entry makes the table
+    assert options("model.position=\"t5-bias\"", "model.position_options.max_distance=32", path=None) == \
+        {"max_distance": 32}
+    with pytest.raises(ConfigError, match=r"an options table holds single values; set one entry with --set "
+                                          r"model.position_options.NAME=VALUE"):
+        load_run_config(config, ["model.position_options.a.b=1"])
+    with pytest.raises(ConfigError, match="position 't5-bias' has no option 'num_bucket'; its options: "
+                                          "num_buckets, max_distance"):  # as a misspelt entry of a file is
+        from attnlab.training.recipe import prepare
+
+        tiny = tmp_path / "tiny.toml"
+        tiny.write_text(config.read_text().replace('family = "gpt"', 'preset = "gpt-char-tiny"'), encoding="utf-8")
+        prepare(load_run_config(tiny, ["model.position_options.num_bucket=8", f"train.out_dir='{tmp_path / 'run'}'"]))

@@ -218,14 +218,19 @@ SECTIONS = ("model", "data", "train")
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """`section.key=value` -> (["section", "key"], value); the value is read as TOML, else a string."""
+    """`section.key=value` -> (["section", "key"], value); the value is read as TOML, else a string. An entry of an
+    options table, `model.position_options.num_buckets=8`, -> (["model", "position_options", "num_buckets"], 8):
+    it changes that entry, keeping the table's others (a whole table, `model.position_options={...}`, replaces
+    it)."""
     if "=" not in item:
         raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set model.position=rotary")
     key, raw = item.split("=", 1)
     path = key.strip().split(".")
-    if len(path) > 2 and all(path) and path[1].endswith("_options"):  # a key of a table: TOML's inline table
-        raise ConfigError(f"--set {item!r}: the key must be section.name; set a table's entries as an inline "
-                          f"table, --set '{path[0]}.{path[1]}={{{'.'.join(path[2:])} = {raw.strip()}}}'")
+    if len(path) == 3 and all(path) and path[1].endswith("_options"):
+        return path, parse_value(raw)
+    if len(path) > 2 and all(path) and path[1].endswith("_options"):  # a table's entry holds no table
+        raise ConfigError(f"--set {item!r}: an options table holds single values; set one entry with "
+                          f"--set {path[0]}.{path[1]}.NAME=VALUE")
     if len(path) != 2 or not all(path):
         raise ConfigError(f"--set {item!r}: the key must be section.name with section one of "
                           f"{', '.join(SECTIONS)}, e.g. train.lr=3e-4")
@@ -420,9 +425,9 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     else:
         raw = default_run()
     parsed = [parse_override(item) for item in overrides or []]
-    if any(section == "model" and key == "init_from" for (section, key), _ in parsed):
+    if any(section == "model" and key == "init_from" for (section, key, *_), _ in parsed):
         raw["model"] = {}  # the architecture is the pretrained run's: only --set model.* values change it
-    families = [value for (section, key), value in parsed if section == "model" and key == "family"]
+    families = [value for (section, key, *_), value in parsed if section == "model" and key == "family"]
     if path is None and families and "preset" in raw["model"]:
         # The default run's GPT preset gives way to another family asked for (before the overrides: popped with
         # each model.family, it dropped a preset an earlier --set had given, and the family's defaults were
@@ -431,8 +436,13 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
 
         if families[-1] != get_preset(raw["model"]["preset"])[0]:
             raw["model"].pop("preset")
-    for (section, key), value in parsed:
-        raw.setdefault(section, {})[key] = value
+    for (section, key, *entry), value in parsed:
+        table = raw.setdefault(section, {})
+        if entry:  # one entry of an options table, the file's others kept
+            options = table.get(key)
+            table[key] = {**(options if isinstance(options, dict) else {}), entry[0]: value}
+        else:
+            table[key] = value
     for section in raw:
         if section not in SECTIONS:
             close = difflib.get_close_matches(section, SECTIONS, n=1)
