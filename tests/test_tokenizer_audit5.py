@@ -91,3 +91,20 @@ def test_train_tokenizer_takes_numpy_whole_numbers():
         warnings.simplefilter("error")
         tokenizer = train_tokenizer("bpe", ["a b c a b a"] * 5, np.int64(263), min_frequency=np.int64(1))
     assert tokenizer.vocab_size == 263
+
+
+@pytest.mark.parametrize("kind", ["word", "bpe", "wordpiece"])
+def test_a_special_left_out_of_a_saved_tokenizer_is_none(tmp_path, kind):
+    # A hand edit that dropped "eos" from the file's specials got the default "<eos>" back (the character tokenizer
+    # already read it as None, as an "eos": null).
+    import json
+
+    from attnlab.data.tokenizers import load_tokenizer
+
+    tokenizer = train_tokenizer(kind, ["a b c a b a <eos> d"] * 5, None if kind == "word" else 300)
+    data = tokenizer.to_dict()
+    del data["specials"]["eos"]
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    loaded = load_tokenizer(path)
+    assert loaded.eos_id is None and loaded.specials.eos is None and loaded.pad_id == tokenizer.pad_id

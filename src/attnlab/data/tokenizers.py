@@ -71,6 +71,13 @@ class SpecialTokens:
         return cls(**{name: None for name in SPECIAL_NAMES})
 
     @classmethod
+    def saved(cls, value: Mapping[str, str | None]) -> SpecialTokens:
+        """The specials of a saved tokenizer ("specials" in its JSON, which names all seven): a name left out is
+        None, as the character tokenizer reads it (the defaults came back: a hand edit that dropped "eos" still
+        had one)."""
+        return cls.coerce({**dict.fromkeys(SPECIAL_NAMES), **value})
+
+    @classmethod
     def coerce(cls, value: SpecialTokens | Mapping[str, str | None] | None) -> SpecialTokens:
         """None -> the defaults; a mapping overrides some defaults (a value of None drops that one)."""
         if value is None:
@@ -658,7 +665,7 @@ class WordTokenizer(Tokenizer):
     def from_dict(cls, data: dict[str, Any]) -> WordTokenizer:
         return cls(
             data["tokens"],
-            specials=SpecialTokens(**data["specials"]),
+            specials=SpecialTokens.saved(data["specials"]),
             pattern=data.get("pattern"),
             lowercase=data.get("lowercase", False),
         )
@@ -757,7 +764,7 @@ class _HFTokenizer(Tokenizer):
                 f"the embedded {cls.kind} tokenizer's {size} tokens do not have the ids 0 to {size - 1} "
                 f"(none has id {missing}, the largest is {max(ids)}); save the tokenizer again"
             )
-        return cls(hf, SpecialTokens(**data["specials"]))
+        return cls(hf, SpecialTokens.saved(data["specials"]))
 
     @staticmethod
     def _deterministic(hf: Any) -> Any:
