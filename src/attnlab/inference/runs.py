@@ -446,7 +446,7 @@ def evaluate_file(run: LoadedRun, data: str | Path, *, target: str | Path | None
         raise ConfigError(f"precision (--precision): unknown value {precision!r}; choose one of: "
                           f"{', '.join(PRECISIONS)}")
     device = _device(run.model)
-    with autocast(device, resolve_precision(precision, device)), cut_advice(TRAINED_LENGTH):
+    with autocast(device, resolve_precision(precision, device, setting="--precision")), cut_advice(TRAINED_LENGTH):
         return _evaluate_file(run, data, target, batch_size, beam_size, text_column, label_column)
 
 

@@ -149,7 +149,8 @@ def precision_name(dtype: torch.dtype | None) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
 
 
-def resolve_precision(precision: str, device: torch.device | str) -> torch.dtype | None:
+def resolve_precision(precision: str, device: torch.device | str, *,
+                      setting: str = "precision") -> torch.dtype | None:
     """The autocast dtype for `precision` on `device`; None means plain fp32 (no autocast).
 
     "auto" gives bf16 on CUDA GPUs that compute it natively (Ampere and later) and on CPUs with bf16
@@ -162,7 +163,7 @@ def resolve_precision(precision: str, device: torch.device | str) -> torch.dtype
     """
     device = torch.device(device)
     if precision not in PRECISIONS:
-        raise ConfigError(f"precision: unknown value {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+        raise ConfigError(f"{setting}: unknown value {precision!r}; choose one of: {', '.join(PRECISIONS)}")
     if precision == "fp32":
         return None
     if device.type == "cuda":
@@ -173,23 +174,30 @@ def resolve_precision(precision: str, device: torch.device | str) -> torch.dtype
         supported = False
     if precision == "auto":
         return torch.bfloat16 if supported else None
+    said = _said(setting, "bf16")
+    instead = f"{setting} auto or fp32" if setting.startswith("--") else f'{setting} = "auto" or "fp32"'
     if device.type == "cuda" and not supported:
         if not _cuda_bf16_runs():
-            raise ConfigError("precision = \"bf16\" but this GPU does not support bf16; use precision = \"fp32\"")
-        warnings.warn("precision = \"bf16\" on a GPU older than Ampere (compute capability below 8.0): bf16 is "
-                      "emulated and slower than fp32; use precision = \"auto\" or \"fp32\"", SlowPrecisionWarning,
+            raise ConfigError(f"{said} but this GPU does not support bf16; use {_said(setting, 'fp32')}")
+        warnings.warn(f"{said} on a GPU older than Ampere (compute capability below 8.0): bf16 is "
+                      f"emulated and slower than fp32; use {instead}", SlowPrecisionWarning,
                       stacklevel=2)
     if device.type == "mps":
         problem = _mps_bf16_problem()
         if problem:
-            raise ConfigError(f"precision = \"bf16\" cannot run on this MPS device with this torch ({problem}); use "
-                              "precision = \"auto\" or \"fp32\"")
+            raise ConfigError(f"{said} cannot run on this MPS device with this torch ({problem}); use {instead}")
     if device.type == "cpu" and not supported:
         # Without AVX512-BF16 or AMX, torch computes bf16 matmuls in a generic loop: correct, but on an
         # AVX2 CPU 50-100x slower than fp32 (1.3 vs 120 GFLOP/s measured on an AMD Zen 3).
-        warnings.warn("precision = \"bf16\" on a CPU without bf16 instructions: matmuls are emulated and "
-                      "far slower than fp32; use precision = \"auto\" or \"fp32\"", SlowPrecisionWarning, stacklevel=2)
+        warnings.warn(f"{said} on a CPU without bf16 instructions: matmuls are emulated and "
+                      f"far slower than fp32; use {instead}", SlowPrecisionWarning, stacklevel=2)
     return torch.bfloat16
+
+
+def _said(setting: str, value: str) -> str:
+    """`setting` given `value` as the user writes it: a command-line flag (--precision bf16) or a config setting
+    (train.precision = "bf16")."""
+    return f"{setting} {value}" if setting.startswith("--") else f'{setting} = "{value}"'
 
 
 def _mps_bf16_problem() -> str | None:

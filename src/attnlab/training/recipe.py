@@ -1592,7 +1592,7 @@ def _check_device(train: Any) -> None:
     check_batch_split(train, world.size)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the trainer gives them, once
-        resolve_precision(train.precision, device)
+        resolve_precision(train.precision, device, setting="train.precision")
 
 
 def _check_resumed_family(run: RunConfig, checkpoint: Path) -> None:

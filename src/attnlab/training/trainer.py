@@ -546,7 +546,7 @@ class Trainer:
             raise ConfigError("no output folder: give Trainer(out_dir=...) or set train.out_dir")
         self.world, self.device = init_distributed(cfg.device)
         check_batch_split(cfg, self.world.size)
-        self.dtype = resolve_precision(cfg.precision, self.device)
+        self.dtype = resolve_precision(cfg.precision, self.device, setting="train.precision")
         ckpt._model_config(model)  # fail now, not at the first checkpoint, if the model cannot be saved
         self.model = model.to(self.device)
         self.optimizer = build_optimizer(self.model, cfg, self.device)
