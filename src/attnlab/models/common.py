@@ -91,13 +91,18 @@ def check_given_positions(positions: Tensor | None, max_len: int | None, what: s
 
 
 def check_integers(values: Tensor, what: str, shape: tuple[int, int] | None = None) -> None:
-    """Refuse ids or positions that are not a tensor of integers (of `shape`, where given) in one line: float
+    """Refuse ids or positions that are not a tensor of int64 or int32 (of `shape`, where given) in one line: float
     positions or segment ids failed in an embedding's dtype error or as indices, document ids of another shape in
     an unpacking or broadcasting error."""
     if not isinstance(values, Tensor) or values.is_floating_point() or values.is_complex() \
             or values.dtype == torch.bool:
         got = str(values.dtype).removeprefix("torch.") if isinstance(values, Tensor) else type(values).__name__
         raise ConfigError(f"{what} must be a tensor of integers; got {got}")
+    if values.dtype not in (torch.int64, torch.int32):
+        # uint8 indexes as a mask, and relative distances in 8 or 16 bits wrap around: ALiBi and T5 biases were
+        # silently wrong (a key one step back read as 255 steps ahead), other schemes failed in torch's words.
+        raise ConfigError(f"{what} must be int64 or int32 (as token ids are); got "
+                          f"{str(values.dtype).removeprefix('torch.')}; convert them with .long()")
     if shape is not None and tuple(values.shape) != shape:
         raise ConfigError(f"{what} has shape {tuple(values.shape)}; it must be {shape}, input_ids' shape")
 
