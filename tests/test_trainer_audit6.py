@@ -35,6 +35,9 @@ def test_stopping_a_replacing_run_before_its_first_step_keeps_the_trained_run(tm
            "run it was replacing in" in str(info.value)
     assert (run / "checkpoint" / "model.safetensors").read_bytes() == before
     assert read_trainer_state(run)["step"] == 3
+    # its records are back in place (the new run's log had replaced them), and so is its loss curve
+    assert (run / "metrics.jsonl").read_text() == records and not (run / ".metrics.jsonl.replaced").exists()
+    assert (run / "loss.png").is_file()
     # --resume continues the kept run, with its records
     with pytest.warns(UserWarning, match="train.steps 3 → 4 moves the end of the cosine decay"):
         summary = Trainer(tiny_model(seed=1), config(steps=4), ToySource(), out_dir=run).fit(resume=True)
@@ -85,3 +88,35 @@ def test_ctrl_c_while_a_run_that_stopped_early_writes_its_files(capsys, tmp_path
                      "train.early_stopping_patience evaluations), interrupted before its summary; checkpoint saved "
                      f"in {out / 'checkpoint'}"], err
     assert json.loads((out / "checkpoint" / "trainer_state.json").read_text())["step"] == 4
+
+
+def test_ctrl_c_while_a_resumed_run_saves_its_redone_last_evaluation(capsys, tmp_path, monkeypatch):
+    # A run stopped inside its last step's evaluation redoes it when resumed; a Ctrl-C in the save after that told
+    # the user to --resume a run with nothing left to train (the redone evaluation was still counted as pending).
+    out = tmp_path / "run"
+    args = ["train", "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=3", "--set", "train.eval_every=1",
+            "--set", "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu",
+            "--set", "train.warmup_steps=1", "--set", f"train.out_dir={_q(out)}"]
+    evaluate, save = Trainer.evaluate, Trainer.save
+
+    def stopped_in_last_eval(self, *a, **k):
+        if self.step == 3:
+            raise KeyboardInterrupt
+        return evaluate(self, *a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "evaluate", stopped_in_last_eval)
+        assert run_cli(capsys, *args)[0] == 130
+    assert json.loads((out / "checkpoint" / "trainer_state.json").read_text()).get("eval_pending")
+
+    def pressed(self, *a, **k):
+        signal.raise_signal(signal.SIGINT)
+        return save(self, *a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "save", pressed)
+        code, _, err = run_cli(capsys, *args, "--resume")
+    assert code == 130, err
+    lines = [line for line in err.splitlines() if line.startswith("attnlab:") and "warning" not in line]
+    assert lines == [f"attnlab: training finished at step 3 (the last), interrupted before its summary; checkpoint "
+                     f"saved in {out / 'checkpoint'}"], err

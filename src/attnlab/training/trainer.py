@@ -1041,7 +1041,13 @@ class Trainer:
             # This run's first save would replace the run in the folder: not for nothing (stopped before its first
             # step, where a user stopping a run that "replaces" one meant to keep it), nor for a crash: torchrun
             # stops every process with SIGTERM when one of them fails, where a one-process run's crash keeps it.
-            # (Ctrl-C after a step, which reaches every process, saves as in one process.)
+            # (Ctrl-C after a step, which reaches every process, saves as in one process.) The records of the run
+            # kept go back in place of this one's, and its loss curve is drawn again.
+            if self.world.is_main:
+                for path, aside in self._records():
+                    if aside.is_file():
+                        aside.replace(path)
+                self._plot()
             raise TrainingInterrupted(
                 f"training interrupted at step {self.step} of {self.config.steps}, before this run's first save: "
                 f"nothing of it was saved, and the run it was replacing in {self.out_dir} is kept; run the command "
@@ -1271,7 +1277,7 @@ class Trainer:
         try:
             if self._resume_eval and has_eval and not stopped_early:  # stopped inside this step's evaluation
                 stopped_early = self._evaluate_step(progress)
-                redid_eval = True
+                redid_eval, self._resume_eval = True, False  # done: `finished` no longer waits for it
                 if stopped_early and window.steps:  # logged before the save, as in the loop
                     window = self._log_window(progress)
                 if self._saves_at(stopped_early):
