@@ -116,3 +116,47 @@ def test_a_tokenizer_json_of_another_class_keeps_its_normalizer(tmp_path, bert_m
                                                                     "do_lower_case": True})
     ours = load_tokenizer(save_hf_as_run(folder, tmp_path / "run"))
     assert ours.encode("Hello") != ours.encode("hello")
+
+
+@pytest.fixture(scope="module")
+def uncased_model():
+    wp = _wordpiece(lowercase=True)
+    torch.manual_seed(0)
+    return wp, transformers.BertForPreTraining(_bert_config(wp.get_vocab_size()))
+
+
+def test_markers_of_added_tokens_json_named_special_still_match_lowercased_text(tmp_path, uncased_model):
+    # Marked special, the tokens of added_tokens.json were matched before the lowercasing only: an uncased model's
+    # "[e1]" (the text lowercased, as for an uncased model) fell apart into pieces, where HF matches it.
+    wp, _ = uncased_model
+    folder = _folder(tmp_path, uncased_model, vocab_only=True, config={"tokenizer_class": "BertTokenizer"},
+                     special_map={"additional_special_tokens": ["[E1]", "[E2]"]})
+    n = wp.get_vocab_size()
+    (folder / "added_tokens.json").write_text(json.dumps({"[E1]": n, "[E2]": n + 1}), encoding="utf-8")
+    resized = transformers.BertForPreTraining(_bert_config(n))
+    resized.resize_token_embeddings(n + 2)
+    resized.save_pretrained(folder)
+    ours, _ = _same_ids_as_hf(folder, tmp_path / "run")
+    assert ours.encode("the [e1] fox")[1] == ours.encode("the [E1] fox")[1] == n
+
+
+@pytest.mark.parametrize("layout", ["no tokenizer_class", "no tokenizer_config.json"])
+def test_a_bert_folder_naming_no_tokenizer_class_is_read_as_bert_tokenizer(tmp_path, bert_model, layout):
+    # HF reads a BERT folder with BertTokenizer unless its config names another class: with no class (as
+    # bert-base-cased's) or no tokenizer_config.json at all, its settings (default: lowercase) still apply.
+    folder = _folder(tmp_path, bert_model, vocab_only=False, config={"do_lower_case": False, "strip_accents": True})
+    if layout == "no tokenizer_config.json":
+        (folder / "tokenizer_config.json").unlink()
+    ours, _ = _same_ids_as_hf(folder, tmp_path / "run")
+    assert (ours.encode("Hello") == ours.encode("hello")) == (layout == "no tokenizer_config.json")
+
+
+@pytest.mark.parametrize("listed", [["[unused1]"], {"marker": "[unused1]"}])
+def test_transformers_5s_extra_special_tokens_are_matched_whole(tmp_path, bert_model, listed):
+    folder = _folder(tmp_path, bert_model, vocab_only=True, rename_last=("[unused1]",),
+                     config={"tokenizer_class": "BertTokenizer", "do_lower_case": False,
+                             "extra_special_tokens": listed})
+    ours = load_tokenizer(save_hf_as_run(folder, tmp_path / "run"))
+    assert ours.encode("is [unused1] here")[1] == ours.token_to_id("[unused1]")
+    if isinstance(listed, list):  # transformers 5 reads a list (an object of names is for its processors)
+        _same_ids_as_hf(folder, tmp_path / "run2")

@@ -10,9 +10,10 @@ and a converted run has no data settings to record (`evaluate` then reads a clas
 The tokenizer is the folder's own ``tokenizer.json`` (the fast-tokenizer file; for BERT, a folder with only
 ``vocab.txt`` gets the WordPiece that HF builds from it, with the tokens of its ``added_tokens.json``), wrapped in
 attnlab's `WordPieceTokenizer` (BERT) or `BPETokenizer` (GPT-2): the same normalizer, pre-tokenizer and vocabulary,
-so it gives HF's ids without the special tokens HF's post-processor adds. As HF reads the folder, a BertTokenizer's
-casing, accent and Chinese character settings in ``tokenizer_config.json`` replace those of its tokenizer.json, and
-the additional_special_tokens the files name are matched whole.
+so it gives HF's ids without the special tokens HF's post-processor adds. As HF reads the folder, the casing,
+accent and Chinese character settings of ``tokenizer_config.json`` (HF's defaults where it names none: lowercase)
+replace those of a BERT's tokenizer.json, unless it names a tokenizer class other than BertTokenizer; and the
+additional_special_tokens the files name are matched whole.
 
 The special tokens are HF's (``tokenizer_config.json`` and ``special_tokens_map.json`` when present, else the
 family's usual ones), mapped to attnlab's names. attnlab gives each token one part, so a token HF names for
@@ -44,6 +45,8 @@ from attnlab.training.trainer import CHECKPOINT_DIR  # a run's latest checkpoint
 SUPPORTED_TYPES = ("bert", "gpt2")
 
 # HF's name of each special token (a tokenizer_config.json / special_tokens_map.json key) -> attnlab's.
+# The extra special tokens a folder names, matched whole: transformers 4's key and 5's.
+EXTRA_SPECIAL_KEYS = ("additional_special_tokens", "extra_special_tokens")
 HF_SPECIAL_KEYS = {"pad_token": "pad", "unk_token": "unk", "mask_token": "mask", "cls_token": "cls",
                    "sep_token": "sep", "bos_token": "bos", "eos_token": "eos"}
 
@@ -190,6 +193,7 @@ def hf_tokenizer(hf_folder: str | os.PathLike[str], model_type: str):
         CheckpointError: no tokenizer file, one that cannot be read, of another kind than the family's, or naming a
             special token its vocabulary lacks.
     """
+    from tokenizers import AddedToken
     from tokenizers import Tokenizer as HFTokenizer
 
     from attnlab.data.tokenizers import BPETokenizer, WordPieceTokenizer, tokenizer_from_dict
@@ -218,9 +222,11 @@ def hf_tokenizer(hf_folder: str | os.PathLike[str], model_type: str):
     if held != family["model"]:
         raise CheckpointError(f"{source} holds a {held} tokenizer; a {family['what']} run reads a {family['model']} "
                               "one")
+    added: set[str] = set()
     if source.name == "vocab.txt":
-        _add_added_tokens(folder / "added_tokens.json", hf)
-    elif model_type == "bert" and settings.get("tokenizer_class") in ("BertTokenizer", "BertTokenizerFast"):
+        added = _add_added_tokens(folder / "added_tokens.json", hf)
+    elif model_type == "bert" and settings.get("tokenizer_class") in (None, "BertTokenizer", "BertTokenizerFast"):
+        # HF reads a BERT folder with BertTokenizer unless tokenizer_config.json names another class
         _bert_settings_over_normalizer(hf, settings)
     specials = _specials(settings, family, hf)
     extra, named_in = settings.get("additional_special_tokens", ([], None))
@@ -229,8 +235,11 @@ def hf_tokenizer(hf_folder: str | os.PathLike[str], model_type: str):
             raise CheckpointError(f"{named_in} names {token!r} among additional_special_tokens, and the tokenizer's "
                                   "vocabulary lacks it")
     # As HF's fast tokenizer adds them (vocab.txt) or reads them (a special the files name beside tokenizer.json):
-    # matched whole, before the normalizer.
-    hf.add_special_tokens([*(specials.tokens() if source.name == "vocab.txt" else ()), *extra])
+    # matched whole, before the normalizer; a token of added_tokens.json stays matched after it, as HF keeps it
+    # (an uncased model's "[E1]" also matches "[e1]").
+    hf.add_special_tokens([*(specials.tokens() if source.name == "vocab.txt" else ()),
+                           *(AddedToken(token, special=True, normalized=True) if token in added else token
+                             for token in extra)])
     cls = WordPieceTokenizer if model_type == "bert" else BPETokenizer
     try:
         tokenizer = cls(hf, specials)
@@ -255,10 +264,14 @@ def _tokenizer_settings(folder: Path) -> dict[str, Any]:
             raise CheckpointError(f"cannot read {path}: {one_line(e)}") from None
         if not isinstance(data, dict):
             raise CheckpointError(f"{path} is not a JSON object")
+        named = [key for key in EXTRA_SPECIAL_KEYS if key in data]
+        if named:  # special_tokens_map.json's over tokenizer_config.json's
+            extra = [token for key in named for token in _additional_specials(data[key], path, key)]
+            settings["additional_special_tokens"] = (list(dict.fromkeys(extra)), path)
         for key, value in data.items():
-            if key == "additional_special_tokens":  # special_tokens_map.json's over tokenizer_config.json's
-                settings[key] = (_additional_specials(value, path), path)
-            elif key in HF_SPECIAL_KEYS:
+            if key in EXTRA_SPECIAL_KEYS:
+                continue
+            if key in HF_SPECIAL_KEYS:
                 token = value.get("content") if isinstance(value, dict) else value  # an AddedToken's fields
                 if token is not None and (not isinstance(token, str) or not token):
                     raise CheckpointError(f"{path}: {key} is {json.dumps(value)}; it must be a token (a string)")
@@ -268,26 +281,27 @@ def _tokenizer_settings(folder: Path) -> dict[str, Any]:
     return settings
 
 
-def _additional_specials(value: Any, path: Path) -> list[str]:
-    """The strings of an additional_special_tokens list (strings, or AddedToken fields with their "content")."""
+def _additional_specials(value: Any, path: Path, key: str) -> list[str]:
+    """The strings of an additional_special_tokens list (strings, or AddedToken fields with their "content"), or of
+    transformers 5's extra_special_tokens (such a list, or an object of named tokens)."""
     if value is None:
         return []
-    tokens = [item.get("content") if isinstance(item, dict) else item for item in value] \
-        if isinstance(value, list) else None
+    items = list(value.values()) if isinstance(value, dict) and key == "extra_special_tokens" else value
+    tokens = [item.get("content") if isinstance(item, dict) else item for item in items] \
+        if isinstance(items, list) else None
     if tokens is None or not all(isinstance(token, str) and token for token in tokens):
-        raise CheckpointError(f"{path}: additional_special_tokens is {json.dumps(value)[:80]}; it must be a list of "
-                              "tokens (strings)")
+        raise CheckpointError(f"{path}: {key} is {json.dumps(value)[:80]}; it must be a list of tokens (strings)")
     return tokens
 
 
-def _add_added_tokens(path: Path, hf: Any) -> None:
+def _add_added_tokens(path: Path, hf: Any) -> set[str]:
     """The tokens of a vocab.txt folder's added_tokens.json ({token: id}, the ids after vocab.txt's, where
     `resize_token_embeddings` made room for them), added to `hf` as HF's tokenizer adds them: matched after the
-    normalizer (its lowercasing included), before the rest of the pipeline."""
+    normalizer (its lowercasing included), before the rest of the pipeline. Returns them."""
     from tokenizers import AddedToken
 
     if not path.is_file():
-        return
+        return set()
     try:
         check_readable(path)
         added = json.loads(path.read_text(encoding="utf-8"))
@@ -302,6 +316,7 @@ def _add_added_tokens(path: Path, hf: Any) -> None:
                               f"not follow the vocabulary's {size} tokens; give the model's own files, or save its "
                               "tokenizer.json there")
     hf.add_tokens([AddedToken(token, normalized=True) for token in new])
+    return set(new)
 
 
 def _bert_normalizer(settings: dict[str, Any], clean_text: bool = True):
