@@ -97,3 +97,27 @@ def test_one_entry_of_an_options_table_keeps_the_files_others(tmp_path):
         tiny = tmp_path / "tiny.toml"
         tiny.write_text(config.read_text().replace('family = "gpt"', 'preset = "gpt-char-tiny"'), encoding="utf-8")
         prepare(load_run_config(tiny, ["model.position_options.num_bucket=8", f"train.out_dir='{tmp_path / 'run'}'"]))
+
+
+def test_one_entry_of_an_options_table_beside_init_from_changes_the_pretrained_runs(tmp_path, capsys):
+    # init_from leaves the file's [model] table out, so the entry made a table of its own, compared whole with the
+    # pretrained one: restating one of its values was refused as a change, naming a table the user never wrote.
+    from cli_helpers import toml_str as _q
+
+    from attnlab.training.recipe import load_run_config
+
+    base = ["--set", "train.progress=false", "--set", "train.device=cpu", "--set", "train.warmup_steps=0",
+            "--set", "train.steps=1"]
+    pre = tmp_path / "pre"
+    code, _, err = run_cli(capsys, "train", "--set", "model.preset=gpt-char-tiny", "--set", "model.position=t5-bias",
+                           "--set", "model.position_options={num_buckets = 16, max_distance = 64}", *base,
+                           "--set", f"train.out_dir={_q(pre)}")
+    assert code == 0, err
+    sets = [f"model.init_from={_q(pre)}", "model.position_options.max_distance=64"]
+    assert load_run_config(None, sets).model["position_options"] == {"num_buckets": 16, "max_distance": 64}
+    code, _, err = run_cli(capsys, "train", *base, "--set", sets[0], "--set", sets[1],
+                           "--set", f"train.out_dir={_q(tmp_path / 'ft')}")
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "train", *base, "--set", sets[0], "--set", "model.position_options.max_distance=32",
+                           "--set", f"train.out_dir={_q(tmp_path / 'ft2')}")
+    assert code == 2 and "max_distance" in err and "model.init_from was trained with" in err, err

@@ -471,6 +471,14 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
                               "set train.out_dir in it or with --set train.out_dir=...")
         train = train.replace(out_dir=str(Path("runs") / Path(path).stem))
     resolved = _resumed_init_from(model, train.out_dir) if resume else model
+    entries = {key for (section, key, *entry), _ in parsed if entry and section == "model"}
+    if entries and "init_from" in resolved:
+        # One entry of an options table beside init_from changes that of the pretrained run, whose other entries
+        # stay (init_from leaves the file's [model] table out): the whole table restated, or refused as a change.
+        saved = _init_from_config(resolved["init_from"])
+        model.update({key: {**saved[key], **model[key]} for key in entries
+                      if isinstance(saved.get(key), dict) and isinstance(model.get(key), dict)})
+        resolved = _resumed_init_from(model, train.out_dir) if resume else model
     family = _validate_model_keys(resolved)
     _check_attention_with_position(resolved, family)
     if family not in TASK_FAMILIES[data.task]:
