@@ -73,6 +73,7 @@ def test_wordpiece_alphabet_is_every_character_of_the_words(lowercase):
 @pytest.mark.parametrize(("kind", "size", "options", "named"), [
     ("word", None, {"min_frequency": "2"}, "min_frequency must be a whole number of at least 1, got '2'"),
     ("word", None, {"min_frequency": 0}, "min_frequency must be a whole number of at least 1, got 0"),
+    ("bpe", 300, {"min_frequency": None}, "min_frequency must be a whole number of at least 1, got None"),
     ("bpe", 300, {"min_frequency": -1}, "min_frequency must be a whole number of at least 1, got -1"),
     ("bpe", 300.5, {}, "vocab_size must be a whole number of at least 1, got 300.5"),
     ("word", 10.5, {}, "vocab_size must be a whole number of at least 1, got 10.5"),

@@ -954,7 +954,8 @@ def train_tokenizer(
     # Whole numbers of at least 1, or one line: a float or a string failed inside HF's trainer or ours (a TypeError,
     # an OverflowError for -1), and a min_frequency of 0 or below was taken as 1.
     for name, value in (("vocab_size", vocab_size), ("min_frequency", options.get("min_frequency", 1))):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+        if (value is not None or name == "min_frequency") and (
+                isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
             raise ConfigError(f"{kind} tokenizer: {name} must be a whole number of at least 1, got {value!r}")
     if "min_frequency" in options:
         options["min_frequency"] = int(options["min_frequency"])
