@@ -629,6 +629,11 @@ def model_config(model: dict[str, Any], **derived: Any) -> Config:
             # The trained pooler stays where the new heads read none (masked LM on, NSP off): left unset, the pooler
             # went with the NSP head, and a classifier made later from this run started one afresh.
             values["pooler"] = True
+        if family == "encoder" and values.get("pad_id") is None and derived.get("pad_id") is not None:
+            # A language model's config leaves pad_id unset (its windows hold no padding); the classifier made from
+            # it pads its batches, and reads the tokenizer's pad as padding without an attention_mask, as one
+            # trained from scratch does (it read them as tokens).
+            values["pad_id"] = derived["pad_id"]
         if family == "encoder" and is_unset(values.get("causal")):  # None, or --set model.causal=none
             # Keep the mask the encoder was trained with (its features differ without it), as with_head does: its
             # config's causal, or where that was left unset, its head's (a causal classifier became bidirectional).
@@ -1242,7 +1247,7 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
                                                bucket_by_length=d.batches_by_length)
     config = model_config(run.model, vocab_size=tokenizer.vocab_size, n_classes=train_source.num_labels,
                           max_len=max(d.max_length, 8), head="classification", heads="classification",
-                          pad_id=tokenizer.pad_id or 0)
+                          pad_id=_classifier_pad_id(run, tokenizer, saved))
     model = _build(run, config, labels=train_source.label_names)
     return Prepared(model, tokenizer, train_source, eval_source, classification_counts,
                     info={"labels": train_source.label_names}, layout={"classification_sep": bool(suffix)})
@@ -1279,6 +1284,15 @@ def _pretrained_class_order(pretrained: str | Path | None, labels: list[str], *,
                           f"{names[:8]}; resume with the run's data file, or start without --resume "
                           "(or in another train.out_dir)")
     return names if same and names != list(labels) else None
+
+
+def _classifier_pad_id(run: RunConfig, tokenizer, saved: Path | None) -> int | None:
+    """The pad id a classifier's config is given: the tokenizer's (0 where it has none, from scratch); from a
+    pretrained run, only a pad the tokenizer has (a char LM's may have none), which `model_config` gives an encoder
+    whose config leaves it unset (a language model's); resumed, none: the checkpoint's config holds the run's."""
+    if "init_from" not in run.model:
+        return tokenizer.pad_id or 0
+    return tokenizer.pad_id if saved is None else None
 
 
 def _prepare_translation(run: RunConfig, saved: Path | None) -> Prepared:

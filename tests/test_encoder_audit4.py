@@ -1,0 +1,48 @@
+"""A classifier fine-tuned from an encoder language model (model.init_from) keeps the tokenizer's pad id in its
+config, as one trained from scratch does (fourth encoder audit): the LM's config leaves pad_id unset, and the
+classifier then read the padding of a batch given without an attention_mask as tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cli_helpers import run_cli
+from cli_helpers import toml_str as _q
+
+from attnlab.data.tokenizers import load_tokenizer
+from attnlab.training.checkpoint import find_checkpoint, load_model
+
+T = ["--set", "train.progress=false", "--set", "train.device=cpu", "--set", "train.batch_size=4", "--set",
+     "train.steps=2", "--set", "train.warmup_steps=0"]
+M = ["--set", "model.family=encoder", "--set", "model.d_model=16", "--set", "model.n_layers=1", "--set",
+     "model.n_heads=2", "--set", "model.d_ff=32"]
+
+
+@pytest.mark.parametrize("tokenizer", ["word", "char"])
+def test_a_classifier_from_an_encoder_lm_reads_padding_as_its_tokenizer_pads(capsys, tmp_path, tokenizer):
+    docs, table = tmp_path / "docs.txt", tmp_path / "cls.tsv"
+    docs.write_text("the good cat sat\nthe bad dog ran\n" * 40, encoding="utf-8")
+    table.write_text("text\tlabel\n" + "the good cat\t1\nthe bad dog\t0\n" * 10, encoding="utf-8")
+    code, _, err = run_cli(capsys, "train", *M, *T, "--set", "model.head=lm", "--set", "data.block_size=8",
+                           "--set", f"data.tokenizer={_q(tokenizer)}", "--set", f"data.path={_q(docs)}",
+                           "--set", f"train.out_dir={_q(tmp_path / 'lm')}")
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "train", *T, "--set", f"model.init_from={_q(tmp_path / 'lm')}",
+                           "--set", "data.task=classification", "--set", f"data.path={_q(table)}",
+                           "--set", "data.max_length=16", "--set", f"train.out_dir={_q(tmp_path / 'ft')}")
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "train", *T, "--set", f"model.init_from={_q(tmp_path / 'lm')}",
+                           "--set", "data.task=classification", "--set", f"data.path={_q(table)}",
+                           "--set", "data.max_length=16", "--set", f"train.out_dir={_q(tmp_path / 'ft')}",
+                           "--set", "train.steps=3", "--resume")
+    assert code == 0, err  # its checkpoint's config holds the pad id: resumed as it is
+    model = load_model(tmp_path / "ft").eval()
+    tok = load_tokenizer(find_checkpoint(tmp_path / "ft"))
+    assert model.config.pad_id == tok.pad_id  # None for the char LM's tokenizer, which has no pad
+    if tok.pad_id is None:
+        return
+    a, b = tok.encode("the good cat"), tok.encode("the bad")
+    with torch.no_grad():
+        batched = model(torch.tensor([a, b + [tok.pad_id] * (len(a) - len(b))])).logits[1]
+        alone = model(torch.tensor([b])).logits[0]
+    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-5)
