@@ -46,3 +46,25 @@ def test_a_classifier_from_an_encoder_lm_reads_padding_as_its_tokenizer_pads(cap
         batched = model(torch.tensor([a, b + [tok.pad_id] * (len(a) - len(b))])).logits[1]
         alone = model(torch.tensor([b])).logits[0]
     torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_a_fine_tune_resumed_without_its_model_settings_keeps_them_in_run_json(capsys, tmp_path):
+    # Resumed without --set model.pooling=last, the run went on with its checkpoint's pooling (rightly), but
+    # run.json, the run's settings, then read as the pretrained run's mean pooling.
+    import json
+
+    docs, table = tmp_path / "docs.txt", tmp_path / "cls.tsv"
+    docs.write_text("the good cat sat\nthe bad dog ran\n" * 40, encoding="utf-8")
+    table.write_text("text\tlabel\n" + "the good cat\t1\nthe bad dog\t0\n" * 10, encoding="utf-8")
+    assert run_cli(capsys, "train", *M, *T, "--set", "model.head=lm", "--set", "data.block_size=8", "--set",
+                   "data.tokenizer=word", "--set", f"data.path={_q(docs)}",
+                   "--set", f"train.out_dir={_q(tmp_path / 'lm')}")[0] == 0
+    fine_tune = [*T, "--set", f"model.init_from={_q(tmp_path / 'lm')}", "--set", "data.task=classification",
+                 "--set", f"data.path={_q(table)}", "--set", f"train.out_dir={_q(tmp_path / 'ft')}"]
+    assert run_cli(capsys, "train", *fine_tune, "--set", "model.pooling=last", "--set", "model.causal=false")[0] == 0
+    before = json.loads((tmp_path / "ft" / "run.json").read_text())["model"]
+    assert before["pooling"] == "last" and before["causal"] is False
+    code, _, err = run_cli(capsys, "train", *fine_tune, "--set", "train.steps=3", "--resume")
+    assert code == 0, err
+    assert json.loads((tmp_path / "ft" / "run.json").read_text())["model"] == before
+    assert load_model(tmp_path / "ft").config.pooling == "last"

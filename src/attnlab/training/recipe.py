@@ -1526,6 +1526,12 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
             if run.data.task != "lm" and env_world().is_main:  # a language model's token files, which no task reads
                 _remove_token_files(out / "data")
         description = run.to_dict()
+        if tokenizer_from is not None and "init_from" in run.model:
+            # A fine-tune resumed without a model.* setting it was started with goes on with the checkpoint's (its
+            # own init_from), which run.json, the run's settings, keeps saying (it read as the pretrained run's).
+            previous = _recorded_model(out)
+            if previous.get("init_from") == run.model["init_from"]:
+                description["model"] = {**previous, **description["model"]}
         if "labels" in prep.info:  # the class names, in the order of the classifier's outputs
             description["labels"] = list(prep.info["labels"])
         description.update(prep.layout)  # a checkpoint that lost its trainer state is scored from run.json
@@ -1549,6 +1555,15 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
 
         summary = trainer.fit(resume=resume, on_start=describe)
         return {**summary, **prep.info}
+
+
+def _recorded_model(out: Path) -> dict[str, Any]:
+    """The [model] table the run.json in `out` records ({} where there is none, or it cannot be read)."""
+    try:
+        model = json.loads((out / RUN_FILE).read_text(encoding="utf-8")).get("model")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return {}
+    return model if isinstance(model, dict) else {}
 
 
 def _check_checkpoint_folders(out: Path) -> None:
