@@ -68,3 +68,27 @@ def test_a_fine_tune_resumed_without_its_model_settings_keeps_them_in_run_json(c
     assert code == 0, err
     assert json.loads((tmp_path / "ft" / "run.json").read_text())["model"] == before
     assert load_model(tmp_path / "ft").config.pooling == "last"
+
+
+@pytest.mark.parametrize(("norm", "given"), [("post", "true"), ("pre", "false")])
+def test_a_final_norm_other_than_the_pretrained_models_is_named(capsys, tmp_path, norm, given):
+    # final_norm left to its default is saved as null: the change was refused later, for a weight the checkpoint
+    # lacks or holds ("encoder.norm.weight"), without naming the setting.
+    from cli_helpers import one_line_error
+
+    docs, table = tmp_path / "docs.txt", tmp_path / "cls.tsv"
+    docs.write_text("the good cat sat\nthe bad dog ran\n" * 40, encoding="utf-8")
+    table.write_text("text\tlabel\n" + "the good cat\t1\nthe bad dog\t0\n" * 10, encoding="utf-8")
+    assert run_cli(capsys, "train", *M, *T, "--set", f"model.norm={_q(norm)}", "--set", "model.head=lm", "--set",
+                   "data.block_size=8", "--set", "data.tokenizer=word", "--set", f"data.path={_q(docs)}",
+                   "--set", f"train.out_dir={_q(tmp_path / 'lm')}")[0] == 0
+    line = one_line_error(capsys, "train", *T, "--set", f"model.init_from={_q(tmp_path / 'lm')}", "--set",
+                          f"model.final_norm={given}", "--set", "data.task=classification", "--set",
+                          f"data.path={_q(table)}", "--set", f"train.out_dir={_q(tmp_path / 'ft')}")
+    trained = "True" if norm == "pre" else "False"
+    assert f"model.final_norm = {given.title()}, but the model in model.init_from was trained with {trained}, which " \
+           "its weights keep; drop model.final_norm" in line, line
+    # restating what it was trained with is no change
+    assert run_cli(capsys, "train", *T, "--set", f"model.init_from={_q(tmp_path / 'lm')}", "--set",
+                   f"model.final_norm={trained.lower()}", "--set", "data.task=classification", "--set",
+                   f"data.path={_q(table)}", "--set", f"train.out_dir={_q(tmp_path / 'ft')}")[0] == 0

@@ -700,6 +700,10 @@ def _check_init_from_changes(table: dict[str, Any], saved: dict[str, Any]) -> No
             raise ConfigError(f"model.causal = {table['causal']!r}, but the model in model.init_from has T5 bias "
                               f"buckets learned under causal = {trained}, which another mask reads for other "
                               f"distances; drop model.causal")
+    if table.get("final_norm") is not None and saved.get("final_norm") is None and "norm" in saved:
+        # left to its default, resolved by the norm's placement (the encoder's and the Transformer's rule): compared
+        # as trained, not refused later for a weight the checkpoint lacks or holds
+        saved = {**saved, "final_norm": saved["norm"] == "pre"}
     for key, value in table.items():
         # saved None: the setting was left to its default, resolved by the model (d_ff: 4 × d_model); a value that
         # differs from it gives weights of other shapes, refused when they are loaded
