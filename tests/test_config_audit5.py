@@ -84,6 +84,12 @@ def test_one_entry_of_an_options_table_keeps_the_files_others(tmp_path):
     assert options("model.position_options={num_buckets = 8}") == {"num_buckets": 8}  # a whole table replaces
     assert options("model.position_options={num_buckets = 8}", "model.position_options.max_distance=32") == \
         {"num_buckets": 8, "max_distance": 32}
+    # =none drops an entry: the scheme's default
+    assert options("model.position_options.max_distance=none") == {"num_buckets": 16}
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\nfamily = "gpt"\nposition = "t5-bias"\nposition_options = "oops"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"model.position_options = 'oops' is not a table of options"):
+        options("model.position_options.num_buckets=8", path=bad)
     # without a file: the entry makes the table
     assert options("model.position=\"t5-bias\"", "model.position_options.max_distance=32", path=None) == \
         {"max_distance": 32}

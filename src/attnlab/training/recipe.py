@@ -438,9 +438,14 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
             raw["model"].pop("preset")
     for (section, key, *entry), value in parsed:
         table = raw.setdefault(section, {})
-        if entry:  # one entry of an options table, the file's others kept
+        if entry:  # one entry of an options table, the file's others kept; =none drops it (the scheme's default)
             options = table.get(key)
-            table[key] = {**(options if isinstance(options, dict) else {}), entry[0]: value}
+            if options is not None and not isinstance(options, dict):
+                raise ConfigError(f"--set {section}.{key}.{entry[0]}: {section}.{key} = {options!r} is not a table "
+                                  f"of options; write it as one ({section}.{key} = {{{entry[0]} = ...}})")
+            table[key] = {**(options or {}), entry[0]: value}
+            if is_unset(value):
+                del table[key][entry[0]]
         else:
             table[key] = value
     for section in raw:
