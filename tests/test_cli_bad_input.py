@@ -424,9 +424,12 @@ def test_a_label_spelling_the_number_of_a_known_class_says_so(tmp_path, capsys, 
     from attnlab.errors import DataError
 
     data = ClassificationData(texts=["great movie"], labels=["1.0"], line_numbers=[2], path="dev.csv")
+    # (the same 0.0/1.0 written in a JSONL training file and a CSV dev file differ too: the advice names both ways)
     with pytest.raises(DataError, match=r"line 2: label '1\.0' is not one of the known labels \['0', '1'\] \('1\.0' "
-                                        r"spells the number of class '1', but labels are read as text: write the "
-                                        r"classes alike in both files\); fix the label"):
+                                        r"spells the number of class '1', but labels are read as text: a JSON Lines "
+                                        r"number by its value, 1\.0 as '1', a TSV or CSV cell as written; write the "
+                                        r"classes as whole numbers \(1\), or as the same text, in both files\); fix "
+                                        r"the label"):
         data.label_ids(["0", "1"])
     dev = tmp_path / "dev.csv"
     dev.write_text("sentence,label\ngreat movie great,1.0\nawful movie,0.0\n", encoding="utf-8")

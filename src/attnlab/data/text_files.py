@@ -445,8 +445,10 @@ def same_number_hint(label: str, known: Sequence[str]) -> str:
     training file had "1", as a JSON file reads 1.0), or "" when none does."""
     value = _number(label)
     twin = next((name for name in known if value is not None and _number(name) == value), None)
-    return "" if twin is None else (f" ({label!r} spells the number of class {twin!r}, but labels "
-                                    "are read as text: write the classes alike in both files)")
+    return "" if twin is None else (f" ({label!r} spells the number of class {twin!r}, but labels are read as "
+                                    "text: a JSON Lines number by its value, 1.0 as '1', a TSV or CSV cell as "
+                                    "written; write the classes as whole numbers (1), or as the same text, in both "
+                                    "files)")
 
 
 def _warn_same_number(data: ClassificationData) -> None:
