@@ -158,6 +158,10 @@ def test_baselines_count_exact_answers(tmp_path, monkeypatch):
     assert summary["baselines"]["london"] == pytest.approx(100 / 3)
     assert summary["baselines"]["most_common_answer"] == "Lyon" and summary["baselines"]["most_common"] == 0.0
     assert summary["variants"][0]["correct"] == 0
+    # the table says the row's answer is one of several equally common ones (it read as the one most common)
+    ties = summary["baselines"]["most_common_ties"]
+    assert ties >= 2 and f'| always "Lyon" (the first met of {ties} equally common training answers) |' in \
+        (tmp_path / "out" / "results.md").read_text(encoding="utf-8")
 
 
 def test_results_table_rows():

@@ -786,7 +786,8 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
     tokenizer = vocab.to_tokenizer()
     dev_q, dev_a = [q for q, _ in data.dev], [a for _, a in data.dev]
     train_q, train_a = [q for q, _ in data.train], [a for _, a in data.train]
-    common = Counter(train_a).most_common(1)[0][0]
+    counts = Counter(train_a).most_common()  # ties in the order the answers are first met
+    common, ties = counts[0][0], sum(n == counts[0][1] for _, n in counts)
     n_params = {v.name: parameter_count(settings, vocab.vocab_size, v) for v in rows}
     assignment_params = parameter_count(SCALES["full"], ASSIGNMENT_VOCAB, Variant("dot", True))
     if precision == "fp32" and settings.precision == "auto" and dev_name.type == "cpu" and not cpu_has_bf16():
@@ -904,7 +905,7 @@ def _run_knowledge(out_dir: str | Path, *, scale: str = "quick",
                  "files": {k: str(Path(v).resolve()) for k, v in data.files.items()},
                  "vocab_size": vocab.vocab_size, "seed": seed},
         "baselines": {"london": london_baseline(dev_a), "most_common": exact_match([common] * len(dev_a), dev_a),
-                      "most_common_answer": common},
+                      "most_common_answer": common, "most_common_ties": ties},
         "notes": NOTES,
         "variants": results,
         "settings": settings.to_dict(),
@@ -977,8 +978,10 @@ def results_markdown(summary: dict[str, Any]) -> str:
     lines.append(f"| always \"London\" | {base['london']:.1f} | | | {summary['notes']['london']:.1f} | | |")
     if base["most_common_answer"] != "London":  # else the row above is that baseline already
         answer = base["most_common_answer"].replace("|", "\\|")  # a "|" of its own would end the cell
-        lines.append(f"| always \"{answer}\" (most common training answer) | "
-                     f"{base['most_common']:.1f} | | | | | |")
+        ties = base.get("most_common_ties", 1)  # answers as common as it (a summary of an earlier version: 1)
+        which = "most common training answer" if ties == 1 else f"the first met of {ties} equally common training " \
+            "answers"
+        lines.append(f"| always \"{answer}\" ({which}) | {base['most_common']:.1f} | | | | | |")
     lines += ["", f"Total wall time {summary['wall_time_s']:.0f} s; the assignment's model has "
               f"{summary['assignment_parameters']:,} parameters with its vocabulary of {ASSIGNMENT_VOCAB}."]
     return "\n".join(lines)
