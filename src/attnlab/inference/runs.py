@@ -409,8 +409,10 @@ def _continuation(tok, prompt: str, prompt_ids: list[int], new_ids: list[int]) -
     new word would be glued to the prompt's last), and byte-level BPE may finish a character the prompt began.
     Where the prompt ends in whitespace its decoding dropped, that space is not given twice. The prompt's
     special tokens (an unknown word's unk) are decoded with it: dropped, the word boundary after them went too
-    ("Zebra" gave "Zebraquick"); the new tokens' specials are left out of the text."""
-    specials = set(tok.special_ids)
+    ("Zebra" gave "Zebraquick"); the new tokens' specials are left out of the text, but for unk: a word the model
+    put there, shown as the tokenizer writes it (left out, the words around it were joined: "for <unk> statement"
+    printed as "for statement")."""
+    specials = set(tok.special_ids) - {tok.unk_id}
     new_ids = [i for i in new_ids if i not in specials]
     if not new_ids:
         return ""
