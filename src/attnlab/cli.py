@@ -162,8 +162,9 @@ def generate(
     best: bool = typer.Option(False, "--best", help="Use the run's best/ checkpoint instead of the latest."),
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N (a GPU by number) or mps."),
     dtype: str = typer.Option("fp32", help="Weights: fp32 (as trained), bf16 or fp16 (half the memory read "
-                              "per token: faster decoding of wide models; results differ by rounding; on a "
-                              "CPU prefer bf16)."),
+                              "per token: faster decoding of wide models on GPUs and CPUs with bf16 instructions, "
+                              "there prefer bf16; on other CPUs no faster one prompt at a time, slower for several; "
+                              "results differ by rounding)."),
 ) -> None:
     """Generate text from a trained language model (with a KV cache), or translate with a seq2seq model."""
     _one_process("generate")
