@@ -174,8 +174,7 @@ def resolve_precision(precision: str, device: torch.device | str, *,
         supported = False
     if precision == "auto":
         return torch.bfloat16 if supported else None
-    said = _said(setting, "bf16")
-    instead = f"{setting} auto or fp32" if setting.startswith("--") else f'{setting} = "auto" or "fp32"'
+    said, instead = _said(setting, "bf16"), _said(setting, "auto", "fp32")
     if device.type == "cuda" and not supported:
         if not _cuda_bf16_runs():
             raise ConfigError(f"{said} but this GPU does not support bf16; use {_said(setting, 'fp32')}")
@@ -194,10 +193,12 @@ def resolve_precision(precision: str, device: torch.device | str, *,
     return torch.bfloat16
 
 
-def _said(setting: str, value: str) -> str:
-    """`setting` given `value` as the user writes it: a command-line flag (--precision bf16) or a config setting
-    (train.precision = "bf16")."""
-    return f"{setting} {value}" if setting.startswith("--") else f'{setting} = "{value}"'
+def _said(setting: str, *values: str) -> str:
+    """`setting` given `values` (alternatives) as the user writes them: a command-line flag (--precision auto or fp32)
+    or a config setting (train.precision = "auto" or "fp32")."""
+    if setting.startswith("--"):
+        return f"{setting} {' or '.join(values)}"
+    return f"{setting} = " + " or ".join(f'"{value}"' for value in values)
 
 
 def _mps_bf16_problem() -> str | None:
