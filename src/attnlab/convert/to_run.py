@@ -44,9 +44,9 @@ from attnlab.training.trainer import CHECKPOINT_DIR  # a run's latest checkpoint
 
 SUPPORTED_TYPES = ("bert", "gpt2")
 
-# HF's name of each special token (a tokenizer_config.json / special_tokens_map.json key) -> attnlab's.
 # The extra special tokens a folder names, matched whole: transformers 4's key and 5's.
 EXTRA_SPECIAL_KEYS = ("additional_special_tokens", "extra_special_tokens")
+# HF's name of each special token (a tokenizer_config.json / special_tokens_map.json key) -> attnlab's.
 HF_SPECIAL_KEYS = {"pad_token": "pad", "unk_token": "unk", "mask_token": "mask", "cls_token": "cls",
                    "sep_token": "sep", "bos_token": "bos", "eos_token": "eos"}
 
@@ -61,7 +61,6 @@ _FAMILIES: dict[str, dict[str, Any]] = {
              "defaults": {"eos": "<|endoftext|>", "bos": "<|endoftext|>", "unk": "<|endoftext|>"},
              "order": ("eos", "pad", "unk", "bos", "mask", "cls", "sep")},
 }
-
 
 
 def save_hf_as_run(hf_folder: str | os.PathLike[str], run_folder: str | os.PathLike[str], *,
@@ -154,10 +153,7 @@ def _model_type(folder: Path) -> tuple[str, dict[str, Any]]:
     path = folder / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{folder}: no config.json; give a HF model folder (as save_pretrained writes it)")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
-        raise CheckpointError(f"cannot read {path}: {one_line(e)}") from None
+    config = _read_json(path)
     kind = config.get("model_type") if isinstance(config, dict) else None
     if kind in SUPPORTED_TYPES:
         return kind, config
@@ -167,6 +163,14 @@ def _model_type(folder: Path) -> tuple[str, dict[str, Any]]:
     said = "missing" if kind is None else repr(kind)
     raise CheckpointError(f"{path}: model_type is {said}; save_hf_as_run converts {' and '.join(SUPPORTED_TYPES)} "
                           "models")
+
+
+def _read_json(path: Path) -> Any:
+    """A JSON file of the HF folder, or a one-line CheckpointError naming it."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise CheckpointError(f"cannot read {path}: {one_line(e)}") from None
 
 
 def _load_model(folder: Path, model_type: str):
@@ -258,10 +262,7 @@ def _tokenizer_settings(folder: Path) -> dict[str, Any]:
         path = folder / name
         if not path.is_file():
             continue
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError) as e:
-            raise CheckpointError(f"cannot read {path}: {one_line(e)}") from None
+        data = _read_json(path)
         if not isinstance(data, dict):
             raise CheckpointError(f"{path} is not a JSON object")
         named = [key for key in EXTRA_SPECIAL_KEYS if key in data]
@@ -304,9 +305,9 @@ def _add_added_tokens(path: Path, hf: Any) -> set[str]:
         return set()
     try:
         check_readable(path)
-        added = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError, AttnlabError) as e:
+    except AttnlabError as e:
         raise CheckpointError(f"cannot read {path}: {one_line(e)}") from None
+    added = _read_json(path)
     if not isinstance(added, dict) or not all(isinstance(t, str) and t and type(i) is int for t, i in added.items()):
         raise CheckpointError(f"{path} is not a JSON object of tokens and their ids ({{\"[E1]\": 30522, ...}})")
     new = [token for token, _ in sorted(added.items(), key=lambda item: item[1]) if hf.token_to_id(token) is None]
