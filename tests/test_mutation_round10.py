@@ -10,6 +10,7 @@ import shutil
 import pytest
 import torch
 from cli_helpers import run_cli
+from test_convert_to_run import _fast
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -34,8 +35,7 @@ def gpt2(tmp_path_factory):
     cfg = transformers.GPT2Config(vocab_size=bpe.get_vocab_size(), n_positions=32, n_embd=16, n_layer=1, n_head=2,
                                   bos_token_id=eos, eos_token_id=eos)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(folder)
-    transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|endoftext|>",
-                                         eos_token="<|endoftext|>", unk_token="<|endoftext|>").save_pretrained(folder)
+    _fast(bpe._tokenizer, folder, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>")
     return folder
 
 
@@ -50,8 +50,7 @@ def _bert(folder, id2label=None, **tok_kwargs):
     torch.manual_seed(1)
     cls(cfg).save_pretrained(folder)
     specials = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIALS))
-    transformers.PreTrainedTokenizerFast(tokenizer_object=wp._tokenizer, **{**specials, **tok_kwargs}
-                                         ).save_pretrained(folder)
+    _fast(wp._tokenizer, folder, **{**specials, **tok_kwargs})
     return folder
 
 
