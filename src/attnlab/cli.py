@@ -148,7 +148,8 @@ def generate(
                                             "order."),
     input_file: str | None = typer.Option(None, "--input", "-i", help="Translation models: a file of source "
                                           "sentences, one per line, translated in batches; the translations are "
-                                          "printed one per line, in order (an empty line for a blank one).",
+                                          "printed one per line, in order (an empty line for a blank one). A "
+                                          "pipe does too, and - reads standard input.",
                                           callback=expand_home),
     max_new_tokens: int = typer.Option(200, "--max-new-tokens", "-n", help="How many tokens to add (for a "
                                        "translation: the longest output, in tokens)."),

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import struct
+import sys
 import unicodedata
 import warnings
 from collections import Counter
@@ -44,8 +45,10 @@ FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".
 CSV_FIELD_LIMIT = 2 ** (8 * struct.calcsize("l") - 1) - 1
 
 
-def check_file(path: str | os.PathLike[str], what: str = "data file") -> Path:
-    """The path as a Path, or DataError if it is missing, a directory, or empty."""
+def check_file(path: str | os.PathLike[str], what: str = "data file", *, pipes: bool = False) -> Path:
+    """The path as a Path, or DataError if it is missing, a directory, or empty; with `pipes`, a pipe or a
+    device (`<(...)`, /dev/stdin) passes, for a reader that reads the file once (its emptiness is found on
+    reading it)."""
     if not str(path).strip():  # Path("") is the working folder: "'.' is a directory" named no mistake
         raise DataError(f"{what}: the path is empty; give a file's path")
     path = Path(path)
@@ -53,6 +56,8 @@ def check_file(path: str | os.PathLike[str], what: str = "data file") -> Path:
         raise DataError(f"{what} '{path}' does not exist; check the path")
     if path.is_dir():
         raise DataError(f"{what} '{path}' is a directory; pass a file inside it")
+    if pipes and not path.is_file():
+        return path
     if not path.is_file():  # a pipe (<(...), /dev/stdin) or a device: its size 0 had been called empty
         raise DataError(f"{what} '{path}' is not a regular file (a pipe or a device), which attnlab does not read "
                         "(most data is read more than once); save it to a file and give that")
@@ -68,9 +73,12 @@ COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip -k"), (b"BZh", "bzip2", "bunzip2 -k"
               (b"PK\x03\x04", "zip", "unzip"))
 
 
-def _decode_error(path: Path, err: UnicodeDecodeError, base_offset: int = 0, base_line: int = 0) -> DataError:
-    with open(path, "rb") as f:
-        head = f.read(6)
+def _decode_error(path: Path, err: UnicodeDecodeError, base_offset: int = 0, base_line: int = 0,
+                  head: bytes | None = None) -> DataError:
+    """`head`: the file's first bytes where the caller holds them (a pipe cannot be read twice)."""
+    if head is None:
+        with open(path, "rb") as f:
+            head = f.read(6)
     for magic, name, unpack in COMPRESSED:
         if head.startswith(magic):
             return DataError(f"data file '{path}' is {name}-compressed, not text; unpack it first "
@@ -115,14 +123,23 @@ def _newlines_before(path: Path, offset: int) -> int:
     return count
 
 
-def read_text(path: str | os.PathLike[str]) -> str:
-    """The whole file as a string (UTF-8, a leading byte-order mark dropped)."""
-    path = check_file(path)
-    data = path.read_bytes()
+STDIN_NAME = "<standard input>"  # how messages name it
+
+
+def read_text(path: str | os.PathLike[str], *, pipes: bool = False) -> str:
+    """The whole file as a string (UTF-8, a leading byte-order mark dropped). With `pipes`, a pipe or a device
+    is read too (see `check_file`), and "-" reads standard input."""
+    if pipes and str(path) == "-":
+        path, data = Path(STDIN_NAME), sys.stdin.buffer.read()
+    else:
+        path = check_file(path, pipes=pipes)
+        data = path.read_bytes()
+    if not data:  # a pipe that gave nothing (a regular file's size was checked)
+        raise DataError(f"data file '{path}' is empty; give a file with data in it")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise _decode_error(path, e) from None
+        raise _decode_error(path, e, head=data[:6]) from None
     if b"\x00" in data:  # on the bytes: ~40x faster than on text beyond Latin-1
         raise _nul_error(path, text)
     text = text.removeprefix("\ufeff")
@@ -152,9 +169,9 @@ def _check_line_ends(path: Path, text: str) -> None:
                         f"one; convert them to LF (e.g. tr '\\r' '\\n' < '{path}' > new.txt, or mac2unix)")
 
 
-def read_lines(path: str | os.PathLike[str]) -> list[str]:
-    """The lines of a file (see `split_lines`)."""
-    return split_lines(read_text(path), path)
+def read_lines(path: str | os.PathLike[str], *, pipes: bool = False) -> list[str]:
+    """The lines of a file (see `split_lines`); `pipes` as for `read_text`."""
+    return split_lines(read_text(path, pipes=pipes), path)
 
 
 def split_documents(text: str, path: str | os.PathLike[str] | None = None) -> list[list[str]]:

@@ -184,11 +184,14 @@ def translate_lines(run: LoadedRun, lines: Sequence[str], *, beam_size: int = 1,
 
 
 def translate_file(run: LoadedRun, path: str | Path, *, beam_size: int = 1, max_len: int = 128) -> list[str]:
-    """`translate_lines` of a file's lines (`generate --input`), errors naming the file and line."""
-    from attnlab.data.text_files import read_lines
+    """`translate_lines` of a file's lines (`generate --input`), errors naming the file and line. The file is
+    read once, so a pipe does (`<(...)`), and "-" reads standard input."""
+    from attnlab.data.text_files import STDIN_NAME, read_lines
 
     _check_translation_lengths(max_len, beam_size)
-    return translate_lines(run, read_lines(path), beam_size=beam_size, max_len=max_len, name=str(path))
+    lines = read_lines(path, pipes=True)
+    return translate_lines(run, lines, beam_size=beam_size, max_len=max_len,
+                           name=STDIN_NAME if str(path) == "-" else str(path))
 
 
 def _check_translation_lengths(max_len: int, beam_size: int) -> None:
