@@ -444,7 +444,13 @@ def read_classification_file(
     if not any(t.strip() for t in data.texts):  # a classifier would learn the labels' frequencies only
         raise DataError(f"data file '{path}': every text is empty ({len(data.texts)} lines); check that "
                         "data.text_column (evaluate: --text-column) names the column of the texts")
+    empty = [line for t, line in zip(data.texts, data.line_numbers) if not t.strip()]
+    if empty:  # kept (a row's place and its label count), but a classifier sees no token of them
+        warnings.warn(f"data file '{path}': {len(empty)} row(s) have an empty text (the first at line {empty[0]}); "
+                      "they are read as examples of no words, labelled as written; fill or drop them",
+                      stacklevel=2)
     _warn_same_number(data)
+    _warn_unlabelled_rows(data)
     return data
 
 
@@ -466,6 +472,22 @@ def same_number_hint(label: str, known: Sequence[str]) -> str:
                                     "text: a JSON Lines number by its value, 1.0 as '1', a TSV or CSV cell as "
                                     "written; write the classes as whole numbers (1), or as the same text, in both "
                                     "files)")
+
+
+def _warn_unlabelled_rows(data: ClassificationData) -> None:
+    """Warn of a few rows labelled -1 among classes 0, 1, ...: how HF datasets write a row without a gold label
+    (SNLI's pairs without one, 0.1–2 % of its splits), which would train as a class of its own. A -1 of 5 % of the
+    rows or more is taken for a class (sentiment as -1, 0, 1), as are labels -1 and 1 (a binary task)."""
+    labels = set(data.labels or ())
+    others = labels - {"-1"}
+    if "-1" not in labels or "0" not in others or not all(name.isdigit() for name in others):
+        return
+    rows = [line for label, line in zip(data.labels or (), data.line_numbers) if label == "-1"]
+    if len(rows) * 20 >= len(data):
+        return
+    warnings.warn(f"data file '{data.path}': {len(rows)} row(s) are labelled -1 (the first at line {rows[0]}), "
+                  "beside classes numbered from 0; -1 is how Hugging Face datasets mark a row without a label, and "
+                  "here it is a class of its own; drop those rows unless -1 is meant as a class", stacklevel=3)
 
 
 def _warn_same_number(data: ClassificationData) -> None:
