@@ -207,7 +207,9 @@ def evaluate(
     run_dir: str = typer.Argument(..., help="A run folder written by `attnlab train` (or a checkpoint folder).",
                                   callback=expand_home),
     data: str = typer.Option(..., "--data", "-d", help="LM: a text file; classifier: a TSV/CSV/JSONL file "
-                             "with the training columns; translation: source sentences.", callback=expand_home),
+                             "with the training columns; translation: source sentences; BERT pre-training: "
+                             "documents separated by blank lines, a sentence per line (masks and sentence pairs "
+                             "drawn with the run's train.seed).", callback=expand_home),
     target: str | None = typer.Option(None, "--target", help="Translation: the reference sentences.",
                                       callback=expand_home),
     batch_size: int = typer.Option(32, "--batch-size", help="Examples (or text windows) scored at once; lower it "
@@ -226,7 +228,8 @@ def evaluate(
                                   "where the hardware computes it): bf16 autocast is faster, as training evaluates "
                                   "a bf16 run, with losses that differ from the fourth digit on."),
 ) -> None:
-    """Score a file: loss and perplexity (language models, translation + BLEU) or accuracy (classifiers)."""
+    """Score a file: loss and perplexity (language models, translation + BLEU), accuracy (classifiers), or masked-LM
+    perplexity and accuracy with next-sentence accuracy (BERT pre-training)."""
     _one_process("evaluate")
     from attnlab.inference.runs import evaluate_file, load_run
     from attnlab.training.device import select_device

@@ -439,6 +439,9 @@ def evaluate_file(run: LoadedRun, data: str | Path, *, target: str | Path | None
     read a file whose columns differ from the training file's. Seq2seq: `data` holds source sentences and
     `target` their references, one per line; returns loss and perplexity of the references and the BLEU
     (sacrebleu's corpus BLEU) of the model's translations, greedy or by beam search with `beam_size` > 1.
+    BERT pre-training: `data` is documents separated by blank lines, a sentence per line, masked and paired as
+    training did with the run's seed; returns loss (masked LM + next sentence), mlm_loss, perplexity (of the
+    masked LM), mlm_accuracy, nsp_accuracy (where the model has the head), masked_tokens and sentence_pairs.
     `precision` "bf16" (or "auto": bf16 where the hardware computes it) runs it all under bf16 autocast.
     """
     from attnlab.data.sources import cut_advice
