@@ -208,6 +208,8 @@ class TrainingInterrupted(AttnlabError):
 class TrainingDiverged(AttnlabError):
     """The training loss (or the weights) became NaN or infinite; the last checkpoint was not overwritten."""
 
+    same_in_every_process = True  # the loss is summed over the processes, and each holds the same weights
+
 
 # A Ctrl-C once the last step is done: nothing is left to resume.
 _FINISHED = "training finished at step {step} (the last), interrupted before its summary; checkpoint saved in {folder}"
@@ -828,17 +830,22 @@ class Trainer:
         if self.world.is_main:
             ckpt.save_checkpoint(folder, self.model, self.optimizer if with_optimizer else None,
                                  self._trainer_state([json.loads(s) for s in states], window), self.tokenizer)
-            if self._stale_best and folder != self.out_dir / BEST_DIR:
-                # The best/ of the run this one replaces goes once this run has weights of its own to show
-                # (until then the folder still holds that run whole); `--best` never loads the other run's weights.
-                ckpt.remove_checkpoint(self.out_dir / BEST_DIR)
-            if self._stale_checkpoint and folder == self.out_dir / BEST_DIR:
-                # Likewise its checkpoint/ once this run's best/ is written: a crash before this run's first
-                # checkpoint left best/ and checkpoint/ of two runs, and --resume continued the old one.
-                ckpt.remove_checkpoint(self.out_dir / CHECKPOINT_DIR)
-            if self._stale_best or self._stale_checkpoint:  # that run is gone now, and the records kept for it
-                for _, aside in self._records():
-                    aside.unlink(missing_ok=True)
+            # The replaced run goes whole, a Ctrl-C or SIGTERM held until it has: one in the middle (removing a
+            # large checkpoint takes a while) was taken for one before this run's first save, which said that run
+            # was kept beside this run's best/, or saved checkpoint/ removing that best/ as the other run's.
+            with _interrupts_deferred():
+                if self._stale_best and folder != self.out_dir / BEST_DIR:
+                    # The best/ of the run this one replaces goes once this run has weights of its own to show
+                    # (until then the folder still holds that run whole); `--best` never loads the other run's.
+                    ckpt.remove_checkpoint(self.out_dir / BEST_DIR)
+                if self._stale_checkpoint and folder == self.out_dir / BEST_DIR:
+                    # Likewise its checkpoint/ once this run's best/ is written: a crash before this run's first
+                    # checkpoint left best/ and checkpoint/ of two runs, and --resume continued the old one.
+                    ckpt.remove_checkpoint(self.out_dir / CHECKPOINT_DIR)
+                if self._stale_best or self._stale_checkpoint:  # that run is gone now, and the records kept for it
+                    for _, aside in self._records():
+                        aside.unlink(missing_ok=True)
+                self._stale_best = self._stale_checkpoint = False
         # In every process: rank 0's save replaced that run for all of them (a later SIGTERM is no longer one
         # before this run's first save, and a divergence keeps this run's checkpoint).
         self._stale_best = self._stale_checkpoint = False
@@ -1047,6 +1054,8 @@ class Trainer:
                 for path, aside in self._records():
                     if aside.is_file():
                         aside.replace(path)
+                    else:  # the run kept had no such record (trained in Python, converted): this run's goes
+                        path.unlink(missing_ok=True)
                 self._plot()
             raise TrainingInterrupted(
                 f"training interrupted at step {self.step} of {self.config.steps}, before this run's first save: "
