@@ -439,8 +439,8 @@ def _masked_scores(q: Tensor, k: Tensor, scale: float, additive: Tensor | None) 
     s = k.shape[-2]
     q3 = q.reshape(b * h, t, d)
     kt = k.reshape(b * h, s, d).transpose(1, 2)
-    if additive is None:
-        return torch.bmm(q3, kt).mul_(scale).view(b, h, t, s)
+    if additive is None:  # scaled inside the product: q·kᵀ scaled after it overflowed fp16 where scale·q·kᵀ fits
+        return torch.baddbmm(q3.new_zeros(()), q3, kt, beta=0, alpha=scale).view(b, h, t, s)
     if additive.shape[:-2].numel() == 1 and not additive.requires_grad:
         additive = additive.reshape(additive.shape[-2:])  # the same for every pair: broadcast, no copy
     else:
