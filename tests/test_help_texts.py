@@ -21,3 +21,20 @@ def test_evaluate_help_names_what_each_kind_of_run_reads_and_reports():
     summary = " ".join(command.help.split())
     for reported in ("perplexity", "BLEU", "accuracy (classifiers)", "masked-LM", "next-sentence accuracy"):
         assert reported in summary
+
+
+def test_none_for_an_options_table_says_how_to_give_none(capsys, tmp_path):
+    """`--set model.position_options=none` is refused (a table's entries are dropped one by one with =none); the
+    message now says how to give no entries at all."""
+    from cli_helpers import one_line_error, toml_str
+
+    line = one_line_error(capsys, "train", "--set", "model.position_options=none", "--set",
+                          f"train.out_dir={toml_str(tmp_path / 'run')}")
+    assert line == ("attnlab: error: model.position_options: expected a table/dict, got 'none'; for no entries, give "
+                    "an empty table: --set model.position_options={}")
+
+
+def test_convert_help_says_what_a_headless_bert_is_for():
+    command = _command("convert")
+    assert "without a head" in command.help and "model.init_from" in command.help
+    assert "vocab.txt" in next(p for p in command.params if p.name == "hf_folder").help

@@ -13,7 +13,7 @@ import warnings
 
 import typer
 
-from attnlab.errors import AttnlabError, ConfigError, PathError, Terminated
+from attnlab.errors import AttnlabError, ConfigError, Terminated
 from attnlab.files import expand_home
 
 
@@ -88,13 +88,15 @@ def params(
 @app.command()
 def convert(
     hf_folder: str = typer.Argument(..., help="A Hugging Face BERT or GPT-2 folder as save_pretrained writes it: "
-                                    "config.json, model.safetensors (or its shards), tokenizer.json.",
+                                    "config.json, model.safetensors (or its shards), tokenizer.json (a BERT: or "
+                                    "vocab.txt).",
                                     callback=expand_home),
     run_folder: str = typer.Argument(..., help="The attnlab run folder to write (new or empty).", callback=expand_home),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the attnlab run already in RUN_FOLDER."),
 ) -> None:
     """Turn a Hugging Face BERT or GPT-2 model into an attnlab run folder, for generate, evaluate, params and
-    model.init_from (safetensors only: nothing is unpickled)."""
+    model.init_from (safetensors only: nothing is unpickled); a BERT without a head (a sentence encoder) is for
+    params and model.init_from."""
     _one_process("convert")
     from attnlab.convert.to_run import save_hf_as_run
 
@@ -163,9 +165,10 @@ def generate(
     best: bool = typer.Option(False, "--best", help="Use the run's best/ checkpoint instead of the latest."),
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N (a GPU by number) or mps."),
     dtype: str = typer.Option("fp32", help="Weights: fp32 (as trained), bf16 or fp16 (half the memory read "
-                              "per token: faster decoding of wide models on GPUs and CPUs with bf16 instructions, "
-                              "there prefer bf16; on other CPUs no faster one prompt at a time, slower for several; "
-                              "results differ by rounding)."),
+                              "per token: faster decoding of wide models on GPUs, on CPUs with bf16 instructions "
+                              "and on the AVX2 CPUs measured, about 1.2-1.4x at 384 wide; on a CPU prefer bf16; "
+                              "on an AVX-512 CPU without bf16 instructions about as fast as fp32 for one prompt and "
+                              "slower for several; results differ by rounding)."),
 ) -> None:
     """Generate text from a trained language model (with a KV cache), or translate with a seq2seq model."""
     _one_process("generate")
@@ -559,9 +562,9 @@ def _main(argv: list[str] | None, terminated: list[int]) -> None:
         if code == 130 and terminated:  # stopped (a checkpoint saved) by SIGTERM, not Ctrl-C
             _report_terminated(f": {e}")
             sys.exit(143)
-        # A refused setting is refused by every process alike; data and file errors, and a folder this process
-        # cannot make or write (PathError), may be one process's own.
-        same = isinstance(e, ConfigError) and not isinstance(e, PathError)
+        # A refused setting (or a diverged loss) is every process's alike; data and file errors, and a folder this
+        # process cannot make or write (PathError), may be one process's own.
+        same = e.same_in_every_process
         _report(f"attnlab: {'' if code == 130 else 'error: '}{e}{_notes(e)}", same_in_every_process=code == 130 or same)
         if same and code != 130:
             _quiet_rank_waits()

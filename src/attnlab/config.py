@@ -63,7 +63,8 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
         return tuple(out) if origin is tuple else out
     if origin is dict or annotation is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{name}: expected a table/dict, got {value!r}")
+            empty = f"; for no entries, give an empty table: --set {name}={{}}" if is_unset(value) else ""
+            raise ConfigError(f"{name}: expected a table/dict, got {value!r}{empty}")
         return value
     if annotation is Any:
         return value

@@ -2,17 +2,24 @@
 
 
 class AttnlabError(Exception):
-    """A problem with the user's input (file, config, checkpoint...) whose message says how to fix it."""
+    """A problem with the user's input (file, config, checkpoint...) whose message says how to fix it.
+    `same_in_every_process`: under torchrun every process meets it alike, so the command line prints it once."""
+
+    same_in_every_process = False
 
 
 class ConfigError(AttnlabError, ValueError):
     """An invalid configuration value or key."""
+
+    same_in_every_process = True
 
 
 class PathError(ConfigError):
     """A path setting this process cannot use (a folder it cannot make or write, one another run holds): the file
     system's answer, which under torchrun may be one process's own (another node's disk), where a refused value
     is every process's alike."""
+
+    same_in_every_process = False
 
 
 class DataError(AttnlabError):
