@@ -127,3 +127,10 @@ def test_one_entry_of_an_options_table_beside_init_from_changes_the_pretrained_r
     code, _, err = run_cli(capsys, "train", *base, "--set", sets[0], "--set", "model.position_options.max_distance=32",
                            "--set", f"train.out_dir={_q(tmp_path / 'ft2')}")
     assert code == 2 and "max_distance" in err and "model.init_from was trained with" in err, err
+    # =none drops the entry (the scheme's default, 128), a change too: it had been merged back silently (mutation
+    # audit 11)
+    code, _, err = run_cli(capsys, "train", *base, "--set", sets[0],
+                           "--set", "model.position_options.max_distance=none",
+                           "--set", f"train.out_dir={_q(tmp_path / 'ft3')}")
+    assert code == 2 and "position_options = {'num_buckets': 16}, but the model in model.init_from was trained " \
+                         "with {'num_buckets': 16, 'max_distance': 64}" in err, err

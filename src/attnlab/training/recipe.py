@@ -483,6 +483,10 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
         saved = _init_from_config(resolved["init_from"])
         model.update({key: {**saved[key], **model[key]} for key in entries
                       if isinstance(saved.get(key), dict) and isinstance(model.get(key), dict)})
+        last = {(key, entry[0]): value for (section, key, *entry), value in parsed if entry and section == "model"}
+        for (key, name), value in last.items():  # =none drops the pretrained run's entry too: a change, refused
+            if is_unset(value) and isinstance(model.get(key), dict):
+                model[key].pop(name, None)
         resolved = _resumed_init_from(model, train.out_dir) if resume else model
     family = _validate_model_keys(resolved)
     _check_attention_with_position(resolved, family)
@@ -1537,10 +1541,9 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
         description = run.to_dict()
         if tokenizer_from is not None and "init_from" in run.model:
             # A fine-tune resumed without a model.* setting it was started with goes on with the checkpoint's (its
-            # own init_from), which run.json, the run's settings, keeps saying (it read as the pretrained run's).
-            previous = _recorded_model(out)
-            if previous.get("init_from") == run.model["init_from"]:
-                description["model"] = {**previous, **description["model"]}
+            # own init_from, however this command spells it: a resume continues the checkpoint), which run.json,
+            # the run's settings, keeps saying (it read as the pretrained run's).
+            description["model"] = {**_recorded_model(out), **description["model"]}
         if "labels" in prep.info:  # the class names, in the order of the classifier's outputs
             description["labels"] = list(prep.info["labels"])
         description.update(prep.layout)  # a checkpoint that lost its trainer state is scored from run.json
