@@ -13,7 +13,9 @@ attnlab's `WordPieceTokenizer` (BERT) or `BPETokenizer` (GPT-2): the same normal
 so it gives HF's ids without the special tokens HF's post-processor adds. As HF reads the folder, the casing,
 accent and Chinese character settings of ``tokenizer_config.json`` (HF's defaults where it names none: lowercase)
 replace those of a BERT's tokenizer.json, unless it names a tokenizer class other than BertTokenizer; and the
-additional_special_tokens the files name are matched whole.
+additional_special_tokens the files name are matched whole. The normalizer's clean_text (dropping control
+characters) stays the tokenizer.json's, as transformers 4 reads it: transformers 5's BertTokenizer always cleans,
+which differs only for a tokenizer.json with clean_text false, on text holding control characters.
 
 The special tokens are HF's (``tokenizer_config.json`` and ``special_tokens_map.json`` when present, else the
 family's usual ones), mapped to attnlab's names. attnlab gives each token one part, so a token HF names for
