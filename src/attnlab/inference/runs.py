@@ -54,13 +54,20 @@ def weight_dtype(name: str) -> torch.dtype:
 
 def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str = "checkpoint",
              dtype: str = "fp32") -> LoadedRun:
-    """Model (eval mode, on `device`) and tokenizer of a run folder or checkpoint folder.
+    """Model (eval mode, on `device`) and tokenizer of a run folder or checkpoint folder; of a run that is
+    training, as one of its saves left it (read again where a save replaced the folder while it was read).
 
     Args:
         which: "checkpoint" (the latest, the default) or "best" (the best evaluation) for a run folder.
         dtype: precision of the weights, "fp32" (as trained, the default), "bf16" or "fp16" (half the memory,
             and faster decoding where reading the weights is the limit; results differ from fp32 by rounding).
     """
+    from attnlab.training.checkpoint import read_settled
+
+    return read_settled(lambda: _load_run(Path(path), device, which, dtype), path)
+
+
+def _load_run(path: Path, device: str | torch.device, which: str, dtype: str) -> LoadedRun:
     from attnlab.data.tokenizers import load_tokenizer
     from attnlab.training.checkpoint import (
         check_tokenizer_fits,
@@ -73,7 +80,6 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
     )
     from attnlab.training.device import select_device
 
-    path = Path(path)
     if which not in ("checkpoint", "best"):
         raise ConfigError(f"which must be 'checkpoint' or 'best', got {which!r}")
     # best/ and checkpoint/ (or the .old copy a crash between two renames left) are read as the latest is.

@@ -25,6 +25,7 @@ to open.
 from __future__ import annotations
 
 import base64
+import contextvars
 import hashlib
 import itertools
 import json
@@ -32,9 +33,12 @@ import os
 import random
 import re
 import shutil
+import time
+import warnings
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -42,10 +46,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from attnlab.errors import CheckpointError, ConfigError, a_name, one_line
+from attnlab.errors import AttnlabError, CheckpointError, ConfigError, a_name, one_line
 from attnlab.files import check_readable, fsync_path, ordinary_permissions
 from attnlab.training.device import _mps_available, select_device
 from attnlab.training.distributed import unwrap
+
+T = TypeVar("T")
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -165,7 +171,13 @@ def _sibling(folder: Path, suffix: str) -> Path:
 def _through_link(folder: Path) -> Path:
     """Where a checkpoint folder given as a symbolic link (to another disk) is: saved and removed there, with its
     `.tmp` and `.old` siblings beside it, the link kept (renamed itself, it had broken every later save)."""
-    return folder.resolve() if folder.is_symlink() else folder
+    if not folder.is_symlink():
+        return folder
+    try:
+        return folder.resolve()
+    except (RuntimeError, OSError):  # a loop: RuntimeError before Python 3.13, OSError (ELOOP) since
+        raise CheckpointError(f"{folder} is a symbolic link that leads back to itself (a loop); point it at a "
+                              "checkpoint folder, or remove it") from None
 
 
 def _complete(folder: Path) -> bool:
@@ -179,7 +191,56 @@ def _resolve(folder: Path) -> Path | None:
     old = _sibling(_through_link(folder), "old")  # as `checkpoint_in_place` finds it
     if not folder.exists() and _complete(old):
         return old
-    return None
+    # A save that put its new folder in place while we looked (between the two renames, `folder` was missing and
+    # then there; or `.old` already being removed): looked at again, not taken for no checkpoint (best/ was).
+    return folder if _complete(folder) else None
+
+
+def _save_marks(path: Path) -> tuple[tuple[Any, ...], bool]:
+    """What a save of a checkpoint in `path` (a run folder or a checkpoint folder) changes, to tell whether one ran
+    while a reader looked: the identity of each candidate folder and of its `.tmp` and `.old` siblings; and whether
+    a sibling is there (a save under way, or one a kill cut short)."""
+    marks: list[Any] = []
+    siblings = False
+    for folder in (path, path / "checkpoint", path / "best"):
+        for candidate in (folder, _sibling(folder, "tmp"), _sibling(folder, "old")):
+            try:
+                stat = os.stat(candidate)
+            except (OSError, ValueError):
+                marks.append(None)
+                continue
+            marks.append((stat.st_ino, stat.st_mtime_ns))
+            siblings = siblings or candidate != folder
+    return tuple(marks), siblings
+
+
+_SETTLING = contextvars.ContextVar("attnlab_settling", default=False)
+SETTLE_TRIES, SETTLE_WAIT_S = 5, 0.05
+
+
+def read_settled(read: Callable[[], T], path: str | os.PathLike[str]) -> T:
+    """`read()` of a checkpoint in `path`, read again after a short wait where it failed while a training run was
+    saving there: a save puts its new folder in place by two renames, and a reader that looked between them, or at
+    a folder then removed, was told the checkpoint was missing, incomplete or corrupt. An error with no save
+    under way (nothing changed in `path`, no `.tmp`/`.old` folder there) is raised at once. Calls inside one
+    another read again once, at the outermost."""
+    if _SETTLING.get():
+        return read()
+    token = _SETTLING.set(True)
+    try:
+        path = Path(path)
+        for _ in range(SETTLE_TRIES - 1):
+            before, _ = _save_marks(path)
+            try:
+                return read()
+            except (AttnlabError, OSError):
+                after, saving = _save_marks(path)
+                if before == after and not saving:
+                    raise
+            time.sleep(SETTLE_WAIT_S)
+        return read()
+    finally:
+        _SETTLING.reset(token)
 
 
 def _checkpoint_of(path: Path) -> Path | None:
@@ -192,26 +253,39 @@ def _checkpoint_of(path: Path) -> Path | None:
 
 
 def find_checkpoint(path: str | os.PathLike[str]) -> Path:
-    """The checkpoint folder for `path`: `path` itself, else `path/checkpoint`, else `path/best`.
+    """The checkpoint folder for `path`: `path` itself, else `path/checkpoint`, else `path/best` (with a warning
+    that says so: a run whose checkpoint/ is gone). A checkpoint/ that is there but holds no checkpoint (its weights
+    removed, empty, a file) is refused, naming best/.
 
     Raises:
         CheckpointError: the path does not exist or holds no checkpoint.
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
+        if path.name == "checkpoint" and _resolve(path.parent / "best") is not None:  # a run's, as load_run asks
+            raise CheckpointError(f"{path} is a file, not a checkpoint folder{_best_advice(path.parent)}")
         raise CheckpointError(f"{path} is a file; give a run folder (a training run's train.out_dir) or a "
                               "checkpoint folder in it")
     # A run's latest checkpoint that lost its weights (they are written before the folder is put in place), given
-    # as the run or as itself: taking best/ instead, as model.init_from did, started from older weights unsaid.
-    # (A folder named checkpoint without a config.json is no checkpoint: a run folder of that name, say.)
+    # as the run or as itself, or a checkpoint/ that is a file or holds nothing: taking best/ instead, as
+    # model.init_from did, started from older weights unsaid. (A folder named checkpoint without a config.json is
+    # no checkpoint: a run folder of that name, say.)
     latest = path if path.name == "checkpoint" and (path / "config.json").is_file() else path / "checkpoint"
-    if not _complete(path) and (latest / "config.json").is_file() and _resolve(latest) is None:
-        best = _resolve(latest.parent / "best")
-        raise CheckpointError(f"{latest} has no {MODEL_FILE} (removed since it was saved); "
-                              + (f"the run's best checkpoint is {best}: give that folder (generate and evaluate: "
-                                 "--best)" if best is not None else "restore the file, or train the run again"))
+    if not _complete(path) and latest.exists() and _resolve(latest) is None and (
+            not latest.is_dir() or (latest / "config.json").is_file() or _checkpoint_of(latest) is None):
+        # (a run folder named checkpoint, inside: offered by name below)
+        if not latest.is_dir():
+            what, fix = "is a file, not a checkpoint folder", "remove or rename it"
+        elif (latest / "config.json").is_file():
+            what, fix = f"has no {MODEL_FILE} (removed since it was saved)", "restore the file, or train the run again"
+        else:
+            what, fix = "holds no checkpoint", "restore it, or train the run again"
+        raise CheckpointError(f"{latest} {what}" + (_best_advice(latest.parent) or f"; {fix}"))
     found = _checkpoint_of(path)
     if found is not None:
+        if found.parent == path and found.name in ("best", ".best.old") and path.name != "best":
+            warnings.warn(f"{path} has no checkpoint/ (its latest weights): using its best/ checkpoint "
+                          f"(step {_saved_step(found)})", stacklevel=2)
         return found
     if not path.exists():
         raise CheckpointError(f"checkpoint folder {path} does not exist; "
@@ -222,8 +296,25 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
     if (path / "run.json").is_file():  # an `attnlab train` run folder (its RUN_FILE) stopped before its first save
         raise CheckpointError(f"{path} is a run that saved no checkpoint (it stopped before its first save); train "
                               "it again, or give another run folder")
+    if path.name == "checkpoint" and _resolve(path.parent / "best") is not None:  # a run's, as load_run asks
+        raise CheckpointError(f"{path} holds no checkpoint{_best_advice(path.parent)}")
     inside = "" if path.name in ("checkpoint", "best") else " (nor in its checkpoint/ or best/ folder)"
     raise CheckpointError(f"no {MODEL_FILE} in {path}{inside}; give a checkpoint folder written by attnlab")
+
+
+def _best_advice(run: Path) -> str:
+    """"; the run's best checkpoint is ...: give that folder" where the run has one, else ""."""
+    best = _resolve(run / "best")
+    return "" if best is None else f"; the run's best checkpoint is {best}: give that folder (generate and " \
+                                   "evaluate: --best)"
+
+
+def _saved_step(folder: Path) -> str:
+    """The step a checkpoint was saved at, as text ("?" where its trainer state cannot be read)."""
+    try:
+        return str(read_trainer_state(folder)["step"])
+    except (CheckpointError, KeyError, TypeError):
+        return "?"
 
 
 def runs_inside(path: Path) -> str:
@@ -769,13 +860,17 @@ def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu")
     """
     if isinstance(device, str):  # checked first: "auto" failed in torch's words, after the whole model was loaded
         device = select_device(device)
-    folder = find_checkpoint(path)
-    # The weights are checked against the model's skeleton first: a config.json whose sizes were damaged
-    # (block_size 10**12) is refused by its weights' shapes, before gigabytes are allocated.
-    tensors = _checked_tensors(folder, _skeleton(folder).state_dict())
-    model = _build_saved(folder, read_config(folder))
-    _load_model_state(folder, model, tensors)
-    return model.to(device).eval()
+
+    def load() -> nn.Module:
+        folder = find_checkpoint(path)
+        # The weights are checked against the model's skeleton first: a config.json whose sizes were damaged
+        # (block_size 10**12) is refused by its weights' shapes, before gigabytes are allocated.
+        tensors = _checked_tensors(folder, _skeleton(folder).state_dict())
+        model = _build_saved(folder, read_config(folder))
+        _load_model_state(folder, model, tensors)
+        return model
+
+    return read_settled(load, path).to(device).eval()  # a run that is training saves as it is read
 
 
 def check_weights_fit_config(path: str | os.PathLike[str]) -> None:
