@@ -26,7 +26,7 @@ Rows:
     accuracy            : loss on held-out text after the same steps on the same text, default (bf16) vs
                           fp32 training, both evaluated in fp32 (the standard library's pydoc texts as 65
                           symbols: the 64 most common characters and one for the rest; the last tenth held out)
-    peak MiB            : peak resident memory of a training step above the process's resident memory
+    peak MiB            : peak resident memory of three training steps above the process's resident memory
                           once the model and data exist (each row in a fresh process, Linux /proc); on a GPU
                           the peak of torch's allocations on it above those once the model and data exist
 

@@ -4,7 +4,7 @@ cross-entropy over every row, ignored ones included, in one run.
     python benchmarks/bench_loss.py                    # the loss alone, then two training steps
     python benchmarks/bench_loss.py --repeats 20 --json loss.json
 
-Two tables, each timed in turns (one call of every column per round), medians:
+Three tables, each timed in turns (one call of every column per round), medians:
 - the loss, forward + backward, from logits of a model's dtype: BERT's masked LM (32 × 64 positions, a
   vocabulary of 4,000, 15 % labelled), the knowledge experiment's fine-tuning (32 × 128, 100 characters, a
   quarter labelled) and, above `SELECT_ROWS_BELOW` (so the columns take the same path), translation
@@ -12,7 +12,7 @@ Two tables, each timed in turns (one call of every column per round), medians:
   Multi30k's length-sorted batches);
 - whole training steps (forward, backward, AdamW) of `configs/bert-mlm.toml` and `configs/translate.toml` (the
   models and random batches of `steps.py`, as in `bench_dropout.py`; the translation batches have no padding:
-  every target labelled), with and without the row selection; and both steps with the LM head over every
+  every target labelled), with and without the row selection; and (the third) both steps with the LM head over every
   position and over the labelled ones (`mlm_logits = "labelled"`, as `configs/bert-mlm.toml` sets it, so the
   BERT rows of the step table above run the head that way in both columns; `lm_logits = "labelled"`, as
   `configs/translate.toml` sets it, on target rows with padding).

@@ -65,11 +65,15 @@ def require_transformers(script: str):
 
 
 def rounds(names: list[str], repeats: int) -> Iterator[tuple[int, str]]:
-    """(round, name) in timing order: round i visits every name once, in the given order in even rounds and the
-    reverse in odd ones, so that no name always follows the same neighbour (whose freed memory or warm caches it
-    would inherit)."""
+    """(round, name) in timing order: round i visits every name once, forward in even rounds and backward in odd
+    ones, so that no name always follows the same neighbour (whose freed memory or warm caches it would inherit);
+    and each pair of rounds starts one name further on, so that the name that ends a round and starts the next
+    (following itself: its own caches still warm, its threads awake) is each name in turn, not always the first
+    and the last (the reference row sat in the middle, never following itself)."""
     for i in range(repeats):
-        for name in (names if i % 2 == 0 else names[::-1]):
+        k = (i // 2) % len(names) if names else 0
+        order = names[k:] + names[:k]
+        for name in (order if i % 2 == 0 else order[::-1]):
             yield i, name
 
 

@@ -110,6 +110,24 @@ def test_turns_wait_for_the_device_around_every_timed_call():
     assert events == ["sync", "a0", "sync", "sync", "b0", "sync", "sync", "b1", "sync", "sync", "a1", "sync"]
 
 
+def test_every_row_follows_itself_equally_often():
+    """The first and the last row of a round had been the only ones to follow themselves (their own caches warm),
+    the reference row in the middle never (benchmarks audit 4). Over 2·n rounds each of n rows does so once."""
+    load("bench_attention")  # puts benchmarks/ on the path
+    from collections import Counter
+
+    from turns import rounds
+
+    names = ["ours default", "ours fp32", "HF fp32", "HF fp32 exact GELU"]
+    order = [name for _, name in rounds(names, 8)]
+    assert Counter(order) == {name: 8 for name in names}
+    assert all(sorted(order[4 * i:4 * i + 4]) == sorted(names) for i in range(8))  # each round visits each once
+    follows_itself = Counter(a for a, b in zip(order, order[1:]) if a == b)
+    assert follows_itself == {name: 1 for name in names}
+    predecessors = {name: {a for a, b in zip(order, order[1:]) if b == name and a != name} for name in names}
+    assert all(len(seen) >= 2 for seen in predecessors.values())  # no row always follows the same neighbour
+
+
 def test_rows_apart_run_each_in_a_process_of_its_own_in_turns(tmp_path):
     """bench_gpt's rows share no heap (one row's freed memory was another's page faults): each has a process."""
     from functools import partial
