@@ -137,7 +137,9 @@ class FastGPTDecoder:
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
-        """Whether `model` is a GPT this decoder reproduces exactly (checked by structure, not by name)."""
+        """Whether `model` is a GPT this decoder reproduces exactly (checked by structure, not by name): built by
+        attnlab as it is, without hooks, modules swapped in or a subclass of the user's (`generate` then takes
+        the model's own forward, so that they take effect)."""
         return _structure_supported(model) and _fused_layers(model) is not None
 
     @classmethod
@@ -222,12 +224,33 @@ class FastGPTDecoder:
         return _affine(ln(last, width, norm_w, norm_b, eps), head_w, head_b)  # (B, V)
 
 
+# The torch modules a GPT is built of; any other (a user's adapter, a norm swapped in, a parametrized weight) is
+# computed by its own code, which the decoder, reading weights as tensors, would skip.
+_TORCH_PARTS = (nn.ModuleList, nn.Linear, nn.Embedding, nn.LayerNorm)
+
+
+def _as_built(model: nn.Module) -> bool:
+    """Whether `model` computes exactly what attnlab's own code does: every module of a class attnlab builds (no
+    subclass of the user's, whose forward may differ), and no forward hooks, global or on a module (steering,
+    activation patching), which the decoder would not call."""
+    hooks = torch.nn.modules.module
+    if getattr(hooks, "_global_forward_hooks", None) or getattr(hooks, "_global_forward_pre_hooks", None):
+        return False
+    for module in model.modules():
+        kind = type(module)
+        if not (kind.__module__.startswith("attnlab.") or kind in _TORCH_PARTS):
+            return False
+        if module._forward_hooks or module._forward_pre_hooks:
+            return False
+    return True
+
+
 def _structure_supported(model: nn.Module) -> bool:
-    """A pre-norm GPT with a final norm, and a position scheme that adds to the embeddings, rotates queries
-    and keys as rotary does, or adds a score bias that does not read the queries."""
+    """A pre-norm GPT with a final norm as attnlab builds it (`_as_built`), and a position scheme that adds to the
+    embeddings, rotates queries and keys as rotary does, or adds a score bias that does not read the queries."""
     from attnlab.models.gpt import GPT
 
-    if not isinstance(model, GPT) or model.config.norm != "pre" or model.blocks.norm is None:
+    if not isinstance(model, GPT) or model.config.norm != "pre" or model.blocks.norm is None or not _as_built(model):
         return False
     position = model.position
     scheme = type(position)
