@@ -60,3 +60,15 @@ def test_minus_one_as_a_class_of_the_users_is_not_warned(tmp_path, labels):
     path.write_text("sentence\tlabel\n" + "".join(f"s{i}\t{label}\n" for i, label in enumerate(labels)),
                     encoding="utf-8")
     assert _read(path)[1] == []
+
+
+def test_a_file_scored_by_a_trained_classifier_is_not_warned_of_minus_one(tmp_path):
+    # -1 there is a class the model was trained with, or refused as unknown: no warning (review of stop 46)
+    path = tmp_path / "dev.tsv"
+    path.write_text("sentence\tlabel\n" + "".join(f"s{i}\t{i % 3}\n" for i in range(60)) + "x\t-1\n",
+                    encoding="utf-8")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        read_classification_file(path, training=False)
+    assert seen == []
+    assert len(_read(path)[1]) == 1  # the same file as training data is warned of

@@ -87,3 +87,12 @@ def test_files_read_more_than_once_still_refuse_pipes(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(DataError, match="is not a regular file .* read more than once"):
         read_text(fifo)
+
+
+def test_standard_input_is_named_alike_in_every_message(monkeypatch):
+    from attnlab.inference.runs import translate_file
+
+    run, _ = _run()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the cat\rsat\rhere\r")))
+    with pytest.raises(DataError, match=r"^data file '<standard input>' uses CR-only line ends"):
+        translate_file(run, "-", max_len=8)

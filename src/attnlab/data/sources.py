@@ -763,7 +763,9 @@ class ClassificationSource(_ExampleSource):
         format: str | None = None,
         **options: Any,
     ) -> ClassificationSource:
-        data = read_classification_file(path, text_column, label_column, format=format)
+        # Given the class names of a trained model, it is scored against them (see read_classification_file)
+        data = read_classification_file(path, text_column, label_column, format=format,
+                                        training="label_names" not in options)
         return cls(data, tokenizer, batch_size, **options)
 
     @property

@@ -171,7 +171,7 @@ def _check_line_ends(path: Path, text: str) -> None:
 
 def read_lines(path: str | os.PathLike[str], *, pipes: bool = False) -> list[str]:
     """The lines of a file (see `split_lines`); `pipes` as for `read_text`."""
-    return split_lines(read_text(path, pipes=pipes), path)
+    return split_lines(read_text(path, pipes=pipes), STDIN_NAME if pipes and str(path) == "-" else path)
 
 
 def split_documents(text: str, path: str | os.PathLike[str] | None = None) -> list[list[str]]:
@@ -416,6 +416,7 @@ def read_classification_file(
     format: str | None = None,
     header: bool | None = None,
     require_labels: bool = True,
+    training: bool = True,
 ) -> ClassificationData:
     """Read (text, label) examples from a TSV, CSV or JSONL file.
 
@@ -427,6 +428,9 @@ def read_classification_file(
         header: whether the first TSV/CSV row names the columns; None detects it (a column name was
             given, or the first row holds known names such as SST-2's `sentence<TAB>label`).
         require_labels: when False a file without a label column (e.g. GLUE test sets) is accepted.
+        training: whether the file trains a classifier, whose rows labelled -1 are warned of (see
+            `_warn_unlabelled_rows`); a file scored by a trained one is not (its -1 is a class the model knows,
+            or refused as unknown).
 
     Raises:
         DataError: missing, empty or non-UTF-8 file, a malformed line (with its line number), a
@@ -450,7 +454,8 @@ def read_classification_file(
                       "they are read as examples of no words, labelled as written; fill or drop them",
                       stacklevel=2)
     _warn_same_number(data)
-    _warn_unlabelled_rows(data)
+    if training:
+        _warn_unlabelled_rows(data)
     return data
 
 

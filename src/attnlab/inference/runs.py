@@ -604,7 +604,7 @@ def _evaluate_classification(run: LoadedRun, data: str | Path, batch_size: int, 
         if inherited else ""
     try:
         examples = read_classification_file(data, parse_column(text_column or d.get("text_column")),
-                                            parse_column(label_column or d.get("label_column")))
+                                            parse_column(label_column or d.get("label_column")), training=False)
     except DataError as e:
         if not any(word in str(e) for word in ("column", "field")):  # a missing file, a malformed line: no column's
             raise

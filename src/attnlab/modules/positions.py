@@ -294,10 +294,13 @@ class ShawRelativePosition(PositionScheme):
 
     def score_bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, n_heads: int) -> Tensor:
         idx = _relative(q_pos, k_pos).clamp(-self.max_distance, self.max_distance) + self.max_distance
-        qa = torch.matmul(q, self.embedding.weight.t().to(q.dtype))  # (B, H, T, 2K+1)
+        # The table scaled before the product (in its own dtype): q·aᵀ scaled after it overflowed fp16 where
+        # q·aᵀ/√d fits, as q·kᵀ is scaled inside its product.
+        table = (self.embedding.weight / math.sqrt(q.shape[-1])).t().to(q.dtype)
+        qa = torch.matmul(q, table)  # (B, H, T, 2K+1)
         b, h, t, _ = qa.shape
         idx = idx[:, None].expand(b, h, t, idx.shape[-1])  # (B, H, T, S)
-        return torch.gather(qa, -1, idx) / math.sqrt(q.shape[-1])
+        return torch.gather(qa, -1, idx)
 
 
 def _check_base(name: str, base: float) -> None:

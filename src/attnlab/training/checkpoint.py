@@ -283,9 +283,11 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
         raise CheckpointError(f"{latest} {what}" + (_best_advice(latest.parent) or f"; {fix}"))
     found = _checkpoint_of(path)
     if found is not None:
-        if found.parent == path and found.name in ("best", ".best.old") and path.name != "best":
-            warnings.warn(f"{path} has no checkpoint/ (its latest weights): using its best/ checkpoint "
-                          f"(step {_saved_step(found)})", stacklevel=2)
+        if found.parent == path and found.name in ("best", ".best.old"):
+            if found not in _SAID_BEST:  # once per process: model.init_from reads the run six times
+                _SAID_BEST.add(found)
+                warnings.warn(f"{path} has no checkpoint/ (its latest weights): using its best/ checkpoint "
+                              f"(step {_saved_step(found)})", stacklevel=2)
         return found
     if not path.exists():
         raise CheckpointError(f"checkpoint folder {path} does not exist; "
@@ -300,6 +302,9 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
         raise CheckpointError(f"{path} holds no checkpoint{_best_advice(path.parent)}")
     inside = "" if path.name in ("checkpoint", "best") else " (nor in its checkpoint/ or best/ folder)"
     raise CheckpointError(f"no {MODEL_FILE} in {path}{inside}; give a checkpoint folder written by attnlab")
+
+
+_SAID_BEST: set[Path] = set()  # the best/ folders `find_checkpoint` said it read for their run's checkpoint/
 
 
 def _best_advice(run: Path) -> str:

@@ -1250,7 +1250,7 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
     eval_source = None
     if d.eval_path:
         eval_data = read_classification_file(d.eval_path, parse_column(d.text_column),
-                                             parse_column(d.label_column))
+                                             parse_column(d.label_column), training=False)
         _warn_special_text(eval_data.texts, tokenizer, d.eval_path, effect=_SPECIAL_IN_TEXT,
                            numbers=eval_data.line_numbers)
         with _naming_unknown_tokens(run, saved, tokenizer, d.eval_path):
@@ -1542,8 +1542,12 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
         if tokenizer_from is not None and "init_from" in run.model:
             # A fine-tune resumed without a model.* setting it was started with goes on with the checkpoint's (its
             # own init_from, however this command spells it: a resume continues the checkpoint), which run.json,
-            # the run's settings, keeps saying (it read as the pretrained run's).
-            description["model"] = {**_recorded_model(out), **description["model"]}
+            # the run's settings, keeps saying (it read as the pretrained run's). A run started otherwise (from a
+            # preset) records no init_from it never started from, beside its preset.
+            previous = _recorded_model(out)
+            given = description["model"] if "init_from" in previous or not previous else {
+                key: value for key, value in description["model"].items() if key != "init_from"}
+            description["model"] = {**previous, **given}
         if "labels" in prep.info:  # the class names, in the order of the classifier's outputs
             description["labels"] = list(prep.info["labels"])
         description.update(prep.layout)  # a checkpoint that lost its trainer state is scored from run.json
