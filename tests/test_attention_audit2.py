@@ -46,3 +46,19 @@ def test_the_weights_path_still_equals_the_fused_one(dtype):
     explicit, weights = attention(q, k, v, need_weights=True)
     torch.testing.assert_close(explicit, fused)
     torch.testing.assert_close(weights, torch.softmax(q @ k.transpose(-1, -2) / 4, -1))
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    ({"n_heads": 0}, "n_heads must be a whole number of at least 1, got 0"),
+    ({"n_heads": -4}, "n_heads must be a whole number of at least 1, got -4"),
+    ({"n_heads": 4, "dropout": -0.5}, "dropout is a probability from 0 up to (not including) 1, got -0.5"),
+    ({"n_heads": 4, "dropout": 1.5}, "dropout is a probability from 0 up to (not including) 1, got 1.5"),
+])
+def test_a_hand_built_attention_module_refuses_impossible_arguments_in_one_line(args, said):
+    # (Python API audit 4) 0 heads divided by zero, -4 and -0.5 failed later in torch's words, 1.5 at the first step
+    from attnlab.errors import ConfigError
+    from attnlab.modules.attention import MultiHeadAttention
+
+    with pytest.raises(ConfigError) as caught:
+        MultiHeadAttention(16, **args)
+    assert str(caught.value) == said

@@ -598,8 +598,12 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         from attnlab.modules.variants import build_variant
 
+        if not (isinstance(n_heads, int) and n_heads >= 1):  # 0 divided by zero below, -4 failed in torch's words
+            raise ConfigError(f"n_heads must be a whole number of at least 1, got {n_heads!r}")
         if d_model % n_heads:
             raise ConfigError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        if not 0 <= dropout < 1:  # torch said "dropout > 0" of -0.5, and 1.5 failed at the first training step
+            raise ConfigError(f"dropout is a probability from 0 up to (not including) 1, got {dropout!r}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.variant = variant
         kv_dim = d_model if kv_dim is None else kv_dim
