@@ -167,3 +167,18 @@ def test_a_run_without_a_usable_checkpoint_folder_is_read_alike_everywhere(capsy
     with pytest.raises(CheckpointError) as info:
         ckpt.load_model(run)
     assert str(info.value) == expected
+
+
+@pytest.mark.parametrize("argument", [{"which": "latest"}, {"dtype": "fp8"}, {"device": "cuda:99"}])
+def test_a_bad_argument_is_refused_at_once_beside_a_leftover_save(run, monkeypatch, argument):
+    # (review of stop 46) a save a kill cut short leaves .checkpoint.tmp, which reads as a save under way: the
+    # call's own mistakes were read again five times before they were said
+    from attnlab.errors import ConfigError
+    from attnlab.inference.runs import load_run
+
+    waits = []
+    monkeypatch.setattr("time.sleep", waits.append)
+    (run / ".checkpoint.tmp").mkdir()
+    with pytest.raises(ConfigError):
+        load_run(run, **argument)
+    assert waits == []

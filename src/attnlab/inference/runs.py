@@ -63,7 +63,13 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, which: str
             and faster decoding where reading the weights is the limit; results differ from fp32 by rounding).
     """
     from attnlab.training.checkpoint import read_settled
+    from attnlab.training.device import select_device
 
+    # The call's own arguments first: refused at once, not read again as if a save were in the way.
+    if which not in ("checkpoint", "best"):
+        raise ConfigError(f"which must be 'checkpoint' or 'best', got {which!r}")
+    weight_dtype(dtype)
+    device = select_device(device)  # "gpu" had failed in torch's words; "auto" picks one
     return read_settled(lambda: _load_run(Path(path), device, which, dtype), path)
 
 
@@ -78,10 +84,7 @@ def _load_run(path: Path, device: str | torch.device, which: str, dtype: str) ->
         read_config,
         read_trainer_state,
     )
-    from attnlab.training.device import select_device
 
-    if which not in ("checkpoint", "best"):
-        raise ConfigError(f"which must be 'checkpoint' or 'best', got {which!r}")
     # best/ and checkpoint/ (or the .old copy a crash between two renames left) are read as the latest is.
     chosen = checkpoint_present(path / which)
     if which == "best" and not chosen and path.name == "checkpoint" and (path / "config.json").is_file():
@@ -95,7 +98,7 @@ def _load_run(path: Path, device: str | torch.device, which: str, dtype: str) ->
         raise CheckpointError(f"{folder} has no tokenizer.json; generate and evaluate need a run trained "
                               "by `attnlab train` (it saves the tokenizer beside the weights)")
     torch_dtype = weight_dtype(dtype)
-    model = load_model(folder, select_device(device))  # "gpu" had failed in torch's words; "auto" picks one
+    model = load_model(folder, device)
     if torch_dtype != torch.float32:
         model = model.to(torch_dtype)
     tokenizer = load_tokenizer(folder)
