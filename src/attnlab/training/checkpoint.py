@@ -263,7 +263,7 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
     path = Path(path)
     if path.exists() and not path.is_dir():
         if path.name == "checkpoint" and _resolve(path.parent / "best") is not None:  # a run's, as load_run asks
-            raise CheckpointError(f"{path} is a file, not a checkpoint folder{_best_advice(path.parent)}")
+            raise _no_latest(path)
         raise CheckpointError(f"{path} is a file; give a run folder (a training run's train.out_dir) or a "
                               "checkpoint folder in it")
     # A run's latest checkpoint that lost its weights (they are written before the folder is put in place), given
@@ -273,14 +273,7 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
     latest = path if path.name == "checkpoint" and (path / "config.json").is_file() else path / "checkpoint"
     if not _complete(path) and latest.exists() and _resolve(latest) is None and (
             not latest.is_dir() or (latest / "config.json").is_file() or _checkpoint_of(latest) is None):
-        # (a run folder named checkpoint, inside: offered by name below)
-        if not latest.is_dir():
-            what, fix = "is a file, not a checkpoint folder", "remove or rename it"
-        elif (latest / "config.json").is_file():
-            what, fix = f"has no {MODEL_FILE} (removed since it was saved)", "restore the file, or train the run again"
-        else:
-            what, fix = "holds no checkpoint", "restore it, or train the run again"
-        raise CheckpointError(f"{latest} {what}" + (_best_advice(latest.parent) or f"; {fix}"))
+        raise _no_latest(latest)  # (a run folder named checkpoint, inside: offered by name below)
     found = _checkpoint_of(path)
     if found is not None:
         if found.parent == path and found.name in ("best", ".best.old"):
@@ -299,7 +292,7 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
         raise CheckpointError(f"{path} is a run that saved no checkpoint (it stopped before its first save); train "
                               "it again, or give another run folder")
     if path.name == "checkpoint" and _resolve(path.parent / "best") is not None:  # a run's, as load_run asks
-        raise CheckpointError(f"{path} holds no checkpoint{_best_advice(path.parent)}")
+        raise _no_latest(path)
     inside = "" if path.name in ("checkpoint", "best") else " (nor in its checkpoint/ or best/ folder)"
     raise CheckpointError(f"no {MODEL_FILE} in {path}{inside}; give a checkpoint folder written by attnlab")
 
@@ -307,11 +300,19 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
 _SAID_BEST: set[Path] = set()  # the best/ folders `find_checkpoint` said it read for their run's checkpoint/
 
 
-def _best_advice(run: Path) -> str:
-    """"; the run's best checkpoint is ...: give that folder" where the run has one, else ""."""
-    best = _resolve(run / "best")
-    return "" if best is None else f"; the run's best checkpoint is {best}: give that folder (generate and " \
-                                   "evaluate: --best)"
+def _no_latest(latest: Path) -> CheckpointError:
+    """The refusal of a run's checkpoint/ that is there but holds no checkpoint (a file, its weights removed, or
+    nothing), naming the run's best/ where it has one, else the fix."""
+    if not latest.is_dir():
+        what, fix = "is a file, not a checkpoint folder", "remove or rename it"
+    elif (latest / "config.json").is_file():
+        what, fix = f"has no {MODEL_FILE} (removed since it was saved)", "restore the file, or train the run again"
+    else:
+        what, fix = "holds no checkpoint", "restore it, or train the run again"
+    best = _resolve(latest.parent / "best")
+    advice = fix if best is None else f"the run's best checkpoint is {best}: give that folder (generate and " \
+                                      "evaluate: --best)"
+    return CheckpointError(f"{latest} {what}; {advice}")
 
 
 def _saved_step(folder: Path) -> str:
