@@ -126,6 +126,11 @@ def _newlines_before(path: Path, offset: int) -> int:
 STDIN_NAME = "<standard input>"  # how messages name it
 
 
+def file_name(path: str | os.PathLike[str], *, pipes: bool = False) -> str:
+    """How messages name the file at `path`: STDIN_NAME for "-" where `pipes` reads it as standard input."""
+    return STDIN_NAME if pipes and str(path) == "-" else str(path)
+
+
 def read_text(path: str | os.PathLike[str], *, pipes: bool = False) -> str:
     """The whole file as a string (UTF-8, a leading byte-order mark dropped). With `pipes`, a pipe or a device
     is read too (see `check_file`), and "-" reads standard input."""
@@ -171,7 +176,7 @@ def _check_line_ends(path: Path, text: str) -> None:
 
 def read_lines(path: str | os.PathLike[str], *, pipes: bool = False) -> list[str]:
     """The lines of a file (see `split_lines`); `pipes` as for `read_text`."""
-    return split_lines(read_text(path, pipes=pipes), STDIN_NAME if pipes and str(path) == "-" else path)
+    return split_lines(read_text(path, pipes=pipes), file_name(path, pipes=pipes))
 
 
 def split_documents(text: str, path: str | os.PathLike[str] | None = None) -> list[list[str]]:

@@ -195,12 +195,11 @@ def translate_lines(run: LoadedRun, lines: Sequence[str], *, beam_size: int = 1,
 def translate_file(run: LoadedRun, path: str | Path, *, beam_size: int = 1, max_len: int = 128) -> list[str]:
     """`translate_lines` of a file's lines (`generate --input`), errors naming the file and line. The file is
     read once, so a pipe does (`<(...)`), and "-" reads standard input."""
-    from attnlab.data.text_files import STDIN_NAME, read_lines
+    from attnlab.data.text_files import file_name, read_lines
 
     _check_translation_lengths(max_len, beam_size)
     lines = read_lines(path, pipes=True)
-    return translate_lines(run, lines, beam_size=beam_size, max_len=max_len,
-                           name=STDIN_NAME if str(path) == "-" else str(path))
+    return translate_lines(run, lines, beam_size=beam_size, max_len=max_len, name=file_name(path, pipes=True))
 
 
 def _check_translation_lengths(max_len: int, beam_size: int) -> None:
