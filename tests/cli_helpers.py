@@ -19,6 +19,14 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def train_in_process(*argv: str) -> None:
+    """`attnlab train *argv` in this process, which must succeed: for module-wide fixtures, which have no capsys."""
+    try:
+        main(["train", *argv])
+    except SystemExit as e:
+        assert not e.code, f"training failed (exit {e.code}): {argv}"
+
+
 def one_line_error(capsys, *argv: str) -> str:
     """The one stderr line of `attnlab *argv`, which must exit with code 2 and print no traceback."""
     code, _, err = run_cli(capsys, *argv)

@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from cli_helpers import one_line_error, run_cli
+from cli_helpers import one_line_error, run_cli, train_in_process
 from cli_helpers import toml_str as _q
 
 TINY = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu"]
@@ -18,12 +18,7 @@ LM = ["--set", "model.preset=gpt-char-tiny", "--set", "train.eval_every=0", *TIN
 def lm_run(tmp_path_factory):
     """A tiny char GPT (block 32) trained for 2 steps."""
     out = tmp_path_factory.mktemp("lm") / "run"
-    from attnlab.cli import main
-
-    try:
-        main(["train", "--set", "train.steps=2", "--set", f"train.out_dir={_q(out)}", *LM])
-    except SystemExit as e:
-        assert not e.code
+    train_in_process("--set", "train.steps=2", "--set", f"train.out_dir={_q(out)}", *LM)
     return out
 
 

@@ -13,7 +13,7 @@ import shutil
 import warnings
 
 import pytest
-from cli_helpers import one_line_error
+from cli_helpers import one_line_error, train_in_process
 from cli_helpers import toml_str as _q
 
 import attnlab.training.checkpoint as ckpt
@@ -27,13 +27,8 @@ TINY = ["--set", "model.preset=gpt-char-tiny", "--set", "train.progress=false", 
 def trained(tmp_path_factory):
     """A tiny char GPT trained 3 steps, with best/ (at step 2) and checkpoint/ (at step 3)."""
     out = tmp_path_factory.mktemp("lm") / "run"
-    from attnlab.cli import main
-
-    try:
-        main(["train", "--set", "train.steps=3", "--set", "train.eval_every=2", "--set", f"train.out_dir={_q(out)}",
-              *TINY])
-    except SystemExit as e:
-        assert not e.code
+    train_in_process("--set", "train.steps=3", "--set", "train.eval_every=2", "--set", f"train.out_dir={_q(out)}",
+                     *TINY)
     return out
 
 

@@ -24,13 +24,10 @@ def _digests(folder) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def lm_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("lm") / "run"
-    from cli_helpers import main
+    from cli_helpers import train_in_process
 
-    try:
-        main(["train", "--set", "train.steps=4", "--set", "train.precision=fp32", "--set", f"train.out_dir={_q(out)}",
-              *LM])
-    except SystemExit as e:
-        assert not e.code
+    train_in_process("--set", "train.steps=4", "--set", "train.precision=fp32", "--set", f"train.out_dir={_q(out)}",
+                     *LM)
     return out
 
 

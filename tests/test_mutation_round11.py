@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from cli_helpers import run_cli
+from cli_helpers import run_cli, train_in_process
 from cli_helpers import toml_str as _q
 from test_convert_to_run import _bert_config, _wordpiece
 
@@ -155,18 +155,10 @@ def encoder_lm(tmp_path_factory):
     root = tmp_path_factory.mktemp("round11")
     (root / "docs.txt").write_text("the good cat sat\nthe bad dog ran\n" * 40, encoding="utf-8")
     (root / "cls.tsv").write_text("text\tlabel\n" + "the good cat\t1\nthe bad dog\t0\n" * 10, encoding="utf-8")
-
-    class Capsys:  # run_cli reads a capsys; a module-wide fixture has none
-        def readouterr(self):
-            class Out:
-                out = err = ""
-            return Out()
-
-    code, _, err = run_cli(Capsys(), "train", *T, "--set", "model.family=encoder", "--set", "model.d_model=16",
-                           "--set", "model.n_layers=1", "--set", "model.n_heads=2", "--set", "model.d_ff=32",
-                           "--set", "model.head=lm", "--set", "data.block_size=8", "--set", "data.tokenizer=word",
-                           "--set", f"data.path={_q(root / 'docs.txt')}", "--set", f"train.out_dir={_q(root / 'lm')}")
-    assert code == 0, err
+    train_in_process(*T, "--set", "model.family=encoder", "--set", "model.d_model=16", "--set", "model.n_layers=1",
+                     "--set", "model.n_heads=2", "--set", "model.d_ff=32", "--set", "model.head=lm",
+                     "--set", "data.block_size=8", "--set", "data.tokenizer=word",
+                     "--set", f"data.path={_q(root / 'docs.txt')}", "--set", f"train.out_dir={_q(root / 'lm')}")
     return root
 
 
