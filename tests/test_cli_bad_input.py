@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from cli_helpers import one_line_error, run_cli
+from cli_helpers import one_line_error, run_cli, train_in_process
 from cli_helpers import toml_str as _q
 
 from attnlab.training.recipe import load_run_config
@@ -22,13 +22,8 @@ TINY = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set
 def lm_run(tmp_path_factory):
     """A tiny char GPT (block 32) trained for 3 steps."""
     out = tmp_path_factory.mktemp("lm") / "run"
-    from attnlab.cli import main
-
-    try:
-        main(["train", "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=3", "--set", "train.eval_every=0",
-              "--set", f"train.out_dir={_q(out)}", *TINY])
-    except SystemExit as e:
-        assert not e.code
+    train_in_process("--set", "model.preset=gpt-char-tiny", "--set", "train.steps=3", "--set", "train.eval_every=0",
+                     "--set", f"train.out_dir={_q(out)}", *TINY)
     return out
 
 
@@ -42,16 +37,11 @@ def cls_run(tmp_path_factory):
     train.write_text("\n".join(rows) + "\n", encoding="utf-8")
     (folder / "ones.tsv").write_text("sentence\tlabel\ngreat movie great\t1\nfine movie fine\t1\n", encoding="utf-8")
     out = folder / "run"
-    from attnlab.cli import main
-
-    try:
-        main(["train", str(ROOT / "configs" / "encoder-classify.toml"), "--set", f"data.path={_q(train)}",
-              "--set", f"data.eval_path={_q(train)}",
-              "--set", "model.d_model=16", "--set", "model.d_ff=16", "--set", "model.n_layers=1",
-              "--set", "train.steps=30", "--set", "train.batch_size=8", "--set", "train.eval_every=0",
-              "--set", "train.lr=3e-3", "--set", f"train.out_dir={_q(out)}", *TINY])
-    except SystemExit as e:
-        assert not e.code
+    train_in_process(str(ROOT / "configs" / "encoder-classify.toml"), "--set", f"data.path={_q(train)}",
+                     "--set", f"data.eval_path={_q(train)}",
+                     "--set", "model.d_model=16", "--set", "model.d_ff=16", "--set", "model.n_layers=1",
+                     "--set", "train.steps=30", "--set", "train.batch_size=8", "--set", "train.eval_every=0",
+                     "--set", "train.lr=3e-3", "--set", f"train.out_dir={_q(out)}", *TINY)
     return out
 
 

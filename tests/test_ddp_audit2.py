@@ -12,7 +12,7 @@ import threading
 import pytest
 import torch
 import torch.distributed as dist
-from cli_helpers import main, one_line_error
+from cli_helpers import one_line_error, train_in_process
 from cli_helpers import toml_str as _q
 
 from attnlab.training.distributed import World
@@ -58,10 +58,7 @@ def test_a_batch_the_processes_cannot_share_is_refused_before_the_data_is_writte
     run, text = tmp_path / "run", tmp_path / "text.txt"
     text.write_text("".join(f"line {i} of a small text to train on\n" for i in range(300)), encoding="utf-8")
     data = ["--set", f"data.path={_q(text)}"]
-    try:
-        main(["train", "--set", "train.steps=2", "--set", f"train.out_dir={_q(run)}", *LM, *data])
-    except SystemExit as e:
-        assert not e.code
+    train_in_process("--set", "train.steps=2", "--set", f"train.out_dir={_q(run)}", *LM, *data)
 
     def digests():
         return {p.relative_to(run).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()

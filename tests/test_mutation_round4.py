@@ -9,7 +9,7 @@ import shutil
 import warnings
 
 import pytest
-from cli_helpers import one_line_error, run_cli, spy_on_generate_context
+from cli_helpers import one_line_error, run_cli, spy_on_generate_context, train_in_process
 from cli_helpers import toml_str as _q
 
 from attnlab.data.text_files import iter_text_blocks, read_classification_file, read_lines, read_text
@@ -21,13 +21,8 @@ CPU = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set"
 
 
 def _train(*argv: str) -> None:
-    """`attnlab train *argv` in this process, which must succeed (for module-wide fixtures, which have no capsys)."""
-    from attnlab.cli import main
-
-    try:
-        main(["train", *argv, *CPU])
-    except SystemExit as e:
-        assert not e.code, f"training failed: {argv}"
+    """`attnlab train *argv` on the CPU in this process, which must succeed."""
+    train_in_process(*argv, *CPU)
 
 
 def _lines_file(path, n: int = 200) -> str:

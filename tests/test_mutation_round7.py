@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import run_cli
+from cli_helpers import run_cli, train_in_process
 from cli_helpers import toml_str as _q
 from training_helpers import ToySource, tiny_model
 
@@ -21,13 +21,8 @@ CPU = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set"
 
 def _train(*argv: str) -> None:
     """`attnlab train` for one step, no evaluation but the last, on the CPU, in this process."""
-    from attnlab.cli import main
-
-    try:
-        main(["train", "--set", "train.steps=1", "--set", "train.warmup_steps=1", "--set", "train.eval_every=0",
-              *CPU, *argv])
-    except SystemExit as e:
-        assert not e.code
+    train_in_process("--set", "train.steps=1", "--set", "train.warmup_steps=1", "--set", "train.eval_every=0",
+                     *CPU, *argv)
 
 
 def _json_file(path: Path) -> dict:

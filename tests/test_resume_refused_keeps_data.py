@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from cli_helpers import main, one_line_error
+from cli_helpers import one_line_error, train_in_process
 from cli_helpers import toml_str as _q
 
 COMMON = ["--set", "model.preset=gpt-char-tiny", "--set", "train.batch_size=4", "--set", "train.precision=fp32",
@@ -18,11 +18,8 @@ def _run_and_other_text(tmp_path, steps: int):
     lines = [f"line {i} of the text, with words enough\n" for i in range(200)]
     a.write_text("".join(lines), encoding="utf-8")
     b.write_text("".join(reversed(lines)), encoding="utf-8")
-    try:
-        main(["train", *COMMON, "--set", f"data.path={_q(a)}", "--set", f"train.steps={steps}",
-              "--set", f"train.out_dir={_q(run)}"])
-    except SystemExit as e:
-        assert not e.code
+    train_in_process(*COMMON, "--set", f"data.path={_q(a)}", "--set", f"train.steps={steps}",
+                     "--set", f"train.out_dir={_q(run)}")
     return run, b
 
 

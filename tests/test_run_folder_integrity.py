@@ -11,19 +11,11 @@ from pathlib import Path
 import pytest
 from cli_helpers import one_line_error, run_cli
 from cli_helpers import toml_str as _q
+from cli_helpers import train_in_process as _train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu"]
 LM = ["--set", "model.preset=gpt-char-tiny", "--set", "train.eval_every=0", *TINY]
-
-
-def _train(*argv: str) -> None:
-    from attnlab.cli import main
-
-    try:
-        main(["train", *argv])
-    except SystemExit as e:
-        assert not e.code
 
 
 @pytest.fixture(scope="module")
