@@ -156,7 +156,10 @@ def generate(
     Args:
         model: a causal LM with `forward(input_ids, attention_mask=..., cache=...)`, `new_cache(capacity)`
             and `max_len` (None when unbounded), e.g. `GPT` or an `EncoderModel` with the LM head; a model
-            whose `supports_cache` is False (a bidirectional LM) is decoded without the cache.
+            whose `supports_cache` is False (a bidirectional LM) is decoded without the cache. Its forward
+            returns the (B, T, V) logits, as a tensor or as an output's `.logits`; a model of the user's
+            needs only `forward(input_ids, attention_mask=...)` (without `new_cache`, each step recomputes the
+            prefix).
         prompt: (B, T) ids, or a list of id lists of any lengths (left-padded internally).
         greedy: take the argmax; otherwise sample with `temperature`, `top_k`, `top_p`.
         eos_id: stop a row when it produces this id (the id is kept in its output).
@@ -278,12 +281,23 @@ def _decoder(model: nn.Module, ids: Tensor, mask: Tensor, total: int, *, masked:
         if cache is not None and cur <= capacity:
             start, fed = fed, cur
             with onednn_off(one_row_of_own_gemv(weight, ids.shape[0] * (cur - start))):
-                return model(ids[:, start:cur], attention_mask=mask[:, :cur] if masked else None,
-                             cache=cache).logits[:, -1]
+                return _last_logits(model(ids[:, start:cur], attention_mask=mask[:, :cur] if masked else None,
+                                      cache=cache))
         start = 0 if limit is None else max(0, cur - limit)  # the window slides: positions restart at its start
-        return model(ids[:, start:cur], attention_mask=mask[:, start:cur] if masked else None).logits[:, -1]
+        return _last_logits(model(ids[:, start:cur], attention_mask=mask[:, start:cur] if masked else None))
 
     return step
+
+
+def _last_logits(output: object) -> Tensor:
+    """The (B, V) logits of the last position from a forward's output: attnlab's models give an output with
+    `.logits`, a user's model may give the (B, T, V) tensor itself."""
+    logits = getattr(output, "logits", output)
+    if not isinstance(logits, Tensor) or logits.dim() != 3:
+        shown = f"a {tuple(logits.shape)} tensor" if isinstance(logits, Tensor) else type(output).__name__
+        raise ConfigError(f"the model's forward returned {shown}; generate needs the (batch, length, vocabulary) "
+                          "logits, as a tensor or as an output's .logits")
+    return logits[:, -1]
 
 
 def _a_weight(model: nn.Module) -> Tensor | None:
