@@ -518,6 +518,27 @@ def _model_config(model: nn.Module) -> dict[str, Any]:
     return config_to_dict(config)
 
 
+def not_rebuilt_from_config(model: nn.Module) -> str | None:
+    """Why `load_model` (and with it `attnlab generate` and `evaluate`) will not give `model` back from its
+    checkpoints, which rebuild the model from its config alone: weights other than those of the model the config
+    builds (a subclass with modules of its own, a module added to an instance), or another class (a subclass
+    that changes what the model computes); None where the config rebuilds the model."""
+    from attnlab.models.registry import build_model
+
+    model = unwrap(model)
+    with torch.device("meta"):
+        built = build_model(model.config)
+    held = {key: t.shape for key, t in model.state_dict().items()}
+    key = _first_difference(held, {key: t.shape for key, t in built.state_dict().items()})
+    if key is not None:
+        return (f"its weights are not those of the {type(built).__name__} its config builds (weight {key!r}), so "
+                "load_model, `attnlab generate` and `attnlab evaluate` will refuse its checkpoints")
+    if type(built) is not type(model):
+        return (f"load_model, `attnlab generate` and `attnlab evaluate` rebuild its checkpoints as a "
+                f"{type(built).__name__}, without what {type(model).__name__} changes")
+    return None
+
+
 # ----------------------------------------------------------------------------------------------------
 # Optimizer state
 

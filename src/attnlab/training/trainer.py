@@ -64,6 +64,7 @@ from attnlab.training.distributed import (
     barrier,
     init_distributed,
     peer_gone,
+    unwrap,
     wrap_ddp,
 )
 from attnlab.training.logging import (
@@ -550,6 +551,9 @@ class Trainer:
         check_batch_split(cfg, self.world.size)
         self.dtype = resolve_precision(cfg.precision, self.device, setting="train.precision")
         ckpt._model_config(model)  # fail now, not at the first checkpoint, if the model cannot be saved
+        if self.world.is_main and (why := ckpt.not_rebuilt_from_config(model)) is not None:
+            warnings.warn(f"the model is a {type(unwrap(model)).__name__}: {why}; load them into a model of its "
+                          "class with attnlab.training.load_checkpoint_into(run_folder, model)", stacklevel=2)
         self.model = model.to(self.device)
         self.optimizer = build_optimizer(self.model, cfg, self.device)
         self._ddp = wrap_ddp(self.model, self.device) if self.world.distributed else None
@@ -1217,9 +1221,10 @@ class Trainer:
 
         Returns:
             ``steps``, ``start_step``, ``final_train_loss``, ``final_eval`` (dict), ``final_eval_loss``,
-            ``best_eval_loss``, ``best`` (metric, value, step), ``stopped_early``, ``redid_eval`` (a resumed run
-            first redid the evaluation its checkpoint was saved inside), ``wall_time_s`` and
-            ``tokens_per_s`` (of this call: a resumed run's steps from ``start_step``), ``checkpoint`` (path).
+            ``best_eval_loss``, ``best`` (metric, value, step), ``stopped_early`` (before ``config.steps``),
+            ``redid_eval`` (a resumed run first redid the evaluation its checkpoint was saved inside),
+            ``wall_time_s`` and ``tokens_per_s`` (of this call: a resumed run's steps from ``start_step``),
+            ``checkpoint`` (path).
 
         Raises:
             TrainingInterrupted: Ctrl-C; a checkpoint was saved first.
@@ -1368,7 +1373,8 @@ class Trainer:
             "final_eval_loss": self._totals.last_eval.get("loss"),
             "best_eval_loss": self._best_eval_loss,
             "best": self.best,
-            "stopped_early": stopped_early,
+            # Patience running out at the last step stopped nothing (a resume with more steps still stays stopped).
+            "stopped_early": stopped_early and self.step < cfg.steps,
             "redid_eval": redid_eval,
             "wall_time_s": wall,
             "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,

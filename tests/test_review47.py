@@ -1,0 +1,69 @@
+"""Findings of stop 47's audits, each pinned by the behaviour a user sees."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from training_helpers import ToySource, tiny_model
+
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.training import Trainer, TrainerConfig, load_checkpoint_into, load_model
+from attnlab.training.checkpoint import ModelMismatch
+
+
+def _config(**changes) -> TrainerConfig:
+    settings = dict(steps=4, batch_size=8, lr=1e-2, precision="fp32", device="cpu", progress=False)
+    settings.update(changes)
+    return TrainerConfig(**settings)
+
+
+def test_patience_running_out_at_the_last_step_is_not_a_stop_before_it(tmp_path):
+    scores = iter([1.0, 2.0])  # the second (last) evaluation is worse: patience 1 runs out at step 4 of 4
+    cfg = _config(eval_every=2, early_stopping_patience=1, best_metric="score", best_mode="min")
+    summary = Trainer(tiny_model(), cfg, ToySource(), out_dir=tmp_path,
+                      metrics_fn=lambda m: {"score": next(scores)}).fit()
+    assert summary["steps"] == 4 and summary["stopped_early"] is False
+    # More steps on resume: the run stays stopped, as one given 8 steps from the start would have stopped at 4.
+    resumed = Trainer(tiny_model(), cfg.replace(steps=8), ToySource(), out_dir=tmp_path, resume=True,
+                      metrics_fn=lambda m: {"score": 0.0}).fit()
+    assert resumed["start_step"] == resumed["steps"] == 4 and resumed["stopped_early"] is True
+
+
+class _WithExtra(GPT):
+    def __init__(self, config):
+        super().__init__(config)
+        self.extra = nn.Linear(4, 4)
+
+
+class _OtherForward(GPT):
+    def forward(self, *args, **kwargs):
+        return super().forward(*args, **kwargs)
+
+
+_GPT = GPTConfig(vocab_size=32, block_size=16, n_layers=1, n_heads=2, d_model=16)
+
+
+def test_a_model_its_config_does_not_rebuild_is_warned_of_at_the_start_and_loads_back_into_its_class(tmp_path):
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match=r"the model is a _WithExtra: its weights are not those of the GPT its "
+                                         r"config builds \(weight 'extra\.weight'\), so load_model.* will refuse its "
+                                         r"checkpoints; load them into a model of its class with "
+                                         r"attnlab\.training\.load_checkpoint_into"):
+        trainer = Trainer(_WithExtra(_GPT), _config(steps=1), ToySource(), out_dir=tmp_path / "a")
+    trainer.fit()
+    with pytest.raises(ModelMismatch):
+        load_model(tmp_path / "a")
+    back = _WithExtra(_GPT)
+    load_checkpoint_into(tmp_path / "a", back)
+    assert torch.equal(back.extra.weight, trainer.model.extra.weight)
+
+    with pytest.warns(UserWarning, match="rebuild its checkpoints as a GPT, without what _OtherForward changes"):
+        Trainer(_OtherForward(_GPT), _config(steps=1), ToySource(), out_dir=tmp_path / "b")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="the model is a")
+        Trainer(GPT(_GPT), _config(steps=1), ToySource(), out_dir=tmp_path / "c")
+        Trainer(torch.compile(GPT(_GPT)), _config(steps=1), ToySource(), out_dir=tmp_path / "d")
+
