@@ -67,3 +67,24 @@ def test_a_model_its_config_does_not_rebuild_is_warned_of_at_the_start_and_loads
         Trainer(GPT(_GPT), _config(steps=1), ToySource(), out_dir=tmp_path / "c")
         Trainer(torch.compile(GPT(_GPT)), _config(steps=1), ToySource(), out_dir=tmp_path / "d")
 
+
+def test_a_knowledge_run_replaces_only_files_named_as_a_run_names_them(tmp_path):
+    from attnlab.experiments.knowledge import _earlier_outputs
+
+    for phase in ("pretrain-dot", "finetune-dot", "finetune-none"):
+        (tmp_path / phase / "checkpoint").mkdir(parents=True)
+    (tmp_path / "finetune-none" / "metrics.jsonl").write_text("{}\n", encoding="utf-8")
+    (tmp_path / "finetune-none" / "loss.png.123.tmp.png").write_text("x", encoding="utf-8")
+    (tmp_path / "finetune-none" / ".best.old").mkdir()
+    for name, entry in (("finetune-ideas", "best.md"), ("pretrain-none", "checkpoint"), ("finetune-scratch", "best"),
+                        ("finetune-dot + rotary", "checkpoint"), ("pretrain-dot+rotary", "loss.png.txt")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / entry).mkdir()
+    predictions = tmp_path / "predictions"
+    predictions.mkdir()
+    for name in ("dot.tsv", "none.predict.tsv", "scratch.tsv", " dot.tsv", "dot + rotary.tsv"):
+        (predictions / name).write_text("x", encoding="utf-8")
+    found = {path.relative_to(tmp_path).as_posix() for path in _earlier_outputs(tmp_path, [])}
+    assert found == {"pretrain-dot", "finetune-dot", "finetune-none", "predictions/dot.tsv",
+                     "predictions/none.predict.tsv"}
+

@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import platform
+import re
 import shutil
 import time
 import unicodedata
@@ -618,8 +619,10 @@ def _warn_other_normal_form(corpus: list[str], train: list[tuple[str, str]]) -> 
 _OUTPUT_FILES = ("results.json", "results.md", "curves.png", "accuracy.png")  # written at the end of a run
 
 
-# What a phase's trainer writes into its folder (and the hidden siblings of an atomic save).
-_PHASE_ENTRIES = ("checkpoint", "best", "metrics", "loss")
+# What a phase's trainer writes into its folder: its checkpoints (and the hidden siblings of an atomic save), its
+# metrics log and loss curve (and their temporary files, `files.atomic_write`'s, and a replaced log's).
+_PHASE_ENTRY = re.compile(r"(checkpoint|best|\.(checkpoint|best)\.(tmp|old))"
+                          r"|(metrics\.jsonl|loss\.png)(\.\d+\.tmp\.(jsonl|png))?|\.metrics\.jsonl\.replaced")
 
 
 def _earlier_outputs(out: Path, inputs: list[Path]) -> list[Path]:
@@ -632,11 +635,11 @@ def _earlier_outputs(out: Path, inputs: list[Path]) -> list[Path]:
         return folder.is_dir() and all(allowed(entry.name) or entry.name in _SYSTEM_FILES
                                        for entry in folder.iterdir())
 
-    def phase_entry(name: str) -> bool:
-        return name.lstrip(".").split(".")[0] in _PHASE_ENTRIES
+    def phase(path: Path) -> bool:  # a row's phase folder (`pretrain-` only for a pretrained row) of a trainer's
+        kind, row = path.name.split("-", 1)
+        return _row_written(row, pretrained=kind == "pretrain" or None) and ours(path, _PHASE_ENTRY.fullmatch)
 
-    phases = [path for path in [*sorted(out.glob("pretrain-*")), *sorted(out.glob("finetune-*"))]
-              if ours(path, phase_entry)]
+    phases = [path for path in [*sorted(out.glob("pretrain-*")), *sorted(out.glob("finetune-*"))] if phase(path)]
     tables = [out / name for name in _OUTPUT_FILES if (out / name).is_file()]
     if not phases and not tables:
         return []
@@ -659,12 +662,18 @@ def _earlier_outputs(out: Path, inputs: list[Path]) -> list[Path]:
 
 def _prediction_file(name: str) -> bool:
     """Whether a file name is one a knowledge run gives its predictions: `<row>.tsv` or `<row>.predict.tsv`, the row
-    a variant `--variants` takes (a `mine.tsv` of the user's is not, and keeps the folder)."""
-    row = name.removesuffix(".tsv").removesuffix(".predict") if name.endswith(".tsv") else ""
+    as a run names it (a `mine.tsv` of the user's is not, nor `scratch.tsv`, and keeps the folder)."""
+    return name.endswith(".tsv") and _row_written(name.removesuffix(".tsv").removesuffix(".predict"))
+
+
+def _row_written(row: str, pretrained: bool | None = None) -> bool:
+    """Whether a run names one of its rows `row` in its files (`none`, `dot`, `dot+rotary`: a name `--variants`
+    takes, as the row's name spells it, not an alias such as `scratch` or `dot + rotary`), pretrained if asked."""
     try:
-        return len(parse_variants(row)) == 1 if row and "," not in row else False
+        variants = parse_variants(row) if row and "," not in row else []
     except ConfigError:
         return False
+    return len(variants) == 1 and variants[0].name == row and pretrained in (None, variants[0].pretrain)
 
 
 # Files a file browser leaves in folders it shows (macOS, Windows): they do not make a folder the user's.
