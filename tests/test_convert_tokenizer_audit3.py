@@ -67,8 +67,12 @@ def test_additional_special_tokens_are_matched_whole(tmp_path, bert_model, where
               **(listed if where == "tokenizer_config.json" else {})}
     folder = _folder(tmp_path, bert_model, vocab_only=True, config=config, rename_last=("[E1]", "[E2]"),
                      special_map=listed if where == "special_tokens_map.json" else None)
-    ours, _ = _same_ids_as_hf(folder, tmp_path / "run")
-    assert ours.token_to_id("[E1]") in ours.encode("the [E1] fox")
+    ours, hf = _same_ids_as_hf(folder, tmp_path / "run")
+    ids = ours.encode("the [E1] fox")
+    assert ours.token_to_id("[E1]") in ids
+    # Specials, as HF's are: left out of decoded text (and so of what generate prints), as HF's decode leaves them.
+    assert {ours.token_to_id("[E1]"), ours.token_to_id("[E2]")} <= set(ours.special_ids)
+    assert ours.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True) == "the fox"
 
 
 def test_an_additional_special_token_the_vocabulary_lacks_is_refused(tmp_path, bert_model):

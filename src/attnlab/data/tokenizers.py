@@ -689,6 +689,9 @@ class _HFTokenizer(Tokenizer):
         # would lose the spaces it puts around them ("fox ⁇ dog"): there this is None.
         self._verbatim = ({i: tok.content for i, tok in self._hf.get_added_tokens_decoder().items()}
                           if isinstance(self._hf.decoder, decoders.ByteLevel) else None)
+        # Added tokens HF marks special (a converted tokenizer's additional special tokens) are specials too: HF's
+        # decode leaves them out of text, and so do generate and decode(skip_special_tokens=True).
+        self._added_specials = {i for i, tok in self._hf.get_added_tokens_decoder().items() if tok.special}
         for name, tok in self.specials.items():
             if hf.token_to_id(tok) is None:
                 raise ConfigError(f"special token {name}={tok!r} is not in the {self.kind} vocabulary")
@@ -697,6 +700,11 @@ class _HFTokenizer(Tokenizer):
     def hf(self) -> Any:
         """The underlying `tokenizers.Tokenizer`."""
         return self._hf
+
+    @property
+    def special_ids(self) -> list[int]:
+        """Sorted ids of every special token: ours, and the added tokens HF's tokenizer marks special."""
+        return sorted(set(super().special_ids) | self._added_specials)
 
     @property
     def vocab_size(self) -> int:

@@ -276,8 +276,16 @@ def translate_ids(run: LoadedRun, sources: Sequence[Sequence[int]], *, beam_size
         out = (beam_search(model, src, mask, beam_size=beam_size, max_len=max_len, never_emit=never) if beam_size > 1
                else greedy_translate(model, src, mask, max_len=max_len, never_emit=never))
         for i, ids in zip(indices, out):
-            texts[i] = tok.decode(ids, skip_special_tokens=True)
+            texts[i] = tok.decode(shown_ids(tok, ids))
     return texts
+
+
+def shown_ids(tok, ids: list[int]) -> list[int]:
+    """The ids of a model's output that its text shows: every special token left out but unk, a word the model put
+    there, shown as the tokenizer writes it (left out, the words around it were joined: "for <unk> statement"
+    printed as "for statement")."""
+    hidden = set(tok.special_ids) - {tok.unk_id}
+    return [i for i in ids if i not in hidden]
 
 
 def never_translated_ids(tok) -> list[int]:
@@ -420,11 +428,8 @@ def _continuation(tok, prompt: str, prompt_ids: list[int], new_ids: list[int]) -
     new word would be glued to the prompt's last), and byte-level BPE may finish a character the prompt began.
     Where the prompt ends in whitespace its decoding dropped, that space is not given twice. The prompt's
     special tokens (an unknown word's unk) are decoded with it: dropped, the word boundary after them went too
-    ("Zebra" gave "Zebraquick"); the new tokens' specials are left out of the text, but for unk: a word the model
-    put there, shown as the tokenizer writes it (left out, the words around it were joined: "for <unk> statement"
-    printed as "for statement")."""
-    specials = set(tok.special_ids) - {tok.unk_id}
-    new_ids = [i for i in new_ids if i not in specials]
+    ("Zebra" gave "Zebraquick"); the new tokens are those `shown_ids` keeps."""
+    new_ids = shown_ids(tok, new_ids)
     if not new_ids:
         return ""
     head = tok.decode(list(prompt_ids))
