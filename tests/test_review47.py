@@ -111,3 +111,40 @@ def test_a_translation_shows_the_unk_its_model_put_there():
     for beam in (1, 3):
         (text,) = translate_ids(run, [tok.encode("alpha beta")], beam_size=beam, max_len=4)
         assert text.split() == [tok.id_to_token(tok.unk_id)] * 4
+
+
+@pytest.mark.parametrize("raw, value", [("True", True), ("FALSE", False), ("0b101", 5)])
+def test_set_and_a_yaml_config_read_booleans_and_binary_numbers_alike(tmp_path, raw, value):
+    from attnlab.training.recipe import load_run_config, parse_value
+
+    setting = "train.compile" if isinstance(value, bool) else "train.steps"
+    section, key = setting.split(".")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"{section}:\n  {key}: {raw}\n", encoding="utf-8")
+    assert parse_value(raw) == value and type(parse_value(raw)) is type(value)
+    from_file, from_set = load_run_config(config), load_run_config(None, [f"{setting}={raw}"])
+    assert getattr(from_file.train, key) == getattr(from_set.train, key) == value
+
+
+def test_an_options_table_with_nothing_under_it_in_yaml_is_empty(tmp_path):
+    from attnlab.training.recipe import load_run_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  position: relative\n  position_options:\ndata:\n", encoding="utf-8")
+    assert load_run_config(config).model["position_options"] == {}
+
+
+def test_params_reads_a_config_json_as_utf8_whatever_the_locale(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "id2label": {"0": "négatif"}},
+                                                   ensure_ascii=False), encoding="utf-8")
+    env = {**os.environ, "PYTHONCOERCECLOCALE": "0", "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": "utf-8"}
+    out = subprocess.run([sys.executable, "-m", "attnlab", "params", str(folder)], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 2 and "attnlab convert" in out.stderr and "codec" not in out.stderr, out.stderr

@@ -900,7 +900,7 @@ def _load(name: str) -> tuple[str, Config, Path | None]:
         if not file.is_file():
             raise ConfigError(f"{name}: no config.json there; give a preset name ({presets}) or a run folder")
         try:
-            data = json.loads(file.read_text())
+            data = json.loads(file.read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError) as e:  # ValueError: not UTF-8 or JSON, a 4,300-digit number
             raise ConfigError(f"{file}: not a readable JSON config ({one_line(e)}); give a run or checkpoint folder "
                               "written by attnlab, or a preset name (attnlab params --list)") from None

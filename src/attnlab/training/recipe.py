@@ -251,18 +251,25 @@ def parse_value(raw: str) -> Any:
 
 
 def _yaml_number(raw: str) -> Any:
-    """`raw` as the number a YAML config reads in it (`--set train.lr=.5` had been refused as "expected a number,
-    got '.5'", where `lr: .5` in a YAML file reads), else `raw` itself."""
+    """`raw` as the number or boolean a YAML config reads in it (`--set train.lr=.5` had been refused as
+    "expected a number, got '.5'", where `lr: .5` in a YAML file reads; `True` likewise), else `raw` itself."""
     import yaml
 
     try:
         value = yaml.load(raw, Loader=_yaml_loader())  # a safe loader (see _yaml_loader)
     except (yaml.YAMLError, RecursionError, ValueError):
         return raw
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else raw
+    return value if isinstance(value, (int, float)) else raw  # a bool is an int
 
 
 YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def _empty_options(section: Any) -> Any:
+    """A YAML section with its options tables written with nothing under them (`position_options:`) as empty."""
+    if not isinstance(section, dict):
+        return section
+    return {k: {} if v is None and isinstance(k, str) and k.endswith("_options") else v for k, v in section.items()}
 
 
 @functools.lru_cache(maxsize=1)
@@ -271,9 +278,9 @@ def _yaml_loader() -> type:
 
     PyYAML follows YAML 1.1, which reads 3e-4 and 5e5 as strings (it wants a dot and a signed exponent,
     3.0e-4), 010 as octal 8, 1:30 as 90 (base 60), yes/no/on/off as booleans and 2024-01-05 as a date. Here
-    3e-4 is a float, 010 is 10, 1_000 is 1000 (as in TOML), 0o17 and 0x1F are octal and hexadecimal, only
-    true/false are booleans, and the rest is text, which the settings' types then accept or refuse in one
-    line."""
+    3e-4 is a float, 010 is 10, 1_000 is 1000 (as in TOML), 0o17, 0x1F and 0b11 are octal, hexadecimal and
+    binary, only true/false (True, TRUE, ...) are booleans, and the rest is text, which the settings' types then
+    accept or refuse in one line."""
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -288,7 +295,8 @@ def _yaml_loader() -> type:
         "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:int",
-        re.compile(r"^(?:[-+]?[0-9](?:_?[0-9])*|0o[0-7](?:_?[0-7])*|0x[0-9a-fA-F](?:_?[0-9a-fA-F])*)$"),
+        re.compile(r"^(?:[-+]?[0-9](?:_?[0-9])*|0o[0-7](?:_?[0-7])*|0x[0-9a-fA-F](?:_?[0-9a-fA-F])*"
+                   r"|0b[01](?:_?[01])*)$"),
         list("-+0123456789"))
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",
@@ -301,8 +309,8 @@ def _yaml_loader() -> type:
 
     def integer(loader, node) -> int:
         text = loader.construct_scalar(node).replace("_", "")
-        if text.startswith(("0o", "0x")):
-            return int(text[2:], 8 if text[1] == "o" else 16)
+        if text.startswith(("0o", "0x", "0b")):
+            return int(text[2:], {"o": 8, "x": 16, "b": 2}[text[1]])
         return int(text, 10)  # "010" is ten
 
     Loader.add_constructor("tag:yaml.org,2002:int", integer)
@@ -373,7 +381,8 @@ def _read_config_file(p: Path) -> Any:
             raise ConfigError(f"{p}: a YAML config is a mapping of sections (model:, data:, train:) to their "
                               "settings, as the TOML files in configs/ are tables")
         _check_yaml_names(p, raw)
-        return {k: {} if v is None else v for k, v in raw.items()}  # "data:" with nothing under it: no settings
+        # "data:" with nothing under it: no settings; so is "position_options:" (an options table) in a section.
+        return {k: {} if v is None else _empty_options(v) for k, v in raw.items()}
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
