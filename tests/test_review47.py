@@ -148,3 +148,33 @@ def test_params_reads_a_config_json_as_utf8_whatever_the_locale(tmp_path):
     out = subprocess.run([sys.executable, "-m", "attnlab", "params", str(folder)], capture_output=True, text=True,
                          env=env, timeout=120)
     assert out.returncode == 2 and "attnlab convert" in out.stderr and "codec" not in out.stderr, out.stderr
+
+
+def test_a_resumed_fine_tune_keeps_recording_the_run_it_started_from(capsys, tmp_path):
+    # The command's init_from (another run, one that does not exist) or a preset given instead had replaced it in
+    # run.json, though a resume continues the run's own checkpoint and reads neither.
+    import json
+
+    from cli_helpers import run_cli
+    from cli_helpers import toml_str as _q
+
+    base = ["--set", "train.progress=false", "--set", "train.precision=fp32", "--set", "train.device=cpu",
+            "--set", "train.warmup_steps=0", "--set", "train.eval_every=0"]
+    pre, other, run = tmp_path / "pre", tmp_path / "other", tmp_path / "run"
+    for out in (pre, other):
+        assert run_cli(capsys, "train", "--set", "model.preset=gpt-char-tiny", "--set", "train.steps=1", *base,
+                       "--set", f"train.out_dir={_q(out)}")[0] == 0
+    assert run_cli(capsys, "train", "--set", f"model.init_from={_q(pre)}", "--set", "train.steps=1", *base,
+                   "--set", f"train.out_dir={_q(run)}")[0] == 0
+    recorded = {"init_from": str(pre)}
+    assert json.loads((run / "run.json").read_text(encoding="utf-8"))["model"] == recorded
+    for steps, model in enumerate([f"model.init_from={_q(other)}", f"model.init_from={_q(tmp_path / 'no' / 'such')}",
+                                   "model.preset=gpt-char-tiny"], start=2):
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            code, _, err = run_cli(capsys, "train", "--set", model, "--set", f"train.steps={steps}", *base,
+                                   "--set", f"train.out_dir={_q(run)}", "--resume")
+        assert code == 0, err
+        named = [str(w.message) for w in said if "is not the run this one started from" in str(w.message)]
+        assert len(named) == ("init_from" in model), named
+        assert json.loads((run / "run.json").read_text(encoding="utf-8"))["model"] == recorded

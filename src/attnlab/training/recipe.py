@@ -1548,15 +1548,8 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
             if run.data.task != "lm" and env_world().is_main:  # a language model's token files, which no task reads
                 _remove_token_files(out / "data")
         description = run.to_dict()
-        if tokenizer_from is not None and "init_from" in run.model:
-            # A fine-tune resumed without a model.* setting it was started with goes on with the checkpoint's (its
-            # own init_from, however this command spells it: a resume continues the checkpoint), which run.json,
-            # the run's settings, keeps saying (it read as the pretrained run's). A run started otherwise (from a
-            # preset) records no init_from it never started from, beside its preset.
-            previous = _recorded_model(out)
-            given = description["model"] if "init_from" in previous or not previous else {
-                key: value for key, value in description["model"].items() if key != "init_from"}
-            description["model"] = {**previous, **given}
+        if tokenizer_from is not None:
+            description["model"] = _resumed_model_record(_recorded_model(out), description["model"])
         if "labels" in prep.info:  # the class names, in the order of the classifier's outputs
             description["labels"] = list(prep.info["labels"])
         description.update(prep.layout)  # a checkpoint that lost its trainer state is scored from run.json
@@ -1580,6 +1573,24 @@ def train_run(run: RunConfig, *, resume: bool = False) -> dict[str, Any]:
 
         summary = trainer.fit(resume=resume, on_start=describe)
         return {**summary, **prep.info}
+
+
+def _resumed_model_record(previous: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """The [model] table run.json records for a resumed run, from the one it recorded and the one this command
+    gives. A resume continues the run's checkpoint, whatever the command names to start from: a fine-tune goes on
+    from its own start (a model.* setting it was started with and the command leaves out is the checkpoint's), so
+    the record keeps its init_from, however the command spells it or whichever preset it names instead; a run
+    started otherwise (from a preset) records no init_from it never started from, beside its preset."""
+    if "init_from" in previous:
+        named, started = given.get("init_from"), previous["init_from"]
+        if isinstance(named, str) and isinstance(started, str) and \
+                Path(named).expanduser().resolve() != Path(started).expanduser().resolve():
+            warnings.warn(f"model.init_from {named} is not the run this one started from ({started}, in its "
+                          "run.json): a resume continues the run's own checkpoint and does not read it", stacklevel=3)
+        return {**previous, **{key: value for key, value in given.items() if key not in ("init_from", "preset")}}
+    if previous and "init_from" in given:
+        return {**previous, **{key: value for key, value in given.items() if key != "init_from"}}
+    return given
 
 
 def _recorded_model(out: Path) -> dict[str, Any]:
