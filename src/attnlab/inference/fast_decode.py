@@ -231,8 +231,8 @@ _TORCH_PARTS = (nn.ModuleList, nn.Linear, nn.Embedding, nn.LayerNorm)
 
 def _as_built(model: nn.Module) -> bool:
     """Whether `model` computes exactly what attnlab's own code does: every module of a class attnlab builds (no
-    subclass of the user's, whose forward may differ), and no forward hooks, global or on a module (steering,
-    activation patching), which the decoder would not call."""
+    subclass of the user's, whose forward may differ, nor a forward set on a module itself), and no forward hooks,
+    global or on a module (steering, activation patching), which the decoder would not call."""
     hooks = torch.nn.modules.module
     if getattr(hooks, "_global_forward_hooks", None) or getattr(hooks, "_global_forward_pre_hooks", None):
         return False
@@ -240,7 +240,7 @@ def _as_built(model: nn.Module) -> bool:
         kind = type(module)
         if not (kind.__module__.startswith("attnlab.") or kind in _TORCH_PARTS):
             return False
-        if module._forward_hooks or module._forward_pre_hooks:
+        if module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module):
             return False
     return True
 
