@@ -35,7 +35,7 @@ def lr_at(step: int, config: TrainerConfig) -> float:
 
     - "constant": lr.
     - "cosine": half a cosine from lr down to min_lr_ratio·lr, reached at step `decay_steps` (default
-      `steps`) and kept after it.
+      `steps`, one past the last step a run trains) and kept after it.
     - "linear": a straight line from lr down to min_lr_ratio·lr, reached likewise.
     - "noam" (Vaswani et al. 2017): d_model^-0.5 · min(n^-0.5, n · warmup^-1.5) with n = step+1,
       rescaled so its peak (at n = warmup) equals lr: lr · min(sqrt(warmup / n), n / warmup).

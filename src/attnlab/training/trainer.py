@@ -101,7 +101,8 @@ class TrainerConfig(Config):
             batch_size must be divisible by micro_batch_size × the number of processes. A source that packs
             several examples into a row (``document_ids``) gives fewer rows: they are shared in as many passes.
         lr: peak learning rate.
-        min_lr_ratio: the cosine and linear schedules end at min_lr_ratio × lr.
+        min_lr_ratio: the cosine and linear schedules decay to min_lr_ratio × lr, reached at step decay_steps
+            (default `steps`: one past the last step trained, whose rate is just above it).
         weight_decay: AdamW decoupled weight decay, applied to weight matrices only (see `optim`).
         betas, eps: AdamW's moment decay rates and denominator epsilon.
         schedule: "cosine", "noam", "linear" or "constant", each after a linear warmup (see `lr_at`).
