@@ -178,3 +178,37 @@ def test_a_resumed_fine_tune_keeps_recording_the_run_it_started_from(capsys, tmp
         named = [str(w.message) for w in said if "is not the run this one started from" in str(w.message)]
         assert len(named) == ("init_from" in model), named
         assert json.loads((run / "run.json").read_text(encoding="utf-8"))["model"] == recorded
+
+
+def _prefixing_tokenizer():
+    """A byte-level BPE that puts a space before a text's start, as a GPT-2 tokenizer saved with
+    add_prefix_space=True does (and `attnlab convert` keeps)."""
+    import tokenizers
+
+    from attnlab.data.tokenizers import BPETokenizer
+
+    texts = ["The quick brown fox jumps over the lazy dog.\nSecond line here, and a third.\n"] * 20
+    byte_level = tokenizers.ByteLevelBPETokenizer(add_prefix_space=True)
+    byte_level.train_from_iterator(texts, vocab_size=300, min_frequency=1, special_tokens=["<|endoftext|>", "<pad>"])
+    none = dict.fromkeys(("unk", "mask", "cls", "sep", "bos"))
+    return BPETokenizer(byte_level._tokenizer, specials={**none, "pad": "<pad>", "eos": "<|endoftext|>"})
+
+
+def test_a_token_file_of_a_tokenizer_that_prefixes_a_text_holds_the_ids_of_the_whole_text(tmp_path):
+    # Encoded in pieces (about a line each, blocks of a megabyte), every piece had got the prefix: a space token
+    # before each line end in a converted GPT-2's token files, so evaluate scored other tokens than HF does.
+    import numpy as np
+
+    from attnlab.data.corpus import build_token_file
+
+    text = "".join(f"The quick brown fox {i}.\nSecond line here.\n" for i in range(30))
+    path = tmp_path / "t.txt"
+    path.write_text(text, encoding="utf-8")
+    tok = _prefixing_tokenizer()
+    whole = tok.hf.encode(text, add_special_tokens=False).ids
+    assert tok.decode(whole) == " " + text
+    assert tok.encode(text) == tok.encode_array(text).tolist() == whole
+    for block in (40, 1 << 20):  # blocks of a few lines each, and the text as one block
+        for source in (path, text):
+            ids = build_token_file(source, tok, tmp_path / f"{block}-{type(source).__name__}.bin", block_chars=block)
+            assert np.asarray(ids).tolist() == whole, (block, source)

@@ -157,9 +157,11 @@ def build_token_file(
     length = 0
     with atomic_path(out_path) as tmp:  # per process: under torchrun every process writes the same files
         with open(tmp, "wb") as f:
+            began = False  # whether a block of the text was encoded (the blocks after it continue the text)
             for group in _blocks(source, block_chars):
                 if eos is None or isinstance(group, str):  # a text's block: eos marks documents, not blocks
-                    ids = tokenizer.encode_array(group)
+                    ids = tokenizer.encode_array(group, continues=began and isinstance(group, str))
+                    began = began or isinstance(group, str)
                 else:
                     parts = [
                         np.append(np.asarray(x, dtype=np.int64), eos) for x in tokenizer.encode_batch(group)

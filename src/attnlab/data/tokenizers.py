@@ -181,8 +181,10 @@ class Tokenizer(ABC):
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in _checked_texts(texts)]
 
-    def encode_array(self, texts: str | Sequence[str]) -> np.ndarray:
-        """The ids of a text, or of several texts concatenated, as one int64 array (for corpora)."""
+    def encode_array(self, texts: str | Sequence[str], *, continues: bool = False) -> np.ndarray:
+        """The ids of a text, or of several texts concatenated, as one int64 array (for corpora). `continues`: the
+        text goes on from one encoded before it (a later block of a corpus), so it gets no start-of-text prefix
+        (the space a GPT-2 tokenizer saved with add_prefix_space puts before a text) again."""
         if isinstance(texts, str):
             texts = [_checked_text(texts)]  # checked here, so that an error does not call it "text 0"
         parts = [np.asarray(ids, dtype=np.int64) for ids in self.encode_batch(list(texts))]
@@ -452,7 +454,7 @@ class CharTokenizer(Tokenizer):
     def vocab(self) -> list[str]:
         return list(self._tokens)
 
-    def encode_array(self, texts: str | Sequence[str]) -> np.ndarray:
+    def encode_array(self, texts: str | Sequence[str], *, continues: bool = False) -> np.ndarray:
         return self._lookup(texts if isinstance(texts, str) else "".join(_checked_texts(texts)))
 
     def _lookup(self, text: str) -> np.ndarray:
@@ -692,6 +694,7 @@ class _HFTokenizer(Tokenizer):
         # Added tokens HF marks special (a converted tokenizer's additional special tokens) are specials too: HF's
         # decode leaves them out of text, and so do generate and decode(skip_special_tokens=True).
         self._added_specials = {i for i, tok in self._hf.get_added_tokens_decoder().items() if tok.special}
+        self._continuing = self._without_prefix(self._hf)
         for name, tok in self.specials.items():
             if hf.token_to_id(tok) is None:
                 raise ConfigError(f"special token {name}={tok!r} is not in the {self.kind} vocabulary")
@@ -723,14 +726,47 @@ class _HFTokenizer(Tokenizer):
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         # In chunks: HF's Encoding of a text (offsets, token strings, masks) weighs ~100 times its ids, so one call
         # over a whole parallel or classification file held gigabytes for a moment (and the process kept them).
-        texts = _checked_texts(texts)
-        return [e.ids for start in range(0, len(texts), ENCODE_CHUNK)
-                for e in self._hf.encode_batch(texts[start:start + ENCODE_CHUNK], add_special_tokens=False)]
+        return self._encode_chunks(self._hf, _checked_texts(texts))
 
-    def encode_array(self, texts: str | Sequence[str]) -> np.ndarray:
-        if isinstance(texts, str):  # checked whole first, so that an error names the position in the text given
-            texts = text_pieces(_checked_text(texts))  # encoded in parallel, with the ids of the whole text
-        return super().encode_array(texts)
+    @staticmethod
+    def _encode_chunks(hf: Any, texts: list[str]) -> list[list[int]]:
+        return [e.ids for start in range(0, len(texts), ENCODE_CHUNK)
+                for e in hf.encode_batch(texts[start:start + ENCODE_CHUNK], add_special_tokens=False)]
+
+    def encode_array(self, texts: str | Sequence[str], *, continues: bool = False) -> np.ndarray:
+        if not isinstance(texts, str):
+            return super().encode_array(texts)
+        # Checked whole first, so that an error names the position in the text given; then encoded in parallel, in
+        # pieces whose ids are the whole text's: only the first gets a prefix the tokenizer puts before a text.
+        pieces = text_pieces(_checked_text(texts))
+        if self._continuing is None:
+            return super().encode_array(pieces)
+        head, rest = ([], pieces) if continues else (pieces[:1], pieces[1:])
+        ids = self._encode_chunks(self._hf, head) + self._encode_chunks(self._continuing, rest)
+        return np.concatenate([np.asarray(i, dtype=np.int64) for i in ids]) if ids else np.zeros(0, dtype=np.int64)
+
+    @staticmethod
+    def _without_prefix(hf: Any) -> Any:
+        """A copy of `hf` that puts nothing before a text's start, for the pieces of a text after its first; None
+        where `hf` puts nothing there. A byte-level pre-tokenizer with add_prefix_space (a GPT-2 tokenizer saved
+        with add_prefix_space=True) puts a space there."""
+        if hf.pre_tokenizer is None:
+            return None
+        from tokenizers import Tokenizer as HFTokenizer
+
+        def off(node: dict) -> dict:
+            if node.get("type") == "ByteLevel" and node.get("add_prefix_space"):
+                return {**node, "add_prefix_space": False}
+            if node.get("type") == "Sequence":
+                return {**node, "pretokenizers": [off(child) for child in node.get("pretokenizers", [])]}
+            return node
+
+        given = json.loads(hf.pre_tokenizer.__getstate__())
+        if (pre := off(given)) == given:
+            return None
+        data = json.loads(hf.to_str())
+        data["pre_tokenizer"] = pre
+        return HFTokenizer.from_str(json.dumps(data))
 
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
         keep = self._ids_to_keep(ids, skip_special_tokens)
