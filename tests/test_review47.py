@@ -212,3 +212,15 @@ def test_a_token_file_of_a_tokenizer_that_prefixes_a_text_holds_the_ids_of_the_w
         for source in (path, text):
             ids = build_token_file(source, tok, tmp_path / f"{block}-{type(source).__name__}.bin", block_chars=block)
             assert np.asarray(ids).tolist() == whole, (block, source)
+
+
+@pytest.mark.parametrize("command", [["train"], ["run", "knowledge"], ["generate"], ["evaluate"], ["params"],
+                                     ["convert"]])
+def test_help_at_sixty_columns_folds_long_words_instead_of_cutting_them(capsys, monkeypatch, command):
+    # rich cut them with an ellipsis: "model.position=rotar…", the --variants default, knowledge settings' names.
+    from cli_helpers import run_cli
+
+    monkeypatch.setenv("COLUMNS", "60")
+    code, out, _ = run_cli(capsys, *command, "--help")
+    assert code == 0 and "Usage" in out and "…" not in out, out
+    assert max(len(line) for line in out.splitlines()) <= 60

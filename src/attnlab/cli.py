@@ -34,6 +34,47 @@ def _flags_show_no_type() -> None:
 
 _flags_show_no_type()
 
+
+def _help_folds_long_words() -> None:
+    """rich cuts a word longer than the help column with an ellipsis ("model.position=rotar…", a default such as
+    "synthesizer-den…" at 60 columns): the help of an option folds it onto the next line instead. typer imports
+    its rich help module (0.7 s) only to print help, so the help is patched then."""
+    core = getattr(typer, "core", None)
+    for kind in (getattr(core, "TyperCommand", None), getattr(core, "TyperGroup", None)):
+        shown = getattr(kind, "format_help", None)
+        if shown is None or getattr(shown, "_attnlab_folds", False):
+            continue
+
+        def format_help(self, ctx, formatter, _shown=shown):
+            _fold_parameter_help()
+            return _shown(self, ctx, formatter)
+
+        format_help._attnlab_folds = True
+        kind.format_help = format_help
+
+
+def _fold_parameter_help() -> None:
+    try:
+        from typer import rich_utils
+    except ImportError:  # without rich, click's plain help wraps words itself
+        return
+    built = getattr(rich_utils, "_get_parameter_help", None)
+    if built is None or getattr(built, "_attnlab_folds", False):
+        return
+
+    def parameter_help(*args, **kwargs):
+        columns = built(*args, **kwargs)
+        for item in getattr(columns, "renderables", ()):
+            if hasattr(item, "overflow"):  # rich Text (Markdown help folds already)
+                item.overflow = "fold"
+        return columns
+
+    parameter_help._attnlab_folds = True
+    rich_utils._get_parameter_help = parameter_help
+
+
+_help_folds_long_words()
+
 app = typer.Typer(
     name="attnlab",
     help="Attention and Transformer models: build, train, compare and look inside them.",
