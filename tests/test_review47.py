@@ -224,3 +224,48 @@ def test_help_at_sixty_columns_folds_long_words_instead_of_cutting_them(capsys, 
     code, out, _ = run_cli(capsys, *command, "--help")
     assert code == 0 and "Usage" in out and "…" not in out, out
     assert max(len(line) for line in out.splitlines()) <= 60
+
+
+def test_alibi_where_a_model_cannot_tell_a_sequence_from_its_reverse_is_warned_of(capsys, tmp_path):
+    from cli_helpers import run_cli
+    from cli_helpers import toml_str as _q
+
+    from attnlab.models.registry import build_model, get_preset
+    from attnlab.training.recipe import _warn_order_blind
+
+    def said(family_preset: str, **changes) -> list[str]:
+        config = get_preset(family_preset)[1].replace(**changes)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _warn_order_blind(config)
+        return [str(w.message) for w in seen]
+
+    seq2seq = dict(position="alibi")
+    (message,) = said("seq2seq-tiny", **seq2seq)
+    assert "is symmetric in the encoder of a seq2seq model" in message and "use rotary, t5-bias" in message
+    model = build_model(get_preset("seq2seq-tiny")[1].replace(**seq2seq)).eval()
+    src, tgt = torch.tensor([[5, 6, 7, 8]]), torch.tensor([[1, 9]])
+    with torch.no_grad():  # what the warning says: the decoder reads a source and its reverse alike
+        torch.testing.assert_close(model(src, tgt).logits, model(src.flip(1), tgt).logits, atol=1e-5, rtol=0)
+    assert len(said("encoder-tiny", position="alibi", head="classification", pooling="mean", n_classes=2)) == 1
+    assert len(said("encoder-tiny", position="alibi", head="lm", causal=False)) == 1
+    assert said("encoder-tiny", position="alibi", head="classification", pooling="first", n_classes=2) == []
+    assert said("encoder-tiny", position="alibi", head="lm") == []  # causal: the penalty has a direction
+    assert said("gpt-char-tiny", position="alibi") == []
+    assert said("seq2seq-tiny", position="alibi", attention="synthesizer-dense") == []  # scores by position
+    assert said("seq2seq-tiny", position="rotary") == []
+
+    # A run says it when it starts (not again on resume).
+    table = tmp_path / "t.tsv"
+    table.write_text("text\tlabel\n" + "the good cat\t1\nthe bad dog\t0\n" * 10, encoding="utf-8")
+    argv = ["train", "--set", "model.preset=encoder-tiny", "--set", "model.position=alibi", "--set",
+            "model.head=classification", "--set", "data.task=classification", "--set", "train.eval_every=0",
+            "--set", "train.progress=false", "--set", "train.device=cpu", "--set", "train.batch_size=4",
+            "--set", f"data.path={_q(table)}", "--set", f"train.out_dir={_q(tmp_path / 'run')}"]
+    for steps, expected in ((1, 1), (2, 0)):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            code, _, err = run_cli(capsys, *argv, "--set", f"train.steps={steps}", *(["--resume"] if steps > 1 else []))
+        assert code == 0, err
+        assert sum("is symmetric in a bidirectional encoder classifier pooling the mean" in str(w.message)
+                   for w in seen) == expected

@@ -928,8 +928,32 @@ def prepare(run: RunConfig, *, tokenizer_from: str | Path | None = None) -> Prep
         # Resuming a run started from a pretrained one: its own checkpoint holds the architecture, vocabulary and
         # weights it trains on, whatever became of the pretrained folder since (retrained, moved, deleted).
         run = dataclasses.replace(run, model={**run.model, "init_from": str(saved)})
-    return {"lm": _prepare_lm, "classification": _prepare_classification,
-            "translation": _prepare_translation, "mlm": _prepare_mlm}[run.data.task](run, saved)
+    prepared = {"lm": _prepare_lm, "classification": _prepare_classification,
+                "translation": _prepare_translation, "mlm": _prepare_mlm}[run.data.task](run, saved)
+    if saved is None:  # said when the run starts, not again on each resume
+        _warn_order_blind(prepared.model.config)
+    return prepared
+
+
+def _warn_order_blind(config: Config) -> None:
+    """Say where a model cannot tell a sequence from its reverse: ALiBi's penalty reads the distance |i - j| alone
+    when a stack is bidirectional, so dot or bilinear attention (a Synthesizer's scores are indexed by position)
+    maps a reversed input to its reversed outputs, and what reads them without positions sees the same input: a
+    seq2seq model's decoder (cross-attention), an encoder's mean pooling, a bidirectional LM's next token."""
+    from attnlab.models.registry import family_of
+
+    if getattr(config, "position", None) != "alibi" or getattr(config, "attention", None) not in ("dot", "bilinear"):
+        return
+    family = family_of(config)
+    if family == "seq2seq":
+        where = "the encoder of a seq2seq model, whose decoder reads it by cross-attention, without positions"
+    elif family == "encoder" and not config.is_causal and (config.head == "lm" or config.pooling == "mean"):
+        where = "a bidirectional encoder " + ("LM" if config.head == "lm" else "classifier pooling the mean")
+    else:
+        return
+    warnings.warn(f"model.position = 'alibi' is symmetric in {where}: the model cannot tell a sequence from its "
+                  "reverse ('dog bites man' from 'man bites dog'); use rotary, t5-bias or relative positions",
+                  stacklevel=3)
 
 
 def _prepare_lm(run: RunConfig, saved: Path | None) -> Prepared:
