@@ -376,6 +376,9 @@ def test_generate_input_on_a_model_that_generates_nothing_says_what_takes_it(tmp
     lines.write_text("great movie\n", encoding="utf-8")
     line = one_line_error(capsys, "generate", str(cls_run), "-i", str(lines), "--device", "cpu")
     assert "does not generate text; `attnlab evaluate` scores it on a file" in line
+    # Given neither, it asked for a prompt, which it then refused (fifth classification audit).
+    line = one_line_error(capsys, "generate", str(cls_run), "--device", "cpu")
+    assert "does not generate text; `attnlab evaluate` scores it on a file" in line
     line = one_line_error(capsys, "generate", str(lm_run), "-i", str(lines), "--device", "cpu")
     assert "this run is a 'gpt' model: give its prompts with --prompt (-p)" in line
 

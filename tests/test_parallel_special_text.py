@@ -70,15 +70,19 @@ def _prepared(tmp_path, config: str, *settings: str):
 
 
 def test_bert_and_classifier_texts_that_spell_a_special_token_are_named(tmp_path):
-    """A "<sep>" in a sentence split segment A, a "<pad>" was left out of attention, a "<mask>" was never predicted:
-    translation said so, pre-training and classification did not (stop-39 BERT audit)."""
+    """A "<sep>" in a sentence split segment A, a "<pad>" was read as a blank token whose embedding never trains, a
+    "<mask>" was never predicted: translation said so, pre-training and classification did not (stop-39 BERT
+    audit)."""
     import json
 
     corpus = tmp_path / "docs.txt"
     corpus.write_text("".join(f"the dog {'<pad> ' if i == 7 else ''}ran {i} .\nit was fast .\n\n" for i in range(30)),
                       encoding="utf-8")
     with pytest.warns(UserWarning, match=r"1 sentence\(s\) of .*docs.txt spell a special token, which the word "
-                                         r"tokenizer reads as that token \(sentence 15: '<pad>'; a separator inside"):
+                                         r"tokenizer reads as that token \(sentence 15: '<pad>'; a separator inside "
+                                         # attended to, as HF does too: it had said "left out of attention"
+                                         r"a text splits it, a pad is read as a blank token whose embedding never "
+                                         r"trains\)"):
         _prepared(tmp_path, "bert-mlm.toml", f"data.path={json.dumps(str(corpus))}", "data.max_length=32")
     train, dev = tmp_path / "train.tsv", tmp_path / "dev.tsv"
     train.write_text("sentence\tlabel\n" + "".join(f"good film {i}\t1\nbad film {i}\t0\n" for i in range(10)),

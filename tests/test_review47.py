@@ -269,3 +269,31 @@ def test_alibi_where_a_model_cannot_tell_a_sequence_from_its_reverse_is_warned_o
         assert code == 0, err
         assert sum("is symmetric in a bidirectional encoder classifier pooling the mean" in str(w.message)
                    for w in seen) == expected
+
+
+def test_a_classifier_of_other_classes_named_by_init_from_or_resume_says_which_classes_differ(capsys, tmp_path):
+    # The refusal of a resume listed the first 8 classes of each side, the same 8 where class '10' was missing; a
+    # fine-tune from a classifier dropped its trained head without a word.
+    from cli_helpers import one_line_error, run_cli
+    from cli_helpers import toml_str as _q
+
+    rows = "".join(f"text number {i} here\t{i % 11}\n" for i in range(66))
+    full, short = tmp_path / "full.tsv", tmp_path / "short.tsv"
+    full.write_text("text\tlabel\n" + rows, encoding="utf-8")
+    short.write_text("text\tlabel\n" + "".join(r for r in rows.splitlines(True) if not r.endswith("\t10\n")),
+                     encoding="utf-8")
+    common = ["--set", "model.preset=encoder-tiny", "--set", "model.head=classification", "--set",
+              "data.task=classification", "--set", "data.tokenizer=word", "--set", "train.eval_every=0", "--set",
+              "train.progress=false", "--set", "train.device=cpu", "--set", "train.batch_size=4"]
+    run = tmp_path / "run"
+    assert run_cli(capsys, "train", *common, "--set", "train.steps=1", "--set", f"data.path={_q(full)}", "--set",
+                   f"train.out_dir={_q(run)}")[0] == 0
+    line = one_line_error(capsys, "train", *common, "--set", "train.steps=2", "--set", f"data.path={_q(short)}",
+                          "--set", f"train.out_dir={_q(run)}", "--resume")
+    assert "has other classes than the run was trained on ('10' missing)" in line, line
+    fine_tune = [*common[4:], "--set", "train.steps=1", "--set", f"data.path={_q(short)}", "--set",
+                 f"model.init_from={_q(run)}", "--set", f"train.out_dir={_q(tmp_path / 'ft')}"]
+    with pytest.warns(UserWarning, match=r"is a classifier of other classes than the data's \('10' missing\): its "
+                                         r"classification head is not kept and starts afresh"):
+        code, _, err = run_cli(capsys, "train", *fine_tune)
+    assert code == 0, err

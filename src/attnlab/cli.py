@@ -223,12 +223,13 @@ def generate(
     )
     from attnlab.training.device import select_device
 
-    if prompt is None and input_file is None:
-        raise ConfigError("give the text to continue or translate with --prompt (-p), or a file of sentences to "
-                          "translate with --input (-i)")
     if prompt is not None and input_file is not None:
         raise ConfigError("give --prompt (-p) or --input (-i), not both")
     run = load_run(run_dir, select_device(device), which="best" if best else "checkpoint", dtype=dtype)
+    if prompt is None and input_file is None:
+        check_generates(run)  # a classifier takes no prompt: say so, not ask for one
+        raise ConfigError("give the text to continue or translate with --prompt (-p), or a file of sentences to "
+                          "translate with --input (-i)")
     check_decoding_options(run.family, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                            beam_size=beam_size)
     if input_file is not None:

@@ -828,6 +828,10 @@ def _build(run: RunConfig, config: Config, *, labels: list[str] | None = None):
         names = class_names(run.model["init_from"])
         same = labels == names if names is not None else labels == [str(i) for i in range(len(labels or []))]
         other_classes = labels is not None and not same
+        if other_classes and names is not None and set(names) != set(labels):  # a trained classifier's head goes
+            warnings.warn(f"model.init_from {run.model['init_from']} is a classifier of other classes than the "
+                          f"data's ({_class_change(names, labels)}): its classification head is not kept and starts "
+                          "afresh; give data with its classes to keep it", stacklevel=3)
         init_from_pretrained(model, run.model["init_from"], new_heads=other_classes)
     return model
 
@@ -1326,10 +1330,19 @@ def _pretrained_class_order(pretrained: str | Path | None, labels: list[str], *,
     names = class_names(pretrained) if pretrained is not None else None
     same = names is not None and len(names) == len(labels) and set(names) == set(labels)
     if resumed_with is not None and names is not None and not same:
-        raise ConfigError(f"--resume: {resumed_with} has the classes {list(labels)[:8]}, the run was trained on "
-                          f"{names[:8]}; resume with the run's data file, or start without --resume "
-                          "(or in another train.out_dir)")
+        raise ConfigError(f"--resume: {resumed_with} has other classes than the run was trained on "
+                          f"({_class_change(names, list(labels))}); resume with the run's data file, or start "
+                          "without --resume (or in another train.out_dir)")
     return names if same and names != list(labels) else None
+
+
+def _class_change(trained: list[str], given: list[str]) -> str:
+    """How a data file's classes differ from those a classifier was trained on: "'10' missing, 'x' new"."""
+    def few(names: list[str]) -> str:
+        return ", ".join(map(repr, names[:5])) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+    missing, new = [c for c in trained if c not in given], [c for c in given if c not in trained]
+    return ", ".join([*([f"{few(missing)} missing"] if missing else []), *([f"{few(new)} new"] if new else [])])
 
 
 def _classifier_pad_id(run: RunConfig, tokenizer, saved: Path | None) -> int | None:
@@ -1375,9 +1388,9 @@ def _warn_special_text(lines: list[str], tokenizer, path: str, *, unit: str = "l
                        numbers: Sequence[int] | None = None) -> None:
     """Say where texts spell a special token ("<eos>", "[SEP]") that the tokenizer reads as that token, which then
     acts as one: an eos in the middle of a target taught the model to stop there, a pad became a training label
-    (translation); a [SEP] split a text, a [PAD] was left out of attention, a [MASK] never predicted (BERT,
-    classification). `unit` names what `lines` holds, numbered from 1 in the message, or by `numbers` (the file's
-    line of each text)."""
+    (translation); a [SEP] split a text, a [PAD] was read as a blank token whose embedding never trains (attended
+    to, as HF does too), a [MASK] never predicted (BERT, classification). `unit` names what `lines` holds,
+    numbered from 1 in the message, or by `numbers` (the file's line of each text)."""
     names = {tokenizer.id_to_token(i): i for i in tokenizer.special_ids}
     read_as = []  # (number, the special spelt): where the encoding holds that special's id (not an unk of it)
     for n, line in zip(numbers if numbers is not None else itertools.count(1), lines):
@@ -1395,7 +1408,7 @@ def _warn_special_text(lines: list[str], tokenizer, path: str, *, unit: str = "l
 
 
 # What a special token spelt in a text does where a model reads one text or a pair of them (BERT, classification).
-_SPECIAL_IN_TEXT = "a separator inside a text splits it, a pad is left out of attention"
+_SPECIAL_IN_TEXT = "a separator inside a text splits it, a pad is read as a blank token whose embedding never trains"
 
 
 def _prepare_mlm(run: RunConfig, saved: Path | None) -> Prepared:
