@@ -218,7 +218,8 @@ def test_r12_r13_an_eval_text_spelling_eos_once_is_named_with_one_time(capsys, t
     said = [str(w.message) for w in caught if "spells special tokens" in str(w.message)]
     assert said == [f"the text of {text} and {held_out} spells special tokens, which the word tokenizer reads as "
                     "those tokens ('<eos>' 1 time): generation stops at an end-of-sentence token and leaves the "
-                    "others out of the text it prints; respell them where they are text"], said
+                    "others out of the text it prints; respell them where they are text (an end-of-sentence token "
+                    "between documents is meant as one: leave those)"], said
 
 
 # ---- outside the tokenizer and the run record (x05, x12)

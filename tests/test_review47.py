@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from training_helpers import ToySource, tiny_model
 
+from attnlab.errors import ConfigError
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.training import Trainer, TrainerConfig, load_checkpoint_into, load_model
 from attnlab.training.checkpoint import ModelMismatch
@@ -297,3 +298,40 @@ def test_a_classifier_of_other_classes_named_by_init_from_or_resume_says_which_c
                                          r"classification head is not kept and starts afresh"):
         code, _, err = run_cli(capsys, "train", *fine_tune)
     assert code == 0, err
+
+
+@pytest.mark.parametrize("pre", ["metaspace", "none", "byte-level-without-pattern"])
+def test_a_gpt2_folder_whose_tokenizer_reads_across_line_ends_is_refused(tmp_path, pre):
+    # Its token files (cut before line ends to encode in parallel) held other ids than the text's.
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from attnlab.convert.to_run import hf_tokenizer
+    from attnlab.training.checkpoint import CheckpointError
+
+    hf = Tokenizer(models.BPE(unk_token="<unk>"))
+    hf.pre_tokenizer = {"metaspace": pre_tokenizers.Metaspace(prepend_scheme="first"), "none": None,
+                        "byte-level-without-pattern": pre_tokenizers.ByteLevel(use_regex=False)}[pre]
+    hf.train_from_iterator(["The quick brown fox jumps.\nover the lazy dog\n"] * 20,
+                           trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "</s>"]))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "unk_token": "<unk>"}),
+                                                    encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"tokenizer.json: its pre-tokenizer is .*, which does not end a token "
+                                              r"at each line end as GPT-2's byte-level one does"):
+        hf_tokenizer(tmp_path, "gpt2")
+
+
+def test_add_eos_on_one_text_is_refused_not_ignored(tmp_path):
+    from attnlab.data.corpus import TextStream, build_token_file
+    from attnlab.data.tokenizers import train_tokenizer
+
+    tok = train_tokenizer("word", "one two three four\n")
+    path = tmp_path / "t.txt"
+    path.write_text("one two\nthree four\n", encoding="utf-8")
+    for source in ("one two\nthree four\n", path, TextStream(["one two\n", "three four\n"])):
+        with pytest.raises(ConfigError, match="add_eos puts an eos after each document of an iterable of documents"):
+            build_token_file(source, tok, tmp_path / "a.bin", add_eos=True)
+    ids = build_token_file(["one two", "three four"], tok, tmp_path / "b.bin", add_eos=True)
+    assert [int(i) for i in ids].count(tok.eos_id) == 2

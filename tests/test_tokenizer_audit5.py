@@ -34,7 +34,8 @@ def test_a_language_models_text_that_spells_special_tokens_is_said(capsys, tmp_p
     # 30 of each in the text: the held-out tenth and the part trained on together
     assert said == [f"the text of {corpus} spells special tokens, which the {kind} tokenizer reads as those tokens "
                     "('<pad>' 30 times, '<eos>' 30 times): generation stops at an end-of-sentence token and leaves the "
-                    "others out of the text it prints; respell them where they are text"], said
+                    "others out of the text it prints; respell them where they are text (an end-of-sentence token "
+                    "between documents is meant as one: leave those)"], said
     # the resumed run was told at its start; plain text says nothing
     corpus_plain = tmp_path / "plain.txt"
     corpus_plain.write_text(SPELT.replace("<eos>", "eos").replace("<pad>", "pad"), encoding="utf-8")

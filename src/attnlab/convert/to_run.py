@@ -190,6 +190,19 @@ def _load_model(folder: Path, model_type: str):
 # The tokenizer
 
 
+def _check_byte_level(hf, source: Path) -> None:
+    """Refuse a BPE whose pre-tokenizer is not GPT-2's byte level with its word pattern: attnlab encodes a corpus in
+    pieces cut before line ends (in parallel, in bounded memory), where that pattern ends a token; a Metaspace
+    (SentencePiece's) or no pre-tokenizer reads across them, so its token files would hold other ids than the
+    text's."""
+    state = json.loads(hf.pre_tokenizer.__getstate__()) if hf.pre_tokenizer is not None else {"type": "none"}
+    if state.get("type") != "ByteLevel" or not state.get("use_regex", True):
+        kind = state.get("type", "?") + (" without its word pattern" if state.get("type") == "ByteLevel" else "")
+        raise CheckpointError(f"{source}: its pre-tokenizer is {kind}, which does not end a token at each line end "
+                              "as GPT-2's byte-level one does; attnlab encodes a corpus in pieces cut there, so it "
+                              "converts GPT-2 tokenizers with a byte-level pre-tokenizer only")
+
+
 def hf_tokenizer(hf_folder: str | os.PathLike[str], model_type: str):
     """attnlab's tokenizer for the HF folder of a `model_type` ("bert" or "gpt2") model: its tokenizer.json (or,
     for BERT, vocab.txt) in a `WordPieceTokenizer` or `BPETokenizer`, with HF's special tokens (see the module
@@ -228,6 +241,8 @@ def hf_tokenizer(hf_folder: str | os.PathLike[str], model_type: str):
     if held != family["model"]:
         raise CheckpointError(f"{source} holds a {held} tokenizer; a {family['what']} run reads a {family['model']} "
                               "one")
+    if model_type != "bert":
+        _check_byte_level(hf, source)
     added: set[str] = set()
     if source.name == "vocab.txt":
         added = _add_added_tokens(folder / "added_tokens.json", hf)

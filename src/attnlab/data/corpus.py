@@ -153,6 +153,10 @@ def build_token_file(
     eos = tokenizer.eos_id if add_eos else None
     if add_eos and eos is None:
         raise ConfigError("add_eos needs a tokenizer with an eos token; train it with specials.eos set")
+    if add_eos and isinstance(source, (str, os.PathLike, TextStream)):  # it had been left out without a word
+        raise ConfigError("add_eos puts an eos after each document of an iterable of documents; a string, a file or "
+                          "a TextStream is one text: give its documents as an iterable of strings, or leave add_eos "
+                          "out")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     length = 0
     with atomic_path(out_path) as tmp:  # per process: under torchrun every process writes the same files

@@ -1062,9 +1062,12 @@ def _warn_special_tokens_in_lm_text(folder: Path, tokenizer, d: DataConfig) -> N
         spelt = ", ".join(f"{tokenizer.id_to_token(int(i))!r} {n:,} time{'s' if n > 1 else ''}"
                           for i, n in zip(specials, counts) if n)
         files = " and ".join(dict.fromkeys(str(p) for p in (d.path, d.eval_path) if p)) or "the pydoc texts"
+        # An eos between documents is the separator it is meant as (GPT-2's corpora, attnlab convert's docs).
+        eos_seen = tokenizer.eos_id is not None and bool(counts[specials == tokenizer.eos_id].sum())
+        between = " (an end-of-sentence token between documents is meant as one: leave those)" if eos_seen else ""
         warnings.warn(f"the text of {files} spells special tokens, which the {tokenizer.kind} tokenizer reads as "
                       f"those tokens ({spelt}): generation stops at an end-of-sentence token and leaves the others "
-                      "out of the text it prints; respell them where they are text", stacklevel=3)
+                      f"out of the text it prints; respell them where they are text{between}", stacklevel=3)
 
 
 # This machine's name in the staging folders: the ranks of a run over several machines can share a run folder on
