@@ -335,3 +335,18 @@ def test_add_eos_on_one_text_is_refused_not_ignored(tmp_path):
             build_token_file(source, tok, tmp_path / "a.bin", add_eos=True)
     ids = build_token_file(["one two", "three four"], tok, tmp_path / "b.bin", add_eos=True)
     assert [int(i) for i in ids].count(tok.eos_id) == 2
+
+
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece"])
+def test_a_long_line_is_encoded_in_pieces_between_words_with_the_ids_of_the_whole(monkeypatch, kind):
+    # A one-line corpus (text8) went to HF as 4 MB blocks, whose Encodings held ~0.9 GB for a moment.
+    import attnlab.data.tokenizers as tokenizers
+
+    text = " ".join(f"word{i % 37} and  other\tthings," for i in range(400)) + "\nsecond line here\n"
+    tok = tokenizers.train_tokenizer(kind, text, 300)
+    whole = tok.encode(text)
+    monkeypatch.setattr(tokenizers, "LONGEST_PIECE", 50)
+    pieces = tokenizers.text_pieces(text)
+    assert "".join(pieces) == text and len(pieces) > 100 and max(map(len, pieces)) <= 50
+    assert tok.encode_array(text).tolist() == whole
+    assert tokenizers.text_pieces("x" * 120) == ["x" * 120]  # no space to cut at: left whole

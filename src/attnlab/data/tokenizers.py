@@ -237,9 +237,21 @@ def _base_dict(tok: Tokenizer) -> dict[str, Any]:
 _PIECE_CUT = re.compile(r"(?<=\S)(?=\r?\n)")
 
 
+# The longest piece `text_pieces` gives where it can cut between words: HF's Encoding of a text weighs ~100 times
+# its ids, so one of a 4 MB line (a one-line corpus like text8) held ~0.9 GB for a moment.
+LONGEST_PIECE = 1 << 16
+
+
 def text_pieces(text: str) -> list[str]:
-    """`text` cut at every `_PIECE_CUT` point (about a line each); the pieces' ids concatenated are the text's."""
-    return _PIECE_CUT.split(text)
+    """`text` cut at every `_PIECE_CUT` point (about a line each), and a line longer than `LONGEST_PIECE` characters
+    also before spaces (`last_word_cut`); the pieces' ids concatenated are the text's."""
+    pieces = []
+    for piece in _PIECE_CUT.split(text):
+        while len(piece) > LONGEST_PIECE and (cut := last_word_cut(piece, 0, LONGEST_PIECE)) > 0:
+            pieces.append(piece[:cut])
+            piece = piece[cut:]
+        pieces.append(piece)
+    return pieces
 
 
 def last_piece_cut(text: str, start: int = 0, end: int | None = None) -> int:
