@@ -350,3 +350,11 @@ def test_a_long_line_is_encoded_in_pieces_between_words_with_the_ids_of_the_whol
     assert "".join(pieces) == text and len(pieces) > 100 and max(map(len, pieces)) <= 50
     assert tok.encode_array(text).tolist() == whole
     assert tokenizers.text_pieces("x" * 120) == ["x" * 120]  # no space to cut at: left whole
+
+
+def test_a_text_stream_of_bytes_is_refused_in_one_line(tmp_path):
+    from attnlab.data.corpus import TextStream, build_token_file
+    from attnlab.data.tokenizers import train_tokenizer
+
+    with pytest.raises(ConfigError, match="a TextStream holds strings, got a piece of type bytes"):
+        build_token_file(TextStream([b"one two\n"]), train_tokenizer("char", "one two\n"), tmp_path / "a.bin")

@@ -62,6 +62,9 @@ def _recut(pieces: Iterable[str]) -> Iterator[str]:
     is cut before a space or tab that follows a non-space character (`last_word_cut`)."""
     carry = ""
     for piece in pieces:
+        if not isinstance(piece, str):  # bytes had failed as Python's "can only concatenate str"
+            raise ConfigError(f"build_token_file: a TextStream holds strings, got a piece of type "
+                              f"{type(piece).__name__}")
         text = carry + piece
         cut = last_piece_cut(text)
         if cut <= 0 and len(text) >= 4 * BLOCK_BYTES:  # no line end to cut at for megabytes (text8): between words
