@@ -38,10 +38,11 @@ def run(tmp_path, trained):
     return tmp_path / "run"
 
 
-def _saving(run, monkeypatch):
-    """A save of checkpoint/ under way: its new folder written, the first rename done when the reader first looks
-    (`first`), the second and the removal of the old copy done while the reader waits before looking again."""
-    folder, new, old = run / "checkpoint", run / ".checkpoint.tmp", run / ".checkpoint.old"
+def _saving(run, monkeypatch, name: str = "checkpoint"):
+    """A save of `name` (checkpoint/ or best/) under way: its new folder written, the first rename done when the
+    reader first looks (`first`), the second and the removal of the old copy done while the reader waits before
+    looking again."""
+    folder, new, old = run / name, run / f".{name}.tmp", run / f".{name}.old"
     shutil.copytree(folder, new)
     waits = []
 

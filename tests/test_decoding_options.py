@@ -84,6 +84,19 @@ def test_the_command_refuses_a_temperature_of_zero_with_a_seed(capsys, tmp_path)
                     "--top-k, --seed, or give a temperature above 0 to sample")
 
 
+def _translator_choosing(tok, token: int) -> Seq2SeqTransformer:
+    """A tiny untrained translation model whose first choice, at every step, is `token`."""
+    config = TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=16, n_heads=2,
+                               d_ff=32, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_len=16,
+                               pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id, tie_output=False,
+                               output_bias=True)
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(config).eval()
+    with torch.no_grad():
+        model.lm_head.bias[token] = 100.0
+    return model
+
+
 def test_a_translation_holds_no_line_break_token(tmp_path, capsys):
     """A byte-level BPE has tokens for the bytes "\\n" and "\\r", which no target (a line) holds: a decoder early in
     training that emitted one split `generate --input`'s output onto other lines (stop-39 seq2seq audit)."""
@@ -92,13 +105,7 @@ def test_a_translation_holds_no_line_break_token(tmp_path, capsys):
     tok = train_tokenizer("bpe", "alpha beta gamma delta\n" * 4, 300)
     breaks = line_break_ids(tok)
     assert sorted(tok.decode([i]) for i in breaks) == ["\n", "\r"]
-    config = TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=16, n_heads=2,
-                               d_ff=32, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_len=16,
-                               pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id, tie_output=False,
-                               output_bias=True)
-    model = Seq2SeqTransformer(config).eval()
-    with torch.no_grad():
-        model.lm_head.bias[breaks[0]] = 100.0  # the untrained decoder's first choice, everywhere
+    model = _translator_choosing(tok, breaks[0])
     run = LoadedRun(model, tok, "seq2seq", Path("."), {})
     src = torch.tensor([tok.encode("alpha beta")])
     assert breaks[0] in greedy_translate(model, src, max_len=3)[0]  # the model alone still emits it
@@ -120,14 +127,7 @@ def test_a_translation_spends_no_step_on_a_special_token_no_target_held(special)
     tok = train_tokenizer("bpe", "alpha beta gamma delta\n" * 4, 300)
     banned = getattr(tok, f"{special}_id")
     assert banned in never_translated_ids(tok) and tok.eos_id not in never_translated_ids(tok)
-    config = TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=16, n_heads=2,
-                               d_ff=32, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_len=16,
-                               pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id, tie_output=False,
-                               output_bias=True)
-    torch.manual_seed(0)
-    model = Seq2SeqTransformer(config).eval()
-    with torch.no_grad():
-        model.lm_head.bias[banned] = 100.0  # the untrained decoder's first choice, everywhere
+    model = _translator_choosing(tok, banned)
     run = LoadedRun(model, tok, "seq2seq", Path("."), {})
     src = [tok.encode("alpha beta")]
     never = never_translated_ids(tok)
@@ -137,3 +137,15 @@ def test_a_translation_spends_no_step_on_a_special_token_no_target_held(special)
                     else greedy_translate(model, torch.tensor(src), max_len=6, never_emit=never))[0]
         assert expected and banned not in expected
         assert text and text == tok.decode(expected, skip_special_tokens=True)
+
+
+def test_a_translation_shows_the_unk_its_model_put_there():
+    # Dropped with the other specials, the words around an unk were joined ("the <unk> cat" printed "the cat"),
+    # where an LM's continuation keeps it (stop-47 tokenizer and seq2seq audits).
+    from attnlab.inference.runs import translate_ids
+
+    tok = train_tokenizer("word", "alpha beta gamma delta\n" * 4)
+    run = LoadedRun(_translator_choosing(tok, tok.unk_id), tok, "seq2seq", Path("."), {})
+    for beam in (1, 3):
+        (text,) = translate_ids(run, [tok.encode("alpha beta")], beam_size=beam, max_len=4)
+        assert text.split() == [tok.id_to_token(tok.unk_id)] * 4

@@ -90,30 +90,6 @@ def test_a_knowledge_run_replaces_only_files_named_as_a_run_names_them(tmp_path)
                      "predictions/none.predict.tsv"}
 
 
-def test_a_translation_shows_the_unk_its_model_put_there():
-    # Dropped with the other specials, the words around an unk were joined ("the <unk> cat" printed "the cat"),
-    # where an LM's continuation keeps it.
-    from pathlib import Path
-
-    from attnlab.data.tokenizers import train_tokenizer
-    from attnlab.inference.runs import LoadedRun, translate_ids
-    from attnlab.models.transformer import Seq2SeqTransformer, TransformerConfig
-
-    tok = train_tokenizer("word", "alpha beta gamma delta\n" * 4)
-    config = TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=16, n_heads=2,
-                               d_ff=32, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_len=16,
-                               pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id, tie_output=False,
-                               output_bias=True)
-    torch.manual_seed(0)
-    model = Seq2SeqTransformer(config).eval()
-    with torch.no_grad():
-        model.lm_head.bias[tok.unk_id] = 100.0  # the decoder's first choice, everywhere
-    run = LoadedRun(model, tok, "seq2seq", Path("."), {})
-    for beam in (1, 3):
-        (text,) = translate_ids(run, [tok.encode("alpha beta")], beam_size=beam, max_len=4)
-        assert text.split() == [tok.id_to_token(tok.unk_id)] * 4
-
-
 @pytest.mark.parametrize("raw, value", [("True", True), ("FALSE", False), ("0b101", 5)])
 def test_set_and_a_yaml_config_read_booleans_and_binary_numbers_alike(tmp_path, raw, value):
     from attnlab.training.recipe import load_run_config, parse_value
