@@ -204,48 +204,59 @@ def test_help_at_sixty_columns_folds_long_words_instead_of_cutting_them(capsys, 
 
 
 def test_alibi_where_a_model_cannot_tell_a_sequence_from_its_reverse_is_warned_of(capsys, tmp_path):
+    from types import SimpleNamespace
+
     from cli_helpers import run_cli
     from cli_helpers import toml_str as _q
 
     from attnlab.models.registry import build_model, get_preset
     from attnlab.training.recipe import _warn_order_blind
 
-    def said(family_preset: str, **changes) -> list[str]:
+    def said(family_preset: str, tokenizer=None, **changes) -> list[str]:
         config = get_preset(family_preset)[1].replace(**changes)
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            _warn_order_blind(config)
+            _warn_order_blind(config, tokenizer)
         return [str(w.message) for w in seen]
 
-    seq2seq = dict(position="alibi")
-    (message,) = said("seq2seq-tiny", **seq2seq)
+    (message,) = said("seq2seq-tiny", position="alibi")
     assert "is symmetric in the encoder of a seq2seq model" in message and "use rotary, t5-bias" in message
-    model = build_model(get_preset("seq2seq-tiny")[1].replace(**seq2seq)).eval()
+    model = build_model(get_preset("seq2seq-tiny")[1].replace(position="alibi")).eval()
     src, tgt = torch.tensor([[5, 6, 7, 8]]), torch.tensor([[1, 9]])
     with torch.no_grad():  # what the warning says: the decoder reads a source and its reverse alike
         torch.testing.assert_close(model(src, tgt).logits, model(src.flip(1), tgt).logits, atol=1e-5, rtol=0)
-    assert len(said("encoder-tiny", position="alibi", head="classification", pooling="mean", n_classes=2)) == 1
+    mean = dict(position="alibi", head="classification", pooling="mean", n_classes=2)
+    assert len(said("encoder-tiny", SimpleNamespace(cls_id=None), **mean)) == 1
+    # A cls token before every text anchors the positions: each token's distance to it tells its place.
+    assert said("encoder-tiny", SimpleNamespace(cls_id=2), **mean) == []
+    classifier = build_model(get_preset("encoder-tiny")[1].replace(**mean)).eval()
+    def logits(*ids: int) -> torch.Tensor:
+        with torch.no_grad():
+            return classifier(torch.tensor([ids])).logits
+
+    assert not torch.allclose(logits(2, 5, 6, 7, 8), logits(2, 8, 7, 6, 5), atol=1e-6)
+    assert torch.allclose(logits(5, 6, 7, 8), logits(8, 7, 6, 5), atol=1e-5)
     assert len(said("encoder-tiny", position="alibi", head="lm", causal=False)) == 1
-    assert said("encoder-tiny", position="alibi", head="classification", pooling="first", n_classes=2) == []
+    assert said("encoder-tiny", SimpleNamespace(cls_id=None), **{**mean, "pooling": "first"}) == []
     assert said("encoder-tiny", position="alibi", head="lm") == []  # causal: the penalty has a direction
     assert said("gpt-char-tiny", position="alibi") == []
     assert said("seq2seq-tiny", position="alibi", attention="synthesizer-dense") == []  # scores by position
     assert said("seq2seq-tiny", position="rotary") == []
 
     # A run says it when it starts (not again on resume).
-    table = tmp_path / "t.tsv"
-    table.write_text("text\tlabel\n" + "the good cat\t1\nthe bad dog\t0\n" * 10, encoding="utf-8")
-    argv = ["train", "--set", "model.preset=encoder-tiny", "--set", "model.position=alibi", "--set",
-            "model.head=classification", "--set", "data.task=classification", "--set", "train.eval_every=0",
-            "--set", "train.progress=false", "--set", "train.device=cpu", "--set", "train.batch_size=4",
-            "--set", f"data.path={_q(table)}", "--set", f"train.out_dir={_q(tmp_path / 'run')}"]
+    src_file, tgt_file = tmp_path / "s.txt", tmp_path / "t.txt"
+    src_file.write_text("der hund beisst\ndie katze schläft\n" * 20, encoding="utf-8")
+    tgt_file.write_text("the dog bites\nthe cat sleeps\n" * 20, encoding="utf-8")
+    argv = ["train", "--set", "model.preset=seq2seq-tiny", "--set", "model.position=alibi", "--set",
+            "data.task=translation", "--set", f"data.src_path={_q(src_file)}", "--set", f"data.tgt_path={_q(tgt_file)}",
+            "--set", "data.tokenizer=word", "--set", "train.eval_every=0", "--set", "train.progress=false", "--set",
+            "train.device=cpu", "--set", "train.batch_size=4", "--set", f"train.out_dir={_q(tmp_path / 'run')}"]
     for steps, expected in ((1, 1), (2, 0)):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             code, _, err = run_cli(capsys, *argv, "--set", f"train.steps={steps}", *(["--resume"] if steps > 1 else []))
         assert code == 0, err
-        assert sum("is symmetric in a bidirectional encoder classifier pooling the mean" in str(w.message)
-                   for w in seen) == expected
+        assert sum("is symmetric in the encoder of a seq2seq model" in str(w.message) for w in seen) == expected
 
 
 def test_a_classifier_of_other_classes_named_by_init_from_or_resume_says_which_classes_differ(capsys, tmp_path):
@@ -334,3 +345,18 @@ def test_a_text_stream_of_bytes_is_refused_in_one_line(tmp_path):
 
     with pytest.raises(ConfigError, match="a TextStream holds strings, got a piece of type bytes"):
         build_token_file(TextStream([b"one two\n"]), train_tokenizer("char", "one two\n"), tmp_path / "a.bin")
+
+
+def test_a_resumed_fine_tunes_init_from_is_compared_as_folders(tmp_path, monkeypatch):
+    # Compared as paths from this folder, the run's own start named from another folder was warned of, and a
+    # home folder that cannot be found or a NUL byte in the name failed with a traceback.
+    from attnlab.training.recipe import _other_folder
+
+    (tmp_path / "w" / "pre").mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert not _other_folder("w/pre", "pre")  # run.json's "pre", given where the run started (w/): not found here
+    assert not _other_folder(str(tmp_path / "w" / "pre"), "w/pre") and not _other_folder("w/pre/", "w/pre")
+    assert _other_folder("other", "w/pre") and _other_folder("no/such/run", "w/pre")
+    for odd in ("~nosuchuser12345/pre", "w/pre\0"):
+        assert _other_folder(odd, "w/pre")  # not a folder there: said, not a traceback

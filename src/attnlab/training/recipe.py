@@ -935,15 +935,17 @@ def prepare(run: RunConfig, *, tokenizer_from: str | Path | None = None) -> Prep
     prepared = {"lm": _prepare_lm, "classification": _prepare_classification,
                 "translation": _prepare_translation, "mlm": _prepare_mlm}[run.data.task](run, saved)
     if saved is None:  # said when the run starts, not again on each resume
-        _warn_order_blind(prepared.model.config)
+        _warn_order_blind(prepared.model.config, prepared.tokenizer)
     return prepared
 
 
-def _warn_order_blind(config: Config) -> None:
+def _warn_order_blind(config: Config, tokenizer=None) -> None:
     """Say where a model cannot tell a sequence from its reverse: ALiBi's penalty reads the distance |i - j| alone
     when a stack is bidirectional, so dot or bilinear attention (a Synthesizer's scores are indexed by position)
     maps a reversed input to its reversed outputs, and what reads them without positions sees the same input: a
-    seq2seq model's decoder (cross-attention), an encoder's mean pooling, a bidirectional LM's next token."""
+    seq2seq model's decoder (cross-attention), an encoder's mean pooling, a bidirectional LM's next token. A
+    classifier's texts that start with the tokenizer's cls token are anchored by it (each token's distance to it
+    is its position), so a classifier is said only where `tokenizer` has none."""
     from attnlab.models.registry import family_of
 
     if getattr(config, "position", None) != "alibi" or getattr(config, "attention", None) not in ("dot", "bilinear"):
@@ -951,8 +953,11 @@ def _warn_order_blind(config: Config) -> None:
     family = family_of(config)
     if family == "seq2seq":
         where = "the encoder of a seq2seq model, whose decoder reads it by cross-attention, without positions"
-    elif family == "encoder" and not config.is_causal and (config.head == "lm" or config.pooling == "mean"):
-        where = "a bidirectional encoder " + ("LM" if config.head == "lm" else "classifier pooling the mean")
+    elif family == "encoder" and not config.is_causal and config.head == "lm":
+        where = "a bidirectional encoder LM"
+    elif family == "encoder" and not config.is_causal and config.pooling == "mean" and getattr(
+            tokenizer, "cls_id", None) is None:
+        where = "a bidirectional encoder classifier pooling the mean of texts without a cls token"
     else:
         return
     warnings.warn(f"model.position = 'alibi' is symmetric in {where}: the model cannot tell a sequence from its "
@@ -1623,14 +1628,33 @@ def _resumed_model_record(previous: dict[str, Any], given: dict[str, Any]) -> di
     started otherwise (from a preset) records no init_from it never started from, beside its preset."""
     if "init_from" in previous:
         named, started = given.get("init_from"), previous["init_from"]
-        if isinstance(named, str) and isinstance(started, str) and \
-                Path(named).expanduser().resolve() != Path(started).expanduser().resolve():
+        if isinstance(named, str) and isinstance(started, str) and _other_folder(named, started):
             warnings.warn(f"model.init_from {named} is not the run this one started from ({started}, in its "
                           "run.json): a resume continues the run's own checkpoint and does not read it", stacklevel=3)
         return {**previous, **{key: value for key, value in given.items() if key not in ("init_from", "preset")}}
     if previous and "init_from" in given:
         return {**previous, **{key: value for key, value in given.items() if key != "init_from"}}
     return given
+
+
+def _other_folder(named: str, started: str) -> bool:
+    """Whether `named` is surely not the folder `started` names: it is missing where that is there, or both are
+    there and are two folders. run.json keeps init_from as it was given, relative to the folder the run started
+    in, so from another one `started` may not be found: then nothing is said."""
+    def found(path: str) -> Path | None:
+        try:
+            folder = Path(path).expanduser()
+            return folder if folder.exists() else None
+        except (OSError, RuntimeError, ValueError):  # a home folder that cannot be found, a NUL byte
+            return None
+
+    a, b = found(named), found(started)
+    if b is None:
+        return False
+    try:
+        return a is None or not os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _recorded_model(out: Path) -> dict[str, Any]:
