@@ -169,13 +169,15 @@ def test_a_tilde_user_path_is_that_users_home(tmp_path):
     assert run.train.out_dir == os.path.join(me.pw_dir, "runs", "x")
 
 
-def test_a_capitalised_true_is_not_a_boolean():
-    # mut6 P1: --set train.progress=True is refused (TOML's booleans are lower-case; YAML's True is no number)
+def test_a_capitalised_true_is_the_boolean_a_yaml_config_reads_and_yes_is_not():
+    # mut6 P1 had pinned --set train.progress=True as refused; since stop 47 --set reads it as a YAML config does
+    # (`progress: True`), and YAML 1.1's yes/on stay text, refused for a boolean setting.
     from attnlab.training.recipe import load_run_config, parse_value
 
-    assert parse_value("True") == "True" and parse_value("TRUE") == "TRUE"
-    with pytest.raises(ConfigError, match="train.progress: expected true or false, got 'True'"):
-        load_run_config(None, ["train.progress=True"])
+    assert parse_value("True") is True and parse_value("TRUE") is True and parse_value("False") is False
+    assert load_run_config(None, ["train.progress=True"]).train.progress is True
+    with pytest.raises(ConfigError, match="train.progress: expected true or false, got 'yes'"):
+        load_run_config(None, ["train.progress=yes"])
 
 
 def test_the_carriage_return_warning_is_not_repeated_on_resume(tmp_path, capsys):
