@@ -360,3 +360,30 @@ def test_a_resumed_fine_tunes_init_from_is_compared_as_folders(tmp_path, monkeyp
     assert _other_folder("other", "w/pre") and _other_folder("no/such/run", "w/pre")
     for odd in ("~nosuchuser12345/pre", "w/pre\0"):
         assert _other_folder(odd, "w/pre")  # not a folder there: said, not a traceback
+
+
+def test_a_fine_tune_past_the_pretrained_windows_of_learned_positions_is_warned_of(capsys, tmp_path):
+    # Its positions past the pretrained run's windows were never trained, without a word (generate says so).
+    from cli_helpers import run_cli
+    from cli_helpers import toml_str as _q
+
+    text, table = tmp_path / "lm.txt", tmp_path / "t.tsv"
+    text.write_text("alpha beta gamma delta epsilon\n" * 40, encoding="utf-8")
+    table.write_text("text\tlabel\n" + "alpha beta\t1\ngamma delta epsilon\t0\n" * 10, encoding="utf-8")
+    common = ["--set", "train.eval_every=0", "--set", "train.progress=false", "--set", "train.device=cpu",
+              "--set", "train.steps=1", "--set", "train.batch_size=4"]
+    lm = tmp_path / "lm"
+    assert run_cli(capsys, "train", "--set", "model.preset=encoder-tiny", "--set", "model.max_len=64", "--set",
+                   "model.position=learned", "--set", "data.tokenizer=char", "--set", f"data.path={_q(text)}",
+                   "--set", "data.block_size=8", *common, "--set", f"train.out_dir={_q(lm)}")[0] == 0
+    for length, expected in ((40, 1), (8, 0)):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            code, _, err = run_cli(capsys, "train", "--set", f"model.init_from={_q(lm)}", "--set",
+                                   "data.task=classification", "--set", f"data.path={_q(table)}", "--set",
+                                   f"data.max_length={length}", *common, "--set",
+                                   f"train.out_dir={_q(tmp_path / f'ft{length}')}")
+        assert code == 0, err
+        said = [str(w.message) for w in seen if "were never trained" in str(w.message)]
+        assert len(said) == expected, said
+        assert not said or said[0].startswith("data.max_length 40 is longer than the windows of 8 tokens")

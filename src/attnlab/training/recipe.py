@@ -833,7 +833,33 @@ def _build(run: RunConfig, config: Config, *, labels: list[str] | None = None):
                           f"data's ({_class_change(names, labels)}): its classification head is not kept and starts "
                           "afresh; give data with its classes to keep it", stacklevel=3)
         init_from_pretrained(model, run.model["init_from"], new_heads=other_classes)
+        _warn_untrained_positions(run, limit)
     return model
+
+
+def _warn_untrained_positions(run: RunConfig, limit: int | None) -> None:
+    """Say where a model started from a pretrained run reads positions that run never trained: a bounded model
+    (learned positions) given longer sequences than the pretrained run's windows (its data.block_size, or
+    data.max_length), whose positions past them start from their initial values (generate says so of a prompt)."""
+    from attnlab.training.checkpoint import find_checkpoint, read_trainer_state
+
+    if limit is None:  # computed positions: none is learnt
+        return
+    try:
+        saved = (read_trainer_state(find_checkpoint(run.model["init_from"])).get("extra_state") or {}).get("data")
+    except AttnlabError:  # a converted model, or a state the trainer refuses with its own message
+        return
+    if not isinstance(saved, dict):
+        return
+    trained = saved.get("block_size") if saved.get("task", "lm") == "lm" else saved.get("max_length")
+    setting = "block_size" if run.data.task == "lm" else "max_length"
+    given = getattr(run.data, setting)
+    length = limit if given is None else min(given, limit)  # None: the model's whole length
+    if type(trained) is int and 0 < trained < length:
+        warnings.warn(f"data.{setting} {length} is longer than the windows of {trained} tokens model.init_from "
+                      f"{run.model['init_from']} trained on: its learned positions past {trained} were never "
+                      f"trained and start from their initial values; set data.{setting} to at most {trained} to "
+                      "fine-tune on trained positions only", stacklevel=4)
 
 
 def init_from_pretrained(model, path: str | Path, *, new_heads: bool = False) -> dict[str, list[str]]:
