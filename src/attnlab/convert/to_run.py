@@ -195,7 +195,9 @@ def _check_byte_level(hf, source: Path) -> None:
     pieces cut before line ends (in parallel, in bounded memory), where that pattern ends a token; a Metaspace
     (SentencePiece's) or no pre-tokenizer reads across them, so its token files would hold other ids than the
     text's."""
-    state = json.loads(hf.pre_tokenizer.__getstate__()) if hf.pre_tokenizer is not None else {"type": "none"}
+    from attnlab.data.tokenizers import pre_tokenizer_state
+
+    state = pre_tokenizer_state(hf)
     if state.get("type") != "ByteLevel" or not state.get("use_regex", True):
         kind = state.get("type", "?") + (" without its word pattern" if state.get("type") == "ByteLevel" else "")
         raise CheckpointError(f"{source}: its pre-tokenizer is {kind}, which does not end a token at each line end "

@@ -167,8 +167,8 @@ def build_token_file(
             began = False  # whether a block of the text was encoded (the blocks after it continue the text)
             for group in _blocks(source, block_chars):
                 if eos is None or isinstance(group, str):  # a text's block: eos marks documents, not blocks
-                    ids = tokenizer.encode_array(group, continues=began and isinstance(group, str))
-                    began = began or isinstance(group, str)
+                    ids = tokenizer.encode_array(group, continues=began)  # a list of documents ignores it
+                    began = True
                 else:
                     parts = [
                         np.append(np.asarray(x, dtype=np.int64), eos) for x in tokenizer.encode_batch(group)

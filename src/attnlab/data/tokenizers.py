@@ -187,8 +187,7 @@ class Tokenizer(ABC):
         (the space a GPT-2 tokenizer saved with add_prefix_space puts before a text) again."""
         if isinstance(texts, str):
             texts = [_checked_text(texts)]  # checked here, so that an error does not call it "text 0"
-        parts = [np.asarray(ids, dtype=np.int64) for ids in self.encode_batch(list(texts))]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        return _ids_array(self.encode_batch(list(texts)))
 
     @abstractmethod
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
@@ -235,6 +234,18 @@ def _base_dict(tok: Tokenizer) -> dict[str, Any]:
 # or "\r\n") that follows a non-space character. Every tokenizer here ends a token there. Cutting after the
 # line end would not do: byte-level BPE's GPT-2 pattern keeps "\n" with the next line's indentation.
 _PIECE_CUT = re.compile(r"(?<=\S)(?=\r?\n)")
+
+
+def _ids_array(id_lists: Sequence[Sequence[int]]) -> np.ndarray:
+    """Lists of ids concatenated as one int64 array."""
+    parts = [np.asarray(ids, dtype=np.int64) for ids in id_lists]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def pre_tokenizer_state(hf: Any) -> dict[str, Any]:
+    """The settings of an HF tokenizer's pre-tokenizer as its tokenizer.json writes them (`{"type": "none"}`
+    without one): the splitting that decides where a text may be cut and encoded in pieces."""
+    return json.loads(hf.pre_tokenizer.__getstate__()) if hf.pre_tokenizer is not None else {"type": "none"}
 
 
 # The longest piece `text_pieces` gives where it can cut between words: HF's Encoding of a text weighs ~100 times
@@ -701,11 +712,12 @@ class _HFTokenizer(Tokenizer):
         # and sends only the runs of byte-level tokens between them through the decoder. WordPiece's decoder maps
         # no characters, so its specials come back as written already, and decoding the runs between them apart
         # would lose the spaces it puts around them ("fox ⁇ dog"): there this is None.
-        self._verbatim = ({i: tok.content for i, tok in self._hf.get_added_tokens_decoder().items()}
+        added = self._hf.get_added_tokens_decoder()
+        self._verbatim = ({i: tok.content for i, tok in added.items()}
                           if isinstance(self._hf.decoder, decoders.ByteLevel) else None)
         # Added tokens HF marks special (a converted tokenizer's additional special tokens) are specials too: HF's
         # decode leaves them out of text, and so do generate and decode(skip_special_tokens=True).
-        self._added_specials = {i for i, tok in self._hf.get_added_tokens_decoder().items() if tok.special}
+        self._added_specials = {i for i, tok in added.items() if tok.special}
         self._continuing = self._without_prefix(self._hf)
         for name, tok in self.specials.items():
             if hf.token_to_id(tok) is None:
@@ -754,16 +766,13 @@ class _HFTokenizer(Tokenizer):
         if self._continuing is None:
             return super().encode_array(pieces)
         head, rest = ([], pieces) if continues else (pieces[:1], pieces[1:])
-        ids = self._encode_chunks(self._hf, head) + self._encode_chunks(self._continuing, rest)
-        return np.concatenate([np.asarray(i, dtype=np.int64) for i in ids]) if ids else np.zeros(0, dtype=np.int64)
+        return _ids_array(self._encode_chunks(self._hf, head) + self._encode_chunks(self._continuing, rest))
 
     @staticmethod
     def _without_prefix(hf: Any) -> Any:
         """A copy of `hf` that puts nothing before a text's start, for the pieces of a text after its first; None
         where `hf` puts nothing there. A byte-level pre-tokenizer with add_prefix_space (a GPT-2 tokenizer saved
         with add_prefix_space=True) puts a space there."""
-        if hf.pre_tokenizer is None:
-            return None
         from tokenizers import Tokenizer as HFTokenizer
 
         def off(node: dict) -> dict:
@@ -773,7 +782,7 @@ class _HFTokenizer(Tokenizer):
                 return {**node, "pretokenizers": [off(child) for child in node.get("pretokenizers", [])]}
             return node
 
-        given = json.loads(hf.pre_tokenizer.__getstate__())
+        given = pre_tokenizer_state(hf)
         if (pre := off(given)) == given:
             return None
         data = json.loads(hf.to_str())
