@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 from attnlab.cli import main
 
@@ -17,6 +18,15 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def run_cli_warned(capsys, *argv: str, about: str) -> tuple[int, str, list[str]]:
+    """(exit code, stderr, the messages of the warnings that mention `about`) of `attnlab *argv`, run in this process
+    with every warning recorded (each said as often as it is given)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, _, err = run_cli(capsys, *argv)
+    return code, err, [str(w.message) for w in caught if about in str(w.message)]
 
 
 def train_in_process(*argv: str) -> None:

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from cli_helpers import run_cli, train_in_process
+from cli_helpers import run_cli, run_cli_warned, train_in_process
 from cli_helpers import toml_str as _q
 from test_convert_to_run import _bert_config, _wordpiece
 
@@ -209,13 +209,11 @@ def test_r12_r13_an_eval_text_spelling_eos_once_is_named_with_one_time(capsys, t
     text, held_out = tmp_path / "text.txt", tmp_path / "held_out.txt"
     text.write_text("".join(f"plain line {i} about nothing special at all\n" for i in range(60)), encoding="utf-8")
     held_out.write_text("a held out line ends in <eos> once\n" + "plain line about nothing\n" * 20, encoding="utf-8")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        code, _, err = run_cli(capsys, "train", *T, "--set", "model.preset=gpt-char-tiny", "--set",
-                               "data.tokenizer=word", "--set", f"data.path={_q(text)}", "--set",
-                               f"data.eval_path={_q(held_out)}", "--set", f"train.out_dir={_q(tmp_path / 'run')}")
+    code, err, said = run_cli_warned(capsys, "train", *T, "--set", "model.preset=gpt-char-tiny", "--set",
+                                     "data.tokenizer=word", "--set", f"data.path={_q(text)}", "--set",
+                                     f"data.eval_path={_q(held_out)}", "--set", f"train.out_dir={_q(tmp_path / 'run')}",
+                                     about="spells special tokens")
     assert code == 0, err
-    said = [str(w.message) for w in caught if "spells special tokens" in str(w.message)]
     assert said == [f"the text of {text} and {held_out} spells special tokens, which the word tokenizer reads as "
                     "those tokens ('<eos>' 1 time): generation stops at an end-of-sentence token and leaves the "
                     "others out of the text it prints; respell them where they are text (an end-of-sentence token "

@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+from cli_helpers import run_cli_warned
 from torch import nn
 from training_helpers import ToySource, tiny_model
 
@@ -147,12 +148,10 @@ def test_a_resumed_fine_tune_keeps_recording_the_run_it_started_from(capsys, tmp
     assert json.loads((run / "run.json").read_text(encoding="utf-8"))["model"] == recorded
     for steps, model in enumerate([f"model.init_from={_q(other)}", f"model.init_from={_q(tmp_path / 'no' / 'such')}",
                                    "model.preset=gpt-char-tiny"], start=2):
-        with warnings.catch_warnings(record=True) as said:
-            warnings.simplefilter("always")
-            code, _, err = run_cli(capsys, "train", "--set", model, "--set", f"train.steps={steps}", *base,
-                                   "--set", f"train.out_dir={_q(run)}", "--resume")
+        code, err, named = run_cli_warned(capsys, "train", "--set", model, "--set", f"train.steps={steps}", *base,
+                                          "--set", f"train.out_dir={_q(run)}", "--resume",
+                                          about="is not the run this one started from")
         assert code == 0, err
-        named = [str(w.message) for w in said if "is not the run this one started from" in str(w.message)]
         assert len(named) == ("init_from" in model), named
         assert json.loads((run / "run.json").read_text(encoding="utf-8"))["model"] == recorded
 
@@ -206,7 +205,6 @@ def test_help_at_sixty_columns_folds_long_words_instead_of_cutting_them(capsys, 
 def test_alibi_where_a_model_cannot_tell_a_sequence_from_its_reverse_is_warned_of(capsys, tmp_path):
     from types import SimpleNamespace
 
-    from cli_helpers import run_cli
     from cli_helpers import toml_str as _q
 
     from attnlab.models.registry import build_model, get_preset
@@ -252,11 +250,11 @@ def test_alibi_where_a_model_cannot_tell_a_sequence_from_its_reverse_is_warned_o
             "--set", "data.tokenizer=word", "--set", "train.eval_every=0", "--set", "train.progress=false", "--set",
             "train.device=cpu", "--set", "train.batch_size=4", "--set", f"train.out_dir={_q(tmp_path / 'run')}"]
     for steps, expected in ((1, 1), (2, 0)):
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            code, _, err = run_cli(capsys, *argv, "--set", f"train.steps={steps}", *(["--resume"] if steps > 1 else []))
+        code, err, said = run_cli_warned(capsys, *argv, "--set", f"train.steps={steps}",
+                                         *(["--resume"] if steps > 1 else []),
+                                         about="is symmetric in the encoder of a seq2seq model")
         assert code == 0, err
-        assert sum("is symmetric in the encoder of a seq2seq model" in str(w.message) for w in seen) == expected
+        assert len(said) == expected, said
 
 
 def test_a_classifier_of_other_classes_named_by_init_from_or_resume_says_which_classes_differ(capsys, tmp_path):
@@ -377,13 +375,10 @@ def test_a_fine_tune_past_the_pretrained_windows_of_learned_positions_is_warned_
                    "model.position=learned", "--set", "data.tokenizer=char", "--set", f"data.path={_q(text)}",
                    "--set", "data.block_size=8", *common, "--set", f"train.out_dir={_q(lm)}")[0] == 0
     for length, expected in ((40, 1), (8, 0)):
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            code, _, err = run_cli(capsys, "train", "--set", f"model.init_from={_q(lm)}", "--set",
-                                   "data.task=classification", "--set", f"data.path={_q(table)}", "--set",
-                                   f"data.max_length={length}", *common, "--set",
-                                   f"train.out_dir={_q(tmp_path / f'ft{length}')}")
+        code, err, said = run_cli_warned(capsys, "train", "--set", f"model.init_from={_q(lm)}", "--set",
+                                         "data.task=classification", "--set", f"data.path={_q(table)}", "--set",
+                                         f"data.max_length={length}", *common, "--set",
+                                         f"train.out_dir={_q(tmp_path / f'ft{length}')}", about="were never trained")
         assert code == 0, err
-        said = [str(w.message) for w in seen if "were never trained" in str(w.message)]
         assert len(said) == expected, said
         assert not said or said[0].startswith("data.max_length 40 is longer than the windows of 8 tokens")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from cli_helpers import run_cli
+from cli_helpers import run_cli, run_cli_warned
 from cli_helpers import toml_str as _q
 
 from attnlab.data.tokenizers import train_tokenizer
@@ -26,11 +26,9 @@ def test_a_language_models_text_that_spells_special_tokens_is_said(capsys, tmp_p
             "--set", f"data.path={_q(corpus)}", "--set", f"data.tokenizer={_q(kind)}", "--set",
             "train.progress=false", "--set", "train.device=cpu",
             *(["--set", "data.vocab_size=300"] if kind == "bpe" else [])]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        code, _, err = run_cli(capsys, *args, "--set", f"train.out_dir={_q(tmp_path / 'run')}")
+    code, err, said = run_cli_warned(capsys, *args, "--set", f"train.out_dir={_q(tmp_path / 'run')}",
+                                     about="spells special tokens")
     assert code == 0, err
-    said = [str(w.message) for w in caught if "spells special tokens" in str(w.message)]
     # 30 of each in the text: the held-out tenth and the part trained on together
     assert said == [f"the text of {corpus} spells special tokens, which the {kind} tokenizer reads as those tokens "
                     "('<pad>' 30 times, '<eos>' 30 times): generation stops at an end-of-sentence token and leaves the "
