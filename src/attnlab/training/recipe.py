@@ -841,14 +841,10 @@ def _warn_untrained_positions(run: RunConfig, limit: int | None) -> None:
     """Say where a model started from a pretrained run reads positions that run never trained: a bounded model
     (learned positions) given longer sequences than the pretrained run's windows (its data.block_size, or
     data.max_length), whose positions past them start from their initial values (generate says so of a prompt)."""
-    from attnlab.training.checkpoint import find_checkpoint, read_trainer_state
-
     if limit is None:  # computed positions: none is learnt
         return
-    try:
-        saved = (read_trainer_state(find_checkpoint(run.model["init_from"])).get("extra_state") or {}).get("data")
-    except AttnlabError:  # a converted model, or a state the trainer refuses with its own message
-        return
+    extra = _saved_extra_state(run.model["init_from"])
+    saved = extra.get("data") if extra is not None else None
     if not isinstance(saved, dict):
         return
     trained = saved.get("block_size") if saved.get("task", "lm") == "lm" else saved.get("max_length")
@@ -1340,13 +1336,20 @@ def _prepare_classification(run: RunConfig, saved: Path | None) -> Prepared:
 def _saved_classification_sep(checkpoint: Path) -> bool:
     """Whether the classifier of `checkpoint` was trained on `[CLS] text [SEP]`: recorded since 2026-12-06; runs
     before that ended their texts without [SEP]."""
+    extra = _saved_extra_state(checkpoint)
+    return extra is None or extra.get("classification_sep") is True
+
+
+def _saved_extra_state(path: str | Path) -> dict[str, Any] | None:
+    """The `extra_state` of the trainer state of the checkpoint at `path` (a run or checkpoint folder; {} where it
+    has none), or None where it cannot be read: the trainer refuses such a state with its own message, and a
+    converted model has none."""
     from attnlab.training.checkpoint import read_trainer_state
 
     try:
-        extra = read_trainer_state(checkpoint).get("extra_state") or {}
-    except AttnlabError:  # an unreadable state is refused by the trainer, with its own message
-        return True
-    return extra.get("classification_sep") is True
+        return read_trainer_state(path).get("extra_state") or {}
+    except AttnlabError:
+        return None
 
 
 def _pretrained_class_order(pretrained: str | Path | None, labels: list[str], *,
@@ -1657,10 +1660,12 @@ def _resumed_model_record(previous: dict[str, Any], given: dict[str, Any]) -> di
         if isinstance(named, str) and isinstance(started, str) and _other_folder(named, started):
             warnings.warn(f"model.init_from {named} is not the run this one started from ({started}, in its "
                           "run.json): a resume continues the run's own checkpoint and does not read it", stacklevel=3)
-        return {**previous, **{key: value for key, value in given.items() if key not in ("init_from", "preset")}}
-    if previous and "init_from" in given:
-        return {**previous, **{key: value for key, value in given.items() if key != "init_from"}}
-    return given
+        dropped = ("init_from", "preset")
+    elif previous and "init_from" in given:
+        dropped = ("init_from",)
+    else:
+        return given
+    return {**previous, **{key: value for key, value in given.items() if key not in dropped}}
 
 
 def _other_folder(named: str, started: str) -> bool:
@@ -1803,14 +1808,9 @@ def _warn_changed_data(checkpoint: Path, data: dict[str, Any], by_length: bool,
     """Warn of data settings a resumed run changes (the trainer warns of its own): another text, block size or
     masking makes other batches than the uninterrupted run's, and a tokenizer setting is the checkpoint's.
     `by_length`: whether this run sorts its batches by length."""
-    from attnlab.training.checkpoint import read_trainer_state
-
-    try:
-        extra = read_trainer_state(checkpoint).get("extra_state") or {}
-    except AttnlabError:  # an unreadable state is refused by the trainer, with its own message
-        return
-    saved = extra.get("data")
-    if not isinstance(saved, dict):  # a checkpoint of a run that did not record them
+    extra = _saved_extra_state(checkpoint)
+    saved = extra.get("data") if extra is not None else None
+    if not isinstance(saved, dict):  # unreadable, or a checkpoint of a run that did not record them
         return
     changed = [key for key in data if key in saved and key != "bucket_by_length"
                and json.dumps(saved[key]) != json.dumps(data[key])]
